@@ -1,0 +1,36 @@
+/* What a format or protocol driver provides to the image layer.  Every
+ * operation returns 0 or -1 with details in `err`; none exits or prints. */
+#ifndef IMGCOPY_DRIVER_H
+#define IMGCOPY_DRIVER_H
+
+#include <stdint.h>
+
+#include "imgcopy.h"
+
+struct ic_image;
+
+struct ic_driver {
+    const char *name;
+    /* Nonzero if the first bytes of a file look like this format. */
+    int (*probe)(const uint8_t *head, size_t len);
+    /* Fill img->drv_state and img->size.  `fd` becomes the driver's. */
+    int (*open)(struct ic_image *img, int fd, struct ic_error *err);
+    void (*close)(struct ic_image *img);
+    /* Thread-safe for concurrent calls; ranges are inside the image. */
+    int (*pread)(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                 struct ic_error *err);
+    int (*pwrite)(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                  struct ic_error *err);
+    int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
+                struct ic_error *err);
+    int (*flush)(struct ic_image *img, struct ic_error *err);
+    /* Append contiguous extents starting exactly at `start`, never past
+     * `end`, covering `want` and, cheaply, more after it: the caller holds
+     * the cache lock and records everything appended. */
+    int (*block_status)(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                        struct ic_extent_list *out, struct ic_error *err);
+};
+
+extern const struct ic_driver ic_driver_raw;
+
+#endif

@@ -1,0 +1,360 @@
+/* raw: a regular file or a block device, guest offset == host offset. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../image.h"
+
+/* Extents a walk learns past the one asked for: enough that a forward
+ * map costs one walk per this many extents, few enough that a query
+ * stays cheap. */
+#define WALK_EXTRA_EXTENTS 256
+
+/* Zero methods, learnt at run time; a set bit means the kernel refused. */
+enum {
+    NO_PUNCH_HOLE = 1u << 0,
+    NO_ZERO_RANGE = 1u << 1,
+    NO_BLKZEROOUT = 1u << 2,
+};
+
+struct raw_state {
+    int fd;
+    int is_blockdev;
+    uint64_t alloc_unit; /* st_blksize: the granularity of SEEK_DATA answers */
+    atomic_int no_seek_hole;
+    atomic_uint zero_refused;
+};
+
+static struct raw_state *state(struct ic_image *img)
+{
+    return img->drv_state;
+}
+
+static int probe(const uint8_t *head, size_t len)
+{
+    (void)head;
+    (void)len;
+    return 1; /* anything is a raw image */
+}
+
+static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return ic_error_os(err, errno, img->path, "fstat");
+    struct raw_state *s = calloc(1, sizeof *s);
+    if (!s)
+        return ic_error_nomem(err);
+    s->fd = fd;
+    s->is_blockdev = S_ISBLK(st.st_mode);
+    s->alloc_unit = st.st_blksize > 0 ? (uint64_t)st.st_blksize : 4096;
+    atomic_init(&s->no_seek_hole, s->is_blockdev);
+    atomic_init(&s->zero_refused, 0);
+    if (s->is_blockdev) {
+        uint64_t bytes;
+        if (ioctl(fd, BLKGETSIZE64, &bytes) < 0) {
+            int e = errno;
+            free(s);
+            return ic_error_os(err, e, img->path, "BLKGETSIZE64");
+        }
+        img->size = bytes;
+    } else {
+        img->size = (uint64_t)st.st_size;
+    }
+    img->drv_state = s;
+    return 0;
+}
+
+static void close_raw(struct ic_image *img)
+{
+    struct raw_state *s = state(img);
+    if (s) {
+        close(s->fd);
+        free(s);
+        img->drv_state = NULL;
+    }
+}
+
+static int raw_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                     struct ic_error *err)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t n = pread(state(img)->fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return ic_error_os(err, errno, img->path, "read at offset %llu",
+                               (unsigned long long)off);
+        }
+        if (n == 0) /* the file shrank under us */
+            return ic_error_os(err, EIO, img->path, "unexpected end of file at offset %llu",
+                               (unsigned long long)off);
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static uint64_t align_down(uint64_t x, uint64_t a)
+{
+    return x / a * a;
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* A write allocates every filesystem block it touches. */
+static void note_allocated(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (s->is_blockdev)
+        return;
+    uint64_t start = align_down(off, s->alloc_unit);
+    uint64_t end = align_up(off + len, s->alloc_unit);
+    if (end > img->size)
+        end = img->size;
+    struct ic_extent e = {
+        .start = start,
+        .length = end - start,
+        .host_offset = start,
+        .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID,
+    };
+    ic_cache_note_if_known(img, &e);
+}
+
+static int write_all(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                     struct ic_error *err)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = pwrite(state(img)->fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return ic_error_os(err, errno, img->path, "write at offset %llu",
+                               (unsigned long long)off);
+        }
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int raw_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                      struct ic_error *err)
+{
+    int ret = write_all(img, buf, len, off, err);
+    note_allocated(img, off, len); /* even a partial write may have allocated */
+    return ret;
+}
+
+static int unsupported(int e)
+{
+    return e == EOPNOTSUPP || e == ENOTSUP || e == ENOSYS || e == EINVAL || e == ENOTTY;
+}
+
+static int write_zero_buffers(struct ic_image *img, uint64_t off, uint64_t len,
+                              struct ic_error *err)
+{
+    enum { CHUNK = 1 << 20 };
+    void *zeros = calloc(1, CHUNK);
+    if (!zeros)
+        return ic_error_nomem(err);
+    int ret = 0;
+    while (len > 0 && ret == 0) {
+        size_t n = len < CHUNK ? (size_t)len : CHUNK;
+        ret = raw_pwrite(img, zeros, n, off, err);
+        off += n;
+        len -= n;
+    }
+    free(zeros);
+    return ret;
+}
+
+static int punch_hole(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (fallocate(s->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        return -errno;
+    if (!s->is_blockdev) {
+        /* whole blocks inside the range are holes now; partial ones hold
+         * zeros where they were; the last block of a file is fs-specific */
+        uint64_t start = align_up(off, s->alloc_unit);
+        uint64_t end = align_down(off + len, s->alloc_unit);
+        if (end > start) {
+            struct ic_extent e = {
+                .start = start,
+                .length = end - start,
+                .host_offset = start,
+                .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID,
+            };
+            ic_cache_note(img, &e);
+        }
+        if (off + len == img->size && end < img->size)
+            ic_cache_forget(img, end, img->size);
+    }
+    return 0;
+}
+
+static int zero_range(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (fallocate(s->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        return -errno;
+    /* unwritten extents: whether SEEK_DATA calls them data is fs-specific */
+    ic_cache_forget(img, off, off + len);
+    return 0;
+}
+
+static int blkzeroout(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    uint64_t range[2] = {off, len};
+    if (ioctl(state(img)->fd, BLKZEROOUT, range) < 0)
+        return -errno;
+    return 0;
+}
+
+/* Try one zeroing method unless the kernel refused it before; remember a
+ * refusal so that the next request goes straight to the next method. */
+static int try_method(struct ic_image *img, unsigned bit,
+                      int (*method)(struct ic_image *, uint64_t, uint64_t), uint64_t off,
+                      uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (atomic_load(&s->zero_refused) & bit)
+        return -ENOTSUP;
+    int r = method(img, off, len);
+    if (r < 0 && unsupported(-r)) {
+        atomic_fetch_or(&s->zero_refused, bit);
+        return -ENOTSUP;
+    }
+    return r;
+}
+
+static int raw_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
+                    struct ic_error *err)
+{
+    struct raw_state *s = state(img);
+    int r = -ENOTSUP;
+    if (flags & IC_ZERO_MAY_UNMAP)
+        r = try_method(img, NO_PUNCH_HOLE, punch_hole, off, len);
+    if (r == -ENOTSUP && !s->is_blockdev)
+        r = try_method(img, NO_ZERO_RANGE, zero_range, off, len);
+    if (r == -ENOTSUP && s->is_blockdev)
+        r = try_method(img, NO_BLKZEROOUT, blkzeroout, off, len);
+    if (r == 0)
+        return 0;
+    if (r != -ENOTSUP)
+        return ic_error_os(err, -r, img->path, "zero %llu bytes at offset %llu",
+                           (unsigned long long)len, (unsigned long long)off);
+    if (flags & IC_ZERO_FAST)
+        return ic_error_os(err, ENOTSUP, img->path, "no fast way to zero");
+    return write_zero_buffers(img, off, len, err);
+}
+
+static int raw_flush(struct ic_image *img, struct ic_error *err)
+{
+    if (fsync(state(img)->fd) < 0)
+        return ic_error_os(err, errno, img->path, "fsync");
+    return 0;
+}
+
+static int push(struct ic_extent_list *out, uint64_t start, uint64_t end, int data,
+                struct ic_error *err)
+{
+    struct ic_extent e = {
+        .start = start,
+        .length = end - start,
+        .host_offset = start,
+        .flags = (data ? IC_EXT_DATA : IC_EXT_ZERO) | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID,
+    };
+    if (ic_extent_list_push(out, &e) < 0)
+        return ic_error_nomem(err);
+    return 0;
+}
+
+/* One lseek; ENXIO (no data/hole after pos) answers `end_of_file`. */
+static int seek(struct ic_image *img, uint64_t pos, int whence, uint64_t *result)
+{
+    atomic_fetch_add(&img->lseek_calls, 1);
+    off_t r = lseek(state(img)->fd, (off_t)pos, whence);
+    if (r < 0) {
+        if (errno == ENXIO) {
+            *result = img->size;
+            return 0;
+        }
+        return -errno;
+    }
+    *result = (uint64_t)r > img->size ? img->size : (uint64_t)r;
+    return 0;
+}
+
+/* Alternate SEEK_DATA and SEEK_HOLE: after the first call each answer is a
+ * new extent boundary. */
+static int raw_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                            struct ic_extent_list *out, struct ic_error *err)
+{
+    struct raw_state *s = state(img);
+    if (atomic_load(&s->no_seek_hole))
+        return push(out, start, end, 1, err);
+
+    uint64_t pos = start;
+    unsigned extra = 0;
+    int in_data = -1; /* unknown */
+    while (pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS)) {
+        uint64_t next;
+        int r;
+        if (in_data != 1) {
+            r = seek(img, pos, SEEK_DATA, &next);
+            if (r == 0 && next == pos) {
+                in_data = 1;
+                continue;
+            }
+            in_data = 0;
+        } else {
+            r = seek(img, pos, SEEK_HOLE, &next);
+            if (r == 0 && next <= pos) /* a racing truncate; say data to EOF */
+                next = img->size > pos ? img->size : end;
+        }
+        if (r == -EINVAL || r == -ENOTSUP || r == -EOPNOTSUPP) {
+            /* no SEEK_HOLE here: everything is data */
+            atomic_store(&s->no_seek_hole, 1);
+            return push(out, pos, end, 1, err);
+        }
+        if (r < 0)
+            return ic_error_os(err, -r, img->path, "lseek at offset %llu",
+                               (unsigned long long)pos);
+        if (next > end)
+            next = end;
+        if (push(out, pos, next, in_data, err) < 0)
+            return -1;
+        if (pos > want)
+            extra++;
+        pos = next;
+        in_data = !in_data;
+    }
+    return 0;
+}
+
+const struct ic_driver ic_driver_raw = {
+    .name = "raw",
+    .probe = probe,
+    .open = open_raw,
+    .close = close_raw,
+    .pread = raw_pread,
+    .pwrite = raw_pwrite,
+    .zero = raw_zero,
+    .flush = raw_flush,
+    .block_status = raw_block_status,
+};

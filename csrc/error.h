@@ -1,0 +1,36 @@
+/* Error details carried from the core up to Python. */
+#ifndef IMGCOPY_ERROR_H
+#define IMGCOPY_ERROR_H
+
+enum ic_error_kind {
+    IC_ERR_NONE = 0,
+    IC_ERR_OS,          /* a system call failed: errnum and path say which */
+    IC_ERR_VALUE,       /* the caller asked for something invalid         */
+    IC_ERR_FORMAT,      /* the image is corrupt or uses what we lack      */
+    IC_ERR_NOMEM,
+    IC_ERR_READONLY,    /* a write to an image opened read-only          */
+};
+
+#define IC_ERROR_PATH_MAX 4096
+#define IC_ERROR_MSG_MAX 512
+
+struct ic_error {
+    enum ic_error_kind kind;
+    int errnum;
+    char path[IC_ERROR_PATH_MAX];
+    char msg[IC_ERROR_MSG_MAX];
+};
+
+/* Each returns -1 so that failures read `return ic_error_os(...)`.
+ * `err` may be NULL. */
+int ic_error_os(struct ic_error *err, int errnum, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int ic_error_value(struct ic_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+int ic_error_format(struct ic_error *err, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int ic_error_nomem(struct ic_error *err);
+int ic_error_readonly(struct ic_error *err, const char *path);
+void ic_error_clear(struct ic_error *err);
+
+#endif

@@ -1,0 +1,37 @@
+/* Extent lists and qemu-img map's rule for merging neighbours. */
+#include <stdlib.h>
+
+#include "imgcopy.h"
+
+int ic_extent_list_push(struct ic_extent_list *list, const struct ic_extent *e)
+{
+    if (list->count == list->capacity) {
+        size_t nc = list->capacity ? list->capacity * 2 : 256;
+        struct ic_extent *ni = realloc(list->items, nc * sizeof *ni);
+        if (!ni)
+            return -1;
+        list->items = ni;
+        list->capacity = nc;
+    }
+    list->items[list->count++] = *e;
+    return 0;
+}
+
+void ic_extent_list_free(struct ic_extent_list *list)
+{
+    free(list->items);
+    list->items = NULL;
+    list->count = 0;
+    list->capacity = 0;
+}
+
+/* qemu-img.c entry_mergeable(): same flags and depth, host offsets
+ * contiguous where they are valid. */
+int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *next)
+{
+    if (cur->length == 0 || cur->flags != next->flags || cur->depth != next->depth)
+        return 0;
+    if (cur->flags & IC_EXT_OFFSET_VALID)
+        return cur->host_offset + cur->length == next->host_offset;
+    return 1;
+}

@@ -1,0 +1,240 @@
+/* The image layer: opening and probing, bounds checks, and the queries
+ * built on the extent cache. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "image.h"
+
+static const struct ic_driver *const drivers[] = {
+    &ic_driver_raw,
+};
+
+/* Formats we recognise but cannot open yet: refusing beats reading a
+ * qcow2 file's metadata as guest data. */
+static const struct {
+    const char *name;
+    const char *magic;
+    size_t len;
+} known_magic[] = {
+    {"qcow2", "QFI\xfb", 4},
+    {"vmdk", "KDMV", 4},
+    {"vdi", "<<< ", 4},
+};
+
+static const struct ic_driver *driver_by_name(const char *name)
+{
+    for (size_t i = 0; i < sizeof drivers / sizeof drivers[0]; i++)
+        if (strcmp(drivers[i]->name, name) == 0)
+            return drivers[i];
+    return NULL;
+}
+
+static int probe(int fd, const char *path, const struct ic_driver **out, struct ic_error *err)
+{
+    uint8_t head[512];
+    ssize_t n;
+    do
+        n = pread(fd, head, sizeof head, 0);
+    while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return ic_error_os(err, errno, path, "read header");
+    for (size_t i = 0; i < sizeof known_magic / sizeof known_magic[0]; i++) {
+        if ((size_t)n >= known_magic[i].len &&
+            memcmp(head, known_magic[i].magic, known_magic[i].len) == 0 &&
+            !driver_by_name(known_magic[i].name))
+            return ic_error_format(err, path, "%s images are not supported yet (pass "
+                                   "format=\"raw\" to read the file as raw bytes)",
+                                   known_magic[i].name);
+    }
+    /* raw accepts anything, so it is asked last */
+    size_t nd = sizeof drivers / sizeof drivers[0];
+    for (size_t i = 0; i < nd; i++) {
+        if (drivers[i] != &ic_driver_raw && drivers[i]->probe(head, (size_t)n)) {
+            *out = drivers[i];
+            return 0;
+        }
+    }
+    *out = &ic_driver_raw;
+    return 0;
+}
+
+/* Open without blocking on a FIFO, then insist on a file or a disk. */
+static int open_file(const char *path, unsigned flags, struct ic_error *err)
+{
+    int mode = (flags & IC_OPEN_RDWR) ? O_RDWR : O_RDONLY;
+    int fd = open(path, mode | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return ic_error_os(err, errno, path, "open");
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fstat");
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return ic_error_os(err, EISDIR, path, "is a directory");
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        close(fd);
+        return ic_error_value(err, "%s: not a regular file or block device", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fcntl");
+    }
+    return fd;
+}
+
+int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
+                  struct ic_error *err)
+{
+    const struct ic_driver *drv = NULL;
+    if (format && !(drv = driver_by_name(format)))
+        return ic_error_value(err, "unknown image format '%s'", format);
+
+    int fd = open_file(path, flags, err);
+    if (fd < 0)
+        return -1;
+    if (!drv && probe(fd, path, &drv, err) < 0) {
+        close(fd);
+        return -1;
+    }
+
+    struct ic_image *img = calloc(1, sizeof *img);
+    if (!img || !(img->path = strdup(path))) {
+        free(img);
+        close(fd);
+        return ic_error_nomem(err);
+    }
+    img->drv = drv;
+    img->open_flags = flags;
+    if (ic_cache_init(img) < 0) {
+        free(img->path);
+        free(img);
+        close(fd);
+        return ic_error_nomem(err);
+    }
+    if (drv->open(img, fd, err) < 0) {
+        close(fd);
+        ic_cache_destroy(img);
+        free(img->path);
+        free(img);
+        return -1;
+    }
+    *out = img;
+    return 0;
+}
+
+void ic_image_close(struct ic_image *img)
+{
+    if (!img)
+        return;
+    img->drv->close(img);
+    ic_cache_destroy(img);
+    free(img->path);
+    free(img);
+}
+
+uint64_t ic_image_size(const struct ic_image *img)
+{
+    return img->size;
+}
+
+const char *ic_image_format(const struct ic_image *img)
+{
+    return img->drv->name;
+}
+
+const char *ic_image_path(const struct ic_image *img)
+{
+    return img->path;
+}
+
+int ic_image_writable(const struct ic_image *img)
+{
+    return (img->open_flags & IC_OPEN_RDWR) != 0;
+}
+
+static int check_range(const struct ic_image *img, uint64_t offset, uint64_t length,
+                       struct ic_error *err)
+{
+    if (offset > img->size || length > img->size - offset)
+        return ic_error_value(err,
+                              "range %llu+%llu is outside the image (size %llu)",
+                              (unsigned long long)offset, (unsigned long long)length,
+                              (unsigned long long)img->size);
+    return 0;
+}
+
+int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length,
+                          struct ic_extent *out, struct ic_error *err)
+{
+    if (length == 0)
+        return ic_error_value(err, "block status of an empty range");
+    if (check_range(img, offset, length, err) < 0)
+        return -1;
+    return ic_cache_block_status(img, offset, length, out, err);
+}
+
+int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
+                 struct ic_extent_list *out, struct ic_error *err)
+{
+    if (start > end || check_range(img, start, end - start, err) < 0)
+        return ic_error_value(err, "map range %llu..%llu is outside the image (size %llu)",
+                              (unsigned long long)start, (unsigned long long)end,
+                              (unsigned long long)img->size);
+    uint64_t pos = start;
+    while (pos < end) {
+        struct ic_extent e;
+        if (ic_cache_block_status(img, pos, end - pos, &e, err) < 0)
+            return -1;
+        if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
+            out->items[out->count - 1].length += e.length;
+        else if (ic_extent_list_push(out, &e) < 0)
+            return ic_error_nomem(err);
+        pos += e.length;
+    }
+    return 0;
+}
+
+int ic_image_pread(struct ic_image *img, void *buf, size_t len, uint64_t offset,
+                   struct ic_error *err)
+{
+    if (check_range(img, offset, len, err) < 0)
+        return -1;
+    return img->drv->pread(img, buf, len, offset, err);
+}
+
+int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t offset,
+                    struct ic_error *err)
+{
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, offset, len, err) < 0)
+        return -1;
+    return img->drv->pwrite(img, buf, len, offset, err);
+}
+
+int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsigned flags,
+                  struct ic_error *err)
+{
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, offset, length, err) < 0)
+        return -1;
+    if (length == 0)
+        return 0;
+    return img->drv->zero(img, offset, length, flags, err);
+}
+
+int ic_image_flush(struct ic_image *img, struct ic_error *err)
+{
+    return img->drv->flush(img, err);
+}

@@ -1,0 +1,39 @@
+/* The image object shared by the image layer, the extent cache and the
+ * drivers.  Internal: Python and tests use imgcopy.h. */
+#ifndef IMGCOPY_IMAGE_H
+#define IMGCOPY_IMAGE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "driver.h"
+#include "imgcopy.h"
+#include "interval_map.h"
+
+struct ic_image {
+    const struct ic_driver *drv;
+    void *drv_state;
+    char *path;
+    unsigned open_flags;
+    uint64_t size;
+
+    /* extent cache (extent_cache.c) */
+    pthread_mutex_t cache_lock;
+    struct ic_interval_map cache;
+    struct ic_extent_list walk; /* scratch for driver answers, under cache_lock */
+    atomic_uint_fast64_t cache_hits;
+    atomic_uint_fast64_t cache_misses;
+    atomic_uint_fast64_t lseek_calls; /* counted by drivers */
+};
+
+int ic_cache_init(struct ic_image *img);
+void ic_cache_destroy(struct ic_image *img);
+/* The extent at `off`, at most `len` long, from memory or the driver. */
+int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
+                          struct ic_extent *out, struct ic_error *err);
+/* Driver hooks after they changed the image. */
+void ic_cache_note(struct ic_image *img, const struct ic_extent *e);        /* now known to be e */
+void ic_cache_note_if_known(struct ic_image *img, const struct ic_extent *e);
+void ic_cache_forget(struct ic_image *img, uint64_t start, uint64_t end);
+
+#endif

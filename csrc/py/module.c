@@ -1,0 +1,583 @@
+/* imgcopy._core: the only file that knows about Python.  It converts
+ * arguments, releases the GIL around the core's work and turns struct
+ * ic_error into Python exceptions. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <string.h>
+
+#include "../imgcopy.h"
+
+static PyObject *Error;
+static PyObject *ImageFormatError;
+static PyObject *UnsupportedOperation;
+
+static PyObject *raise_error(const struct ic_error *err)
+{
+    switch (err->kind) {
+    case IC_ERR_OS: {
+        const char *what = strerror(err->errnum);
+        PyObject *msg = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", what, err->msg)
+                                    : PyUnicode_FromString(what);
+        PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path) : Py_NewRef(Py_None);
+        if (msg && path) {
+            PyObject *args = Py_BuildValue("(iOO)", err->errnum, msg, path);
+            if (args) {
+                PyErr_SetObject(PyExc_OSError, args);
+                Py_DECREF(args);
+            }
+        }
+        Py_XDECREF(msg);
+        Py_XDECREF(path);
+        return NULL;
+    }
+    case IC_ERR_FORMAT:
+        if (err->path[0])
+            PyErr_Format(ImageFormatError, "%s: %s", err->path, err->msg);
+        else
+            PyErr_SetString(ImageFormatError, err->msg);
+        return NULL;
+    case IC_ERR_NOMEM:
+        return PyErr_NoMemory();
+    case IC_ERR_READONLY:
+        PyErr_Format(UnsupportedOperation, "%s: %s", err->path, err->msg);
+        return NULL;
+    case IC_ERR_VALUE:
+        PyErr_SetString(PyExc_ValueError, err->msg);
+        return NULL;
+    case IC_ERR_NONE:
+        break;
+    }
+    PyErr_SetString(Error, err->msg[0] ? err->msg : "unknown error");
+    return NULL;
+}
+
+/* ---- Image ------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    struct ic_image *img;
+    int busy;          /* calls running with the GIL released */
+    int close_pending; /* close() came while busy: the last call closes */
+} ImageObject;
+
+static void image_release(ImageObject *self)
+{
+    if (self->img) {
+        ic_image_close(self->img);
+        self->img = NULL;
+    }
+}
+
+/* Every method starts with this: a closed image is a ValueError, as for
+ * Python file objects. */
+static struct ic_image *usable(ImageObject *self)
+{
+    if (!self->img || self->close_pending) {
+        PyErr_SetString(PyExc_ValueError, "I/O operation on closed image");
+        return NULL;
+    }
+    return self->img;
+}
+
+static void enter(ImageObject *self)
+{
+    self->busy++;
+}
+
+static void leave(ImageObject *self)
+{
+    if (--self->busy == 0 && self->close_pending)
+        image_release(self);
+}
+
+static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an integer", what);
+        return -1;
+    }
+    PyObject *idx = PyNumber_Index(obj);
+    if (!idx)
+        return -1;
+    int overflow;
+    long long sv = PyLong_AsLongLongAndOverflow(idx, &overflow);
+    if (overflow < 0 || (overflow == 0 && sv < 0)) {
+        Py_DECREF(idx);
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%s must not be negative", what);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+    Py_DECREF(idx);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s is too large", what);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", "format", "writable", NULL};
+    PyObject *path_bytes = NULL;
+    const char *format = NULL;
+    int writable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &writable))
+        return -1;
+    if (self->img) {
+        Py_DECREF(path_bytes);
+        PyErr_SetString(PyExc_RuntimeError, "Image is already open");
+        return -1;
+    }
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
+        Py_DECREF(path_bytes);
+        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
+        return -1;
+    }
+    struct ic_error err = {0};
+    struct ic_image *img = NULL;
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_open(path, format, writable ? IC_OPEN_RDWR : 0, &img, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    if (ret < 0) {
+        raise_error(&err);
+        return -1;
+    }
+    self->img = img;
+    return 0;
+}
+
+static void image_dealloc(ImageObject *self)
+{
+    image_release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *image_close(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->busy)
+        self->close_pending = 1;
+    else
+        image_release(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *get_closed(ImageObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(!self->img || self->close_pending);
+}
+
+static PyObject *get_size(ImageObject *self, void *c)
+{
+    (void)c;
+    struct ic_image *img = usable(self);
+    return img ? PyLong_FromUnsignedLongLong(ic_image_size(img)) : NULL;
+}
+
+static PyObject *get_format(ImageObject *self, void *c)
+{
+    (void)c;
+    struct ic_image *img = usable(self);
+    return img ? PyUnicode_FromString(ic_image_format(img)) : NULL;
+}
+
+static PyObject *get_writable(ImageObject *self, void *c)
+{
+    (void)c;
+    struct ic_image *img = usable(self);
+    return img ? PyBool_FromLong(ic_image_writable(img)) : NULL;
+}
+
+static PyObject *extent_tuple(const struct ic_extent *e)
+{
+    PyObject *host = (e->flags & IC_EXT_OFFSET_VALID)
+                         ? PyLong_FromUnsignedLongLong(e->host_offset)
+                         : Py_NewRef(Py_None);
+    if (!host)
+        return NULL;
+    return Py_BuildValue("(KKINNNNN)", (unsigned long long)e->start,
+                         (unsigned long long)e->length, (unsigned)e->depth,
+                         PyBool_FromLong(e->flags & IC_EXT_PRESENT),
+                         PyBool_FromLong(e->flags & IC_EXT_ZERO),
+                         PyBool_FromLong(e->flags & IC_EXT_DATA), host,
+                         PyBool_FromLong(e->flags & IC_EXT_COMPRESSED));
+}
+
+static PyObject *image_block_status(ImageObject *self, PyObject *args)
+{
+    PyObject *o_off, *o_len;
+    uint64_t off, len;
+    if (!PyArg_ParseTuple(args, "OO", &o_off, &o_len) || parse_u64(o_off, "offset", &off) < 0 ||
+        parse_u64(o_len, "length", &len) < 0)
+        return NULL;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    struct ic_extent e;
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_block_status(img, off, len, &e, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    return ret < 0 ? raise_error(&err) : extent_tuple(&e);
+}
+
+/* Extents travel to Python packed, as struct ic_extent: an ExtentMap of a
+ * million extents stays one bytes object until someone looks inside. */
+static PyObject *image_map(ImageObject *self, PyObject *args)
+{
+    PyObject *o_start, *o_end;
+    uint64_t start, end;
+    if (!PyArg_ParseTuple(args, "OO", &o_start, &o_end) ||
+        parse_u64(o_start, "start", &start) < 0 || parse_u64(o_end, "end", &end) < 0)
+        return NULL;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    struct ic_extent_list list = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_map(img, start, end, &list, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    PyObject *res = ret < 0 ? raise_error(&err)
+                            : PyBytes_FromStringAndSize((const char *)list.items,
+                                                        (Py_ssize_t)(list.count * sizeof *list.items));
+    ic_extent_list_free(&list);
+    return res;
+}
+
+static PyObject *image_read(ImageObject *self, PyObject *args)
+{
+    PyObject *o_off, *o_len;
+    uint64_t off, len;
+    if (!PyArg_ParseTuple(args, "OO", &o_off, &o_len) || parse_u64(o_off, "offset", &off) < 0 ||
+        parse_u64(o_len, "length", &len) < 0)
+        return NULL;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    if (off > ic_image_size(img) || len > ic_image_size(img) - off)
+        return PyErr_Format(PyExc_ValueError, "read of %llu bytes at %llu is outside the image "
+                            "(size %llu)", (unsigned long long)len, (unsigned long long)off,
+                            (unsigned long long)ic_image_size(img));
+    if (len > PY_SSIZE_T_MAX)
+        return PyErr_NoMemory();
+    PyObject *buf = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!buf)
+        return NULL;
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_pread(img, PyBytes_AS_STRING(buf), (size_t)len, off, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (ret < 0) {
+        Py_DECREF(buf);
+        return raise_error(&err);
+    }
+    return buf;
+}
+
+static PyObject *image_write(ImageObject *self, PyObject *args)
+{
+    PyObject *o_off;
+    Py_buffer data;
+    uint64_t off;
+    if (!PyArg_ParseTuple(args, "Oy*", &o_off, &data))
+        return NULL;
+    if (parse_u64(o_off, "offset", &off) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    struct ic_image *img = usable(self);
+    if (!img) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_pwrite(img, data.buf, (size_t)data.len, off, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    PyBuffer_Release(&data);
+    if (ret < 0)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *image_zero(ImageObject *self, PyObject *args)
+{
+    PyObject *o_off, *o_len;
+    uint64_t off, len;
+    unsigned flags = 0;
+    if (!PyArg_ParseTuple(args, "OO|I", &o_off, &o_len, &flags) ||
+        parse_u64(o_off, "offset", &off) < 0 || parse_u64(o_len, "length", &len) < 0)
+        return NULL;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_zero(img, off, len, flags, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (ret < 0)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *image_flush(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_flush(img, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (ret < 0)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *image_cache_stats(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_cache_stats st;
+    ic_image_cache_stats(img, &st);
+    return Py_BuildValue("{sKsKsKsK}", "hits", (unsigned long long)st.hits, "misses",
+                         (unsigned long long)st.misses, "lseek_calls",
+                         (unsigned long long)st.lseek_calls, "intervals",
+                         (unsigned long long)st.intervals);
+}
+
+static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    ic_image_drop_cache(img);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef image_methods[] = {
+    {"close", (PyCFunction)image_close, METH_NOARGS, "Close the image (idempotent)."},
+    {"block_status", (PyCFunction)image_block_status, METH_VARARGS,
+     "block_status(offset, length) -> (start, length, depth, present, zero, data, offset, "
+     "compressed)"},
+    {"map", (PyCFunction)image_map, METH_VARARGS,
+     "map(start, end) -> bytes of packed extents (struct ic_extent)"},
+    {"read", (PyCFunction)image_read, METH_VARARGS, "read(offset, length) -> bytes"},
+    {"write", (PyCFunction)image_write, METH_VARARGS, "write(offset, data)"},
+    {"zero", (PyCFunction)image_zero, METH_VARARGS, "zero(offset, length, flags=0)"},
+    {"flush", (PyCFunction)image_flush, METH_NOARGS, "flush()"},
+    {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, "cache counters"},
+    {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, "forget all cached extents"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef image_getset[] = {
+    {"size", (getter)get_size, NULL, "virtual size in bytes", NULL},
+    {"format", (getter)get_format, NULL, "format name", NULL},
+    {"writable", (getter)get_writable, NULL, "opened for writing", NULL},
+    {"closed", (getter)get_closed, NULL, "True after close()", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ImageType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imgcopy._core.Image",
+    .tp_basicsize = sizeof(ImageObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Image(path, format=None, writable=False): an open disk image",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)image_init,
+    .tp_dealloc = (destructor)image_dealloc,
+    .tp_methods = image_methods,
+    .tp_getset = image_getset,
+};
+
+/* ---- packed extent helpers --------------------------------------------- */
+
+static int packed_extents(Py_buffer *buf, const struct ic_extent **ext, size_t *n)
+{
+    if (buf->len % (Py_ssize_t)sizeof(struct ic_extent)) {
+        PyErr_SetString(PyExc_ValueError, "packed extents have the wrong length");
+        return -1;
+    }
+    *ext = buf->buf;
+    *n = (size_t)buf->len / sizeof(struct ic_extent);
+    return 0;
+}
+
+static PyObject *format_map(PyObject *args, int json)
+{
+    Py_buffer buf;
+    unsigned long long start, tail_end;
+    const char *filename = "";
+    int ok = json ? PyArg_ParseTuple(args, "y*KK", &buf, &start, &tail_end)
+                  : PyArg_ParseTuple(args, "y*KKs", &buf, &start, &tail_end, &filename);
+    if (!ok)
+        return NULL;
+    const struct ic_extent *ext;
+    size_t n;
+    if (packed_extents(&buf, &ext, &n) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    struct ic_error err = {0};
+    char *s;
+    Py_BEGIN_ALLOW_THREADS
+    s = json ? ic_format_map_json(ext, n, start, tail_end, &err)
+             : ic_format_map_human(ext, n, start, tail_end, filename, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    if (!s)
+        return raise_error(&err);
+    PyObject *res = PyUnicode_FromString(s);
+    free(s);
+    return res;
+}
+
+static PyObject *mod_format_map_json(PyObject *m, PyObject *args)
+{
+    (void)m;
+    return format_map(args, 1);
+}
+
+static PyObject *mod_format_map_human(PyObject *m, PyObject *args)
+{
+    (void)m;
+    return format_map(args, 0);
+}
+
+static PyObject *mod_extent_at(PyObject *m, PyObject *args)
+{
+    (void)m;
+    Py_buffer buf;
+    Py_ssize_t i;
+    if (!PyArg_ParseTuple(args, "y*n", &buf, &i))
+        return NULL;
+    const struct ic_extent *ext;
+    size_t n;
+    PyObject *res = NULL;
+    if (packed_extents(&buf, &ext, &n) == 0) {
+        if (i < 0 || (size_t)i >= n)
+            PyErr_SetString(PyExc_IndexError, "extent index out of range");
+        else
+            res = extent_tuple(&ext[i]);
+    }
+    PyBuffer_Release(&buf);
+    return res;
+}
+
+/* (data_bytes, zero_bytes, present_bytes, compressed_bytes) */
+static PyObject *mod_extent_totals(PyObject *m, PyObject *args)
+{
+    (void)m;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf))
+        return NULL;
+    const struct ic_extent *ext;
+    size_t n;
+    if (packed_extents(&buf, &ext, &n) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    unsigned long long data = 0, zero = 0, present = 0, compressed = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ext[i].flags & IC_EXT_DATA)
+            data += ext[i].length;
+        if (ext[i].flags & IC_EXT_ZERO)
+            zero += ext[i].length;
+        if (ext[i].flags & IC_EXT_PRESENT)
+            present += ext[i].length;
+        if (ext[i].flags & IC_EXT_COMPRESSED)
+            compressed += ext[i].length;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(KKKK)", data, zero, present, compressed);
+}
+
+static PyMethodDef module_methods[] = {
+    {"format_map_json", mod_format_map_json, METH_VARARGS,
+     "format_map_json(packed, start, tail_end) -> str, as qemu-img map --output=json"},
+    {"format_map_human", mod_format_map_human, METH_VARARGS,
+     "format_map_human(packed, start, tail_end, filename) -> str, as qemu-img map"},
+    {"extent_at", mod_extent_at, METH_VARARGS, "extent_at(packed, i) -> tuple"},
+    {"extent_totals", mod_extent_totals, METH_VARARGS,
+     "extent_totals(packed) -> (data, zero, present, compressed) bytes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, .m_name = "imgcopy._core",
+    .m_doc = "imgcopy's C core", .m_size = -1, .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    PyObject *io = PyImport_ImportModule("io");
+    if (!io)
+        goto fail;
+    UnsupportedOperation = PyObject_GetAttrString(io, "UnsupportedOperation");
+    Py_DECREF(io);
+    if (!UnsupportedOperation)
+        goto fail;
+    Error = PyErr_NewExceptionWithDoc("imgcopy.Error", "Base class of imgcopy's own errors.",
+                                      NULL, NULL);
+    if (!Error)
+        goto fail;
+    PyObject *bases = PyTuple_Pack(2, Error, PyExc_ValueError);
+    if (!bases)
+        goto fail;
+    ImageFormatError = PyErr_NewExceptionWithDoc(
+        "imgcopy.ImageFormatError", "The image is corrupt or uses a feature imgcopy lacks.",
+        bases, NULL);
+    Py_DECREF(bases);
+    if (!ImageFormatError)
+        goto fail;
+    if (PyType_Ready(&ImageType) < 0)
+        goto fail;
+    if (PyModule_AddObjectRef(m, "Image", (PyObject *)&ImageType) < 0 ||
+        PyModule_AddObjectRef(m, "Error", Error) < 0 ||
+        PyModule_AddObjectRef(m, "ImageFormatError", ImageFormatError) < 0 ||
+        PyModule_AddIntConstant(m, "ZERO_MAY_UNMAP", IC_ZERO_MAY_UNMAP) < 0 ||
+        PyModule_AddIntConstant(m, "ZERO_FAST", IC_ZERO_FAST) < 0 ||
+        PyModule_AddIntConstant(m, "EXTENT_SIZE", (long)sizeof(struct ic_extent)) < 0)
+        goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

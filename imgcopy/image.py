@@ -1,0 +1,128 @@
+"""Opening images and asking them where their data is."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+from . import _core
+from .extents import QEMU_SECTOR, Extent, ExtentMap
+
+PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+
+FORMATS = ("raw",)
+MODES = ("r", "r+")
+
+
+def _check_format(format: Optional[str]) -> None:
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown image format {format!r} (known: {', '.join(FORMATS)})")
+
+
+class Image:
+    """An open disk image.  Use as a context manager, or call close()."""
+
+    def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
+        _check_format(format)
+        self.filename = os.fsdecode(os.fspath(path))
+        self.mode = mode
+        self._img = _core.Image(path, format, mode == "r+")
+
+    # -- life cycle -------------------------------------------------------
+    def close(self) -> None:
+        self._img.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._img.closed
+
+    def __enter__(self) -> "Image":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"<imgcopy.Image {self.filename!r} closed>"
+        return f"<imgcopy.Image {self.filename!r} format={self.format} size={self.size}>"
+
+    # -- properties -------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Virtual size in bytes."""
+        return self._img.size
+
+    @property
+    def format(self) -> str:
+        return self._img.format
+
+    # -- block status -----------------------------------------------------
+    def block_status(self, offset: int, length: Optional[int] = None) -> Extent:
+        """The extent starting at ``offset``, at most ``length`` bytes long."""
+        if length is None:
+            size = self.size
+            if not 0 <= offset < size:
+                raise ValueError(f"offset {offset} is outside the image (size {size})")
+            length = size - offset
+        return Extent(*self._img.block_status(offset, length))
+
+    def extents(self, start: int = 0, length: Optional[int] = None) -> ExtentMap:
+        """The extents of ``[start, start + length)``; ``length`` is clipped
+        at the end of the image, like qemu-img map's --max-length."""
+        size = self.size
+        if start < 0:
+            raise ValueError("start must not be negative")
+        if length is not None and length < 0:
+            raise ValueError("length must not be negative")
+        want_end = None if length is None else start + length
+        end = size if want_end is None else min(size, want_end)
+        if start >= size:
+            packed, end = b"", start
+        else:
+            packed = self._img.map(start, end)
+        return ExtentMap(packed, start=start, end=end, size=size, filename=self.filename,
+                         format=self.format, qemu_end=self._qemu_end(want_end))
+
+    def _qemu_end(self, want_end: Optional[int]) -> int:
+        """qemu sees a raw file's size rounded up to whole 512-byte sectors."""
+        size = self.size
+        if self.format == "raw":
+            size = -(-size // QEMU_SECTOR) * QEMU_SECTOR
+        return size if want_end is None else min(size, want_end)
+
+    def cache_stats(self) -> dict:
+        """Extent-cache counters: hits, misses, lseek_calls, intervals."""
+        return self._img.cache_stats()
+
+    def drop_cache(self) -> None:
+        self._img.drop_cache()
+
+    # -- data -------------------------------------------------------------
+    def read(self, offset: int, length: int) -> bytes:
+        return self._img.read(offset, length)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._img.write(offset, data)
+
+    def zero(self, offset: int, length: int, *, punch_hole: bool = True) -> None:
+        """Make ``[offset, offset+length)`` read as zeros; ``punch_hole``
+        lets the range be deallocated."""
+        self._img.zero(offset, length, _core.ZERO_MAY_UNMAP if punch_hole else 0)
+
+    def flush(self) -> None:
+        self._img.flush()
+
+
+def open(path: PathArg, format: Optional[str] = None, mode: str = "r") -> Image:
+    """Open a disk image: ``mode`` "r" (read-only) or "r+" (read-write);
+    ``format`` None probes the file."""
+    return Image(path, format, mode)
+
+
+def map(path: PathArg, format: Optional[str] = None, start: int = 0,
+        length: Optional[int] = None) -> ExtentMap:
+    """The extent map of an image, like ``qemu-img map``."""
+    with open(path, format) as img:
+        return img.extents(start, length)

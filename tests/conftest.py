@@ -1,0 +1,111 @@
+"""Shared fixtures for the imgcopy test-suite.
+
+qemu-img is the oracle: every map/block-status answer of imgcopy is compared
+with what ``qemu-img map -f raw`` prints for the same file.  The oracle
+helpers live in tests/imagegen.py (a plain module, importable from test
+modules); they are re-exported here and offered as fixtures.  Nothing here
+imports imgcopy at collection time and nothing is autouse, so this conftest
+is harmless for test modules that do not need qemu (tests/test_c_units.py).
+"""
+
+import os
+import sys
+import types
+
+import pytest
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+import imagegen  # noqa: E402
+from imagegen import (  # noqa: E402,F401  (re-exported)
+    NO_QEMU_IO_REASON,
+    NO_QEMU_REASON,
+    QEMU_IMG,
+    QEMU_IO,
+    GenImage,
+    QemuMap,
+    _require_qemu_img,
+    clip_entries,
+    entry_tuple,
+    extent_tuple,
+    find_covering,
+    map_args,
+    qemu_img,
+    qemu_map,
+    qemu_map_human,
+    sha256_file,
+)
+
+
+@pytest.fixture(name="qemu_map")
+def _qemu_map_fixture():
+    """qemu_map(path, fmt="raw", start=None, length=None) -> QemuMap(extents, text).
+
+    Skips the test if qemu-img is missing.
+    """
+    _require_qemu_img()
+    return qemu_map
+
+
+@pytest.fixture(name="qemu_map_human")
+def _qemu_map_human_fixture():
+    """qemu_map_human(path, fmt="raw", start=None, length=None) -> stdout (str)."""
+    _require_qemu_img()
+    return qemu_map_human
+
+
+@pytest.fixture
+def oracle():
+    """Namespace with all oracle helpers (qemu_map, clip_entries, ...)."""
+    _require_qemu_img()
+    names = ("qemu_img", "map_args", "qemu_map", "qemu_map_human", "entry_tuple",
+             "extent_tuple", "clip_entries", "find_covering", "sha256_file")
+    return types.SimpleNamespace(QEMU_IMG=QEMU_IMG, **{n: getattr(imagegen, n) for n in names})
+
+
+@pytest.fixture
+def image_dir(tmp_path):
+    d = tmp_path / "images"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def make_image(image_dir):
+    """Factory: make_image(kind, seed) -> GenImage(path, size, kind, seed)."""
+
+    def _make(kind, seed, name=None):
+        if imagegen.needs_qemu_io(kind) and QEMU_IO is None:
+            pytest.skip(NO_QEMU_IO_REASON)
+        path = str(image_dir / (name or "%s-%d.img" % (kind, seed)))
+        size = imagegen.make_image(path, kind, seed)
+        return GenImage(path, size, kind, seed)
+
+    return _make
+
+
+@pytest.fixture
+def make_sparse(image_dir):
+    """Factory: make_sparse(name, size, [(off, bytes), ...]) -> path (str)."""
+
+    def _make(name, size, data=()):
+        path = str(image_dir / name)
+        imagegen.make_sparse(path, size, data)
+        return path
+
+    return _make
+
+
+@pytest.fixture
+def imgcopy_env():
+    """Environment for subprocesses that must import the same imgcopy as we do."""
+    import imgcopy  # imported lazily: only CLI tests need it
+
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(imgcopy.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.pop("PYTHONSTARTUP", None)
+    env["LC_ALL"] = "C"
+    return env
