@@ -6,7 +6,10 @@ runtime preloaded: `make test-sanitize` does it)."""
 import glob
 import os
 
+import hashlib
+
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 CORE_SOURCES = sorted(
     p for p in glob.glob("csrc/**/*.c", recursive=True) if not p.startswith("csrc/py/")
@@ -21,7 +24,20 @@ if os.environ.get("IMGCOPY_SANITIZE") == "1":
     cflags = [f for f in cflags if f != "-O2"] + ["-O1", "-g"] + san
     ldflags += san
 
+
+
+class BuildExt(build_ext):
+    """Objects built with other flags live in another directory, so that a
+    sanitizer or -Werror build never links stale objects."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        tag = hashlib.sha1(" ".join(cflags + ldflags).encode()).hexdigest()[:10]
+        self.build_temp = os.path.join(self.build_temp, tag)
+
+
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "imgcopy._core",

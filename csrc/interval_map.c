@@ -129,6 +129,10 @@ static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum 
 
     size_t old = hi - lo;
     size_t newn = m->n - old + np;
+    if (old == 0 && np == 0) {
+        free(piece);
+        return 0;
+    }
     if (newn > m->cap) {
         size_t nc = m->cap ? m->cap * 2 : 64;
         while (nc < newn)
@@ -141,8 +145,10 @@ static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum 
         m->v = nv;
         m->cap = nc;
     }
-    memmove(&m->v[lo + np], &m->v[hi], (m->n - hi) * sizeof *m->v);
-    memcpy(&m->v[lo], piece, np * sizeof *piece);
+    if (m->n > hi)
+        memmove(&m->v[lo + np], &m->v[hi], (m->n - hi) * sizeof *m->v);
+    if (np)
+        memcpy(&m->v[lo], piece, np * sizeof *piece);
     m->n = newn;
     free(piece);
     return 0;

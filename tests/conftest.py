@@ -98,6 +98,49 @@ def make_sparse(image_dir):
     return _make
 
 
+class SharedImages:
+    """Session-wide, read-only seeded images and memoized qemu-img answers.
+
+    Tests using these images must never modify them (map/block_status/read
+    only): qemu-img output is cached per (path, start, length, format).
+    """
+
+    def __init__(self, root):
+        self.root = root
+        self._images = {}
+        self._json = {}
+        self._human = {}
+
+    def get(self, kind, seed):
+        key = (kind, seed)
+        if key not in self._images:
+            if imagegen.needs_qemu_io(kind) and QEMU_IO is None:
+                pytest.skip(NO_QEMU_IO_REASON)
+            path = str(self.root / ("%s-%d.img" % key))
+            size = imagegen.make_image(path, kind, seed)
+            self._images[key] = GenImage(path, size, kind, seed)
+        return self._images[key]
+
+    def qemu_map(self, path, start=None, length=None, fmt="raw") -> QemuMap:
+        key = (path, start, length, fmt)
+        if key not in self._json:
+            self._json[key] = qemu_map(path, fmt=fmt, start=start, length=length)
+        return self._json[key]
+
+    def qemu_map_human(self, path, start=None, length=None, fmt="raw") -> str:
+        key = (path, start, length, fmt)
+        if key not in self._human:
+            self._human[key] = qemu_map_human(path, fmt=fmt, start=start, length=length)
+        return self._human[key]
+
+
+@pytest.fixture(scope="session")
+def shared_images(tmp_path_factory):
+    """SharedImages: shared_images.get(kind, seed) -> GenImage (never modify it)."""
+    _require_qemu_img()
+    return SharedImages(tmp_path_factory.mktemp("shared-images"))
+
+
 @pytest.fixture
 def imgcopy_env():
     """Environment for subprocesses that must import the same imgcopy as we do."""

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import imagegen
-from imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering, qemu_map
+from imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering
 
 import imgcopy
 
@@ -65,11 +65,11 @@ def query_offsets(order, size, qext, seed):
 
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("kind,seed", CASES, ids=IDS)
-def test_block_status_orders(make_image, kind, seed, order):
-    im = make_image(kind, seed)
+def test_block_status_orders(shared_images, kind, seed, order):
+    im = shared_images.get(kind, seed)
     if order == "every4096" and im.size > imagegen.SMALL_LIMIT:
         pytest.skip("every-4096 probing only for images <= %d bytes" % imagegen.SMALL_LIMIT)
-    q = qemu_map(im.path)
+    q = shared_images.qemu_map(im.path)
     qext = clip_entries(q.extents, im.size)
     E = len(q.extents)
     budget = 2 * E + 8
@@ -109,9 +109,9 @@ def _merge(tuples):
 
 
 @pytest.mark.parametrize("kind,seed", [c for c in CASES if c[1] == 1], ids=[i for i in IDS if i.endswith("-1")])
-def test_block_status_length_clipping(make_image, kind, seed):
-    im = make_image(kind, seed)
-    q = qemu_map(im.path)
+def test_block_status_length_clipping(shared_images, kind, seed):
+    im = shared_images.get(kind, seed)
+    q = shared_images.qemu_map(im.path)
     qext = clip_entries(q.extents, im.size)
     rng = random.Random("clip-%s-%d" % (kind, seed))
     offs = [t[0] for t in qext] + [rng.randrange(im.size) for _ in range(30)]
@@ -141,9 +141,9 @@ def _stats(img):
 
 @pytest.mark.parametrize("kind,seed", [("holes_and_data", 1), ("small_extents", 2), ("alloc_zeros", 1),
                                        ("all_hole", 1), ("all_data", 1), ("last_byte", 2)])
-def test_cache_hits_and_misses(make_image, kind, seed):
-    im = make_image(kind, seed)
-    qext = clip_entries(qemu_map(im.path).extents, im.size)
+def test_cache_hits_and_misses(shared_images, kind, seed):
+    im = shared_images.get(kind, seed)
+    qext = clip_entries(shared_images.qemu_map(im.path).extents, im.size)
     off = qext[len(qext) // 2][0]
     with imgcopy.open(im.path) as img:
         s0 = _stats(img)
@@ -187,10 +187,10 @@ def test_cache_hits_and_misses(make_image, kind, seed):
 
 @pytest.mark.parametrize("kind,seed", [("holes_and_data", 2), ("small_extents", 1), ("unaligned", 1),
                                        ("odd_size", 1), ("big_sparse", 1)])
-def test_map_fills_cache(make_image, kind, seed):
+def test_map_fills_cache(shared_images, kind, seed):
     """After img.extents() every block_status in the mapped range is a hit."""
-    im = make_image(kind, seed)
-    q = qemu_map(im.path)
+    im = shared_images.get(kind, seed)
+    q = shared_images.qemu_map(im.path)
     qext = clip_entries(q.extents, im.size)
     with imgcopy.open(im.path) as img:
         assert img.extents().to_json() == q.text

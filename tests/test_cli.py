@@ -1,0 +1,100 @@
+"""``python -m imgcopy map`` (and the ``imgcopy`` console script) vs ``qemu-img map``."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from imagegen import NO_QEMU_REASON, qemu_img
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
+
+IMAGES = [("holes_and_data", 1), ("odd_size", 2), ("small_extents", 1), ("empty", 1),
+          ("alloc_zeros", 1), ("big_sparse", 1)]
+
+# every flag set is passed verbatim to both qemu-img map and imgcopy map
+FLAG_SETS = [
+    [],
+    ["-f", "raw"],
+    ["--output=json"],
+    ["--output=human"],
+    ["-f", "raw", "--output=json"],
+    ["-f", "raw", "--output=human"],
+    ["--output=json", "--start-offset", "4096"],
+    ["--output=json", "--start-offset", "12345", "--max-length", "100000"],
+    ["--output=json", "--max-length", "0"],
+    ["--output=json", "--start-offset", "999999999999"],
+    ["--output=human", "--start-offset", "65536", "--max-length", "1048576"],
+    ["-f", "raw", "--output=json", "--start-offset=512", "--max-length=3000000"],
+    ["--output", "json"],
+]
+
+
+def _cli(cmd, args, env, cwd):
+    return subprocess.run(cmd + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=env, cwd=cwd, timeout=60)
+
+
+def _console_script():
+    cand = os.path.join(os.path.dirname(sys.executable), "imgcopy")
+    if os.path.isfile(cand) and os.access(cand, os.X_OK):
+        return cand
+    return shutil.which("imgcopy")
+
+
+@pytest.fixture(params=["module", "script"])
+def cli(request, imgcopy_env, tmp_path):
+    if request.param == "module":
+        cmd = [sys.executable, "-m", "imgcopy"]
+    else:
+        script = _console_script()
+        if script is None:
+            pytest.skip("imgcopy console script not installed (not next to %s nor on PATH)" % sys.executable)
+        cmd = [script]
+    return lambda args: _cli(cmd, args, imgcopy_env, str(tmp_path))
+
+
+@pytest.mark.parametrize("kind,seed", IMAGES, ids=["%s-%d" % i for i in IMAGES])
+def test_cli_map_matches_qemu(cli, make_image, kind, seed):
+    im = make_image(kind, seed)
+    failures = []
+    for flags in FLAG_SETS:
+        exp = qemu_img("map", "-U", *flags, im.path)
+        got = cli(["map"] + flags + [im.path])
+        if got.returncode != 0 or got.stdout != exp.stdout:
+            failures.append("flags %r: rc=%d stderr=%r\n  qemu:    %r\n  imgcopy: %r"
+                            % (flags, got.returncode, got.stderr, exp.stdout, got.stdout))
+    assert not failures, "\n".join(failures)
+
+
+def test_cli_relative_path_human(cli, make_image, tmp_path):
+    """The human format prints the file name exactly as given on the command line."""
+    im = make_image("holes_and_data", 2)
+    rel = os.path.relpath(im.path, str(tmp_path))
+    exp = subprocess.run([shutil.which("qemu-img"), "map", "-U", "-f", "raw", rel], cwd=str(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert exp.returncode == 0
+    got = cli(["map", "-f", "raw", rel])
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == exp.stdout
+
+
+def test_cli_missing_file(cli, tmp_path):
+    p = str(tmp_path / "no-such-image.raw")
+    got = cli(["map", "--output=json", p])
+    assert got.returncode != 0
+    assert got.stdout == ""
+    err = got.stderr.strip()
+    assert "Traceback" not in got.stderr
+    assert len(err.splitlines()) == 1, got.stderr
+    assert p in err
+
+
+def test_cli_directory(cli, tmp_path):
+    got = cli(["map", str(tmp_path)])
+    assert got.returncode != 0
+    assert "Traceback" not in got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+    assert str(tmp_path) in got.stderr
