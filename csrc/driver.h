@@ -15,6 +15,10 @@ struct ic_driver {
     int (*probe)(const uint8_t *head, size_t len);
     /* Fill img->drv_state and img->size.  `fd` becomes the driver's. */
     int (*open)(struct ic_image *img, int fd, struct ic_error *err);
+    /* Lay out a new image of img->size bytes in `fd` (an empty regular
+     * file, or a block device to reuse); set *fresh when it reads as zeros.
+     * NULL for formats that cannot be written. */
+    int (*create)(struct ic_image *img, int fd, int *fresh, struct ic_error *err);
     void (*close)(struct ic_image *img);
     /* Thread-safe for concurrent calls; ranges are inside the image. */
     int (*pread)(struct ic_image *img, void *buf, size_t len, uint64_t off,
@@ -24,6 +28,10 @@ struct ic_driver {
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
     int (*flush)(struct ic_image *img, struct ic_error *err);
+    /* Optional: copy in the kernel to another image of the same driver;
+     * -1 with errnum ENOTSUP when it cannot. */
+    int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                      struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
      * `end`, covering `want` and, cheaply, more after it: the caller holds
      * the cache lock and records everything appended. */
@@ -32,5 +40,6 @@ struct ic_driver {
 };
 
 extern const struct ic_driver ic_driver_raw;
+extern const struct ic_driver ic_driver_null;
 
 #endif

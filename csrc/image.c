@@ -11,7 +11,11 @@
 
 static const struct ic_driver *const drivers[] = {
     &ic_driver_raw,
+    &ic_driver_null,
 };
+
+/* The null image has no file: "null:" names it. */
+#define NULL_PATH "null:"
 
 /* Formats we recognise but cannot open yet: refusing beats reading a
  * qcow2 file's metadata as guest data. */
@@ -92,12 +96,43 @@ static int open_file(const char *path, unsigned flags, struct ic_error *err)
     return fd;
 }
 
+static int is_null(const char *path, const char *format)
+{
+    return (format && strcmp(format, "null") == 0) || strcmp(path, NULL_PATH) == 0;
+}
+
+static struct ic_image *new_image(const char *path, const struct ic_driver *drv, unsigned flags,
+                                  uint64_t size)
+{
+    struct ic_image *img = calloc(1, sizeof *img);
+    if (!img)
+        return NULL;
+    if (!(img->path = strdup(path)) || ic_cache_init(img) < 0) {
+        free(img->path);
+        free(img);
+        return NULL;
+    }
+    img->drv = drv;
+    img->open_flags = flags;
+    img->size = size;
+    return img;
+}
+
+static void free_image(struct ic_image *img)
+{
+    ic_cache_destroy(img);
+    free(img->path);
+    free(img);
+}
+
 int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
                   struct ic_error *err)
 {
     const struct ic_driver *drv = NULL;
     if (format && !(drv = driver_by_name(format)))
         return ic_error_value(err, "unknown image format '%s'", format);
+    if (is_null(path, format))
+        return ic_error_value(err, "the null image can only be a destination");
 
     int fd = open_file(path, flags, err);
     if (fd < 0)
@@ -106,26 +141,72 @@ int ic_image_open(const char *path, const char *format, unsigned flags, struct i
         close(fd);
         return -1;
     }
-
-    struct ic_image *img = calloc(1, sizeof *img);
-    if (!img || !(img->path = strdup(path))) {
-        free(img);
-        close(fd);
-        return ic_error_nomem(err);
-    }
-    img->drv = drv;
-    img->open_flags = flags;
-    if (ic_cache_init(img) < 0) {
-        free(img->path);
-        free(img);
+    struct ic_image *img = new_image(path, drv, flags, 0);
+    if (!img) {
         close(fd);
         return ic_error_nomem(err);
     }
     if (drv->open(img, fd, err) < 0) {
         close(fd);
-        ic_cache_destroy(img);
-        free(img->path);
-        free(img);
+        free_image(img);
+        return -1;
+    }
+    *out = img;
+    return 0;
+}
+
+/* A regular file is emptied (its old blocks must not show through); a
+ * block device is used as it is and never replaced by a file. */
+static int open_for_create(const char *path, struct ic_error *err)
+{
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+    if (fd < 0)
+        return ic_error_os(err, errno, path, "create");
+    struct stat st;
+    int e = 0;
+    if (fstat(fd, &st) < 0)
+        e = errno;
+    else if (S_ISREG(st.st_mode) && ftruncate(fd, 0) < 0)
+        e = errno;
+    if (e) {
+        close(fd);
+        return ic_error_os(err, e, path, "create");
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        close(fd);
+        return ic_error_value(err, "%s: not a regular file or block device", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fcntl");
+    }
+    return fd;
+}
+
+int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,
+                    struct ic_image **out, int *fresh, struct ic_error *err)
+{
+    const struct ic_driver *drv = is_null(path, format) ? &ic_driver_null
+                                  : driver_by_name(format ? format : "raw");
+    if (!drv)
+        return ic_error_value(err, "unknown image format '%s'", format);
+    if (!drv->create)
+        return ic_error_value(err, "cannot write %s images", drv->name);
+    int fd = drv == &ic_driver_null ? -1 : open_for_create(path, err);
+    if (fd < 0 && drv != &ic_driver_null)
+        return -1;
+    struct ic_image *img = new_image(path, drv, flags | IC_OPEN_RDWR, size);
+    if (!img) {
+        if (fd >= 0)
+            close(fd);
+        return ic_error_nomem(err);
+    }
+    if (drv->create(img, fd, fresh, err) < 0) {
+        if (fd >= 0)
+            close(fd);
+        free_image(img);
         return -1;
     }
     *out = img;
@@ -137,9 +218,7 @@ void ic_image_close(struct ic_image *img)
     if (!img)
         return;
     img->drv->close(img);
-    ic_cache_destroy(img);
-    free(img->path);
-    free(img);
+    free_image(img);
 }
 
 uint64_t ic_image_size(const struct ic_image *img)
@@ -237,4 +316,17 @@ int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsign
 int ic_image_flush(struct ic_image *img, struct ic_error *err)
 {
     return img->drv->flush(img, err);
+}
+
+int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                        struct ic_error *err)
+{
+    if (!ic_image_writable(dst))
+        return ic_error_readonly(err, dst->path);
+    if (check_range(src, off, len, err) < 0 || check_range(dst, off, len, err) < 0)
+        return -1;
+    if (src->drv != dst->drv || !src->drv->copy_range)
+        return ic_error_os(err, ENOTSUP, dst->path, "no in-kernel copy from %s to %s",
+                           src->drv->name, dst->drv->name);
+    return src->drv->copy_range(src, dst, off, len, err);
 }

@@ -40,6 +40,8 @@ void ic_extent_list_free(struct ic_extent_list *list);
 /* Open flags. */
 enum {
     IC_OPEN_RDWR = 1u << 0,
+    IC_OPEN_DIRECT = 1u << 1,    /* O_DIRECT where requests are aligned */
+    IC_OPEN_WRITEBACK = 1u << 2, /* start writeback behind each write  */
 };
 
 struct ic_image;
@@ -54,6 +56,10 @@ struct ic_cache_stats {
 /* format: NULL probes; otherwise a driver name ("raw"). */
 int ic_image_open(const char *path, const char *format, unsigned flags,
                   struct ic_image **out, struct ic_error *err);
+/* Create (or, for a block device, reuse) a writable image of `size`
+ * bytes.  *fresh tells whether it is known to read as zeros. */
+int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,
+                    struct ic_image **out, int *fresh, struct ic_error *err);
 void ic_image_close(struct ic_image *img);
 
 uint64_t ic_image_size(const struct ic_image *img);
@@ -84,6 +90,11 @@ int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsign
                   struct ic_error *err);
 int ic_image_flush(struct ic_image *img, struct ic_error *err);
 
+/* Copy [off, off+len) from src to dst in the kernel (copy_file_range).
+ * Fails with ENOTSUP when the pair or the filesystem cannot. */
+int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                        struct ic_error *err);
+
 void ic_image_cache_stats(struct ic_image *img, struct ic_cache_stats *out);
 void ic_image_drop_cache(struct ic_image *img);
 
@@ -98,5 +109,46 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
 
 /* The two merge rules of qemu-img map. */
 int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *next);
+
+/* ---- copy engine (copy.c) ------------------------------------------- */
+
+struct ic_copy_options {
+    uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
+    uint64_t request_size;     /* bytes per read/write request             */
+    unsigned concurrency;      /* worker threads                           */
+    int out_of_order;          /* writes may complete in any order         */
+    int target_is_zero;        /* skip zero ranges instead of zeroing them */
+    int offload;               /* copy_file_range for data                 */
+    int flush;                 /* make the destination durable at the end  */
+};
+
+struct ic_copy_stats {
+    uint64_t bytes_read;
+    uint64_t bytes_written;
+    uint64_t bytes_zeroed;
+    uint64_t bytes_skipped;
+    uint64_t read_requests;
+    uint64_t write_requests;
+    uint64_t zero_requests;
+    uint64_t extents;  /* source extents (data/zero runs) */
+    uint64_t done;     /* destination bytes dealt with so far */
+    uint64_t total;
+};
+
+struct ic_copy;
+
+/* Start copying src [0, src size) to dst; threads run until the copy is
+ * done, fails or is cancelled.  src and dst must outlive the copy. */
+int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
+                  struct ic_copy **out, struct ic_error *err);
+/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
+int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms);
+void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out);
+void ic_copy_cancel(struct ic_copy *c);
+/* Join every thread and free the copy: 0 on success, -1 with the first
+ * error (or cancellation, errnum ECANCELED) in err. */
+int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err);
+
+int ic_is_zero(const void *buf, size_t len);
 
 #endif

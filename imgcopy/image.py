@@ -21,13 +21,14 @@ def _check_format(format: Optional[str]) -> None:
 class Image:
     """An open disk image.  Use as a context manager, or call close()."""
 
-    def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r") -> None:
+    def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
+                 direct: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
         self.filename = os.fsdecode(os.fspath(path))
         self.mode = mode
-        self._img = _core.Image(path, format, mode == "r+")
+        self._img = _core.Image(path, format, mode == "r+", direct)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:

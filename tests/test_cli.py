@@ -30,6 +30,7 @@ FLAG_SETS = [
     ["--output=human", "--start-offset", "65536", "--max-length", "1048576"],
     ["-f", "raw", "--output=json", "--start-offset=512", "--max-length=3000000"],
     ["--output", "json"],
+    ["--output=json", "--start-offset", "64k", "--max-length", "1M"],
 ]
 
 

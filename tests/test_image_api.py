@@ -3,8 +3,10 @@
 import errno
 import os
 import pathlib
+import random
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -88,8 +90,6 @@ def test_explicit_format_and_mode(sparse):
 @pytest.mark.parametrize("kind,seed", [("holes_and_data", 1), ("alloc_zeros", 2), ("unaligned", 1),
                                        ("tiny", 2), ("odd_size", 1), ("qemu_io", 1)])
 def test_read_matches_file(make_image, kind, seed):
-    import random
-
     im = make_image(kind, seed)
     content = _file_bytes(im.path)
     rng = random.Random("read-%s-%d" % (kind, seed))
@@ -178,6 +178,11 @@ def test_out_of_range_arguments(sparse):
             (img.read, (-1, 1)),
             (img.read, (0, -1)),
             (img.read, (size + 1, 1)),
+            (img.read, (0, 1 << 63)),
+            (img.read, (1, (1 << 64) - 1)),
+            (img.read, (1 << 64, 1)),
+            (img.block_status, (1 << 64,)),
+            (img.block_status, (1, (1 << 64) - 1)),
         ]
         for fn, args in bad:
             with pytest.raises(ValueError):
@@ -330,6 +335,164 @@ def test_write_out_of_range(sparse):
             img.zero(0, -4096)
     assert sha256_file(sparse) == h0
     assert os.path.getsize(sparse) == size
+
+
+def test_write_and_zero_out_of_bounds(sparse):
+    """Images do not grow: writes/zeroes past the end are rejected, file untouched."""
+    size = 3 * MiB + 5
+    h0 = sha256_file(sparse)
+    with imgcopy.open(sparse, mode="r+") as img:
+        for call in (lambda: img.write(size - 1, b"ab"), lambda: img.write(size, b"a"),
+                     lambda: img.zero(size - 4096, 8192), lambda: img.zero(size, 1),
+                     lambda: img.write((1 << 64) - 1, b"ab"), lambda: img.zero(4096, (1 << 64) - 4096)):
+            with pytest.raises(ValueError):
+                call()
+        assert img.size == size
+    assert sha256_file(sparse) == h0
+    assert os.path.getsize(sparse) == size
+
+
+@pytest.mark.parametrize("off,n", [(5000, 1), (4096, 4096), (4000, 200), (1 * MiB - 10, 10)])
+def test_zero_without_punch_in_hole(make_sparse, off, n):
+    """zero(punch_hole=False) on a hole: the map must still equal qemu's.
+
+    (The file system may allocate the partial blocks it zeroes: the cache
+    must not keep claiming the rest of those blocks are holes.)
+    """
+    path = make_sparse("zh.img", 1 * MiB, [(512 * KiB, b"\x01" * 4096)])
+    with imgcopy.open(path, mode="r+") as img:
+        assert img.extents().to_json() == qemu_map(path).text
+        img.zero(off, n, punch_hole=False)
+        assert img.read(off, n) == bytes(n)
+        _assert_map_is_qemu(img, path)
+
+
+@pytest.mark.parametrize("off,n", [(5000, 1), (4096, 8192), (100, 300000)])
+def test_zero_without_punch_in_data(make_sparse, off, n):
+    size = 1 * MiB
+    path = make_sparse("zd.img", size, [(0, b"\x07" * size)])
+    with imgcopy.open(path, mode="r+") as img:
+        img.extents()
+        img.zero(off, n, punch_hole=False)
+        assert img.read(off, n) == bytes(n)
+        assert img.read(off + n, 1) == b"\x07"
+        _assert_map_is_qemu(img, path)
+
+
+def test_unaligned_zero_inside_data(make_sparse):
+    """zero() of an unaligned range: partial blocks zeroed, whole blocks punched."""
+    size = 1 * MiB + 333
+    path = make_sparse("uz.img", size, [(0, b"\x42" * size)])
+    with imgcopy.open(path, mode="r+") as img:
+        img.extents()
+        img.zero(1000, 50000)
+        _assert_map_is_qemu(img, path)
+        assert img.read(1000, 50000) == bytes(50000)
+        assert img.read(999, 1) == b"\x42" and img.read(51000, 1) == b"\x42"
+        img.zero(size - 700, 700)
+        _assert_map_is_qemu(img, path)
+        assert img.read(size - 701, 701) == b"\x42" + bytes(700)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_mutations_keep_cache_coherent(make_image, seed):
+    """Random write/zero/block_status sequences: the map always equals qemu's."""
+    rng = random.Random("mut-%d" % seed)
+    im = make_image("holes_and_data", seed)
+    shadow = bytearray(_file_bytes(im.path))
+    size = im.size
+    with imgcopy.open(im.path, mode="r+") as img:
+        for step in range(25):
+            # warm random parts of the cache
+            for _ in range(rng.randint(0, 5)):
+                img.block_status(rng.randrange(size))
+            off = rng.randrange(size)
+            n = min(size - off, rng.choice([1, 512, 4096, 5000, 65536, rng.randint(1, 300000)]))
+            op = rng.choice(["write", "write", "zero", "zero_nopunch"])
+            if op == "write":
+                data = bytes(rng.randint(1, 255) for _ in range(min(n, 64))) * (n // 64 + 1)
+                data = data[:n]
+                img.write(off, data)
+                shadow[off:off + n] = data
+            else:
+                img.zero(off, n, punch_hole=(op == "zero"))
+                shadow[off:off + n] = bytes(n)
+            what = "step %d: %s(%d, %d)" % (step, op, off, n)
+            q = qemu_map(im.path)
+            assert img.extents().to_json() == q.text, what
+            qext = clip_entries(q.extents, size)
+            probe = rng.randrange(size)
+            t = extent_tuple(img.block_status(probe))
+            c = find_covering(qext, probe)
+            assert t[0] == probe and t[2:6] == c[2:6] and probe + t[1] <= c[0] + c[1], (what, t, c)
+            a = rng.randrange(size)
+            b = min(size, a + rng.randint(1, 100000))
+            assert img.read(a, b - a) == bytes(shadow[a:b]), what
+        img.flush()
+    assert _file_bytes(im.path) == bytes(shadow)
+
+
+def test_extent_map_outlives_image(sparse):
+    with imgcopy.open(sparse) as img:
+        m = img.extents()
+        e = img.block_status(0)
+    assert m.to_json() == qemu_map(sparse).text
+    assert len(m) >= 1 and m[0].start == 0
+    assert e.start == 0
+
+
+def test_non_utf8_bytes_path(tmp_path):
+    raw = os.fsencode(str(tmp_path)) + b"/img-\xff\xfe.raw"
+    fd = os.open(raw, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, 65536 + 3)
+        os.pwrite(fd, b"data", 8192)
+    finally:
+        os.close(fd)
+    with imgcopy.open(raw) as img:
+        assert img.size == 65539
+        assert img.filename == os.fsdecode(raw)
+        assert img.read(8192, 4) == b"data"
+    assert imgcopy.map(raw).to_json() == qemu_map(os.fsdecode(raw)).text
+
+
+def test_qcow2_file_as_raw(tmp_path):
+    """A qcow2 file opened with format="raw" is just bytes: map == qemu-img map -f raw."""
+    if shutil.which("qemu-io") is None:
+        pytest.skip("qemu-io not installed")
+    p = str(tmp_path / "disk.qcow2")
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", p, "64M"], check=True)
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 1M 64k", p], check=True,
+                   stdout=subprocess.DEVNULL)
+    with imgcopy.open(p, format="raw") as img:
+        assert img.format == "raw"
+        assert img.size == os.path.getsize(p)
+        assert img.read(0, 4) == b"QFI\xfb"
+    assert imgcopy.map(p, format="raw").to_json() == qemu_map(p, fmt="raw").text
+    # probing must not silently call it raw
+    try:
+        img = imgcopy.open(p)
+    except imgcopy.Error as e:
+        assert isinstance(e, ValueError)  # ImageFormatError
+    else:
+        with img:
+            assert img.format != "raw"
+
+
+def test_fifo_is_rejected_without_hanging(tmp_path):
+    """Opening a FIFO must fail promptly (not block waiting for a writer)."""
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    code = ("import imgcopy, sys\n"
+            "try:\n    imgcopy.open(sys.argv[1])\n"
+            "except (OSError, ValueError) as e:\n    print(type(e).__name__)\n    sys.exit(0)\n"
+            "sys.exit(3)\n")
+    env = dict(os.environ)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(imgcopy.__file__)))
+    env["PYTHONPATH"] = pkg_parent
+    p = subprocess.run([sys.executable, "-c", code, fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=20, cwd=str(tmp_path), env=env)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
 
 
 # --------------------------------------------------------------------------

@@ -216,13 +216,16 @@ def test_handmade_layouts(make_sparse, name):
 
 
 def test_extent_fields_contract(make_sparse):
-    """Extent is a NamedTuple (start, length, depth, present, zero, data, offset)."""
+    """Extent is a NamedTuple (start, length, depth, present, zero, data,
+    offset, compressed): qemu-img map's fields, `compressed` as qemu 8 has it."""
     path = make_sparse("f.img", 8192, [(0, b"x")])
     e = imgcopy.map(path)[0]
     assert isinstance(e, tuple)
-    assert e._fields == ("start", "length", "depth", "present", "zero", "data", "offset")
-    s, l, depth, present, zero, data, off = e  # unpacks as 7 fields
-    assert (s, l, depth, present, zero, data, off) == (0, 4096, 0, True, False, True, 0)
+    assert e._fields == ("start", "length", "depth", "present", "zero", "data", "offset",
+                         "compressed")
+    s, l, depth, present, zero, data, off, compressed = e
+    assert (s, l, depth, present, zero, data, off, compressed) == (
+        0, 4096, 0, True, False, True, 0, False)
     with imgcopy.open(path) as img:
         assert type(img.block_status(0)) is type(e)
 
@@ -247,6 +250,12 @@ def test_empty_file_prints_placeholder(make_sparse):
     assert m.to_json() == qemu_map(path).text
     assert m.to_human(path) == qemu_map_human(path)
     assert (m.data_bytes, m.zero_bytes, m.allocated_bytes) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("name", ["my disk.img", "d\u00efsk-\u00fc.raw", "x%s%d.img"])
+def test_human_filename_verbatim(make_sparse, name):
+    path = make_sparse(name, 100000, [(8192, b"\x01" * 5000), (99999, b"\x02")])
+    assert imgcopy.map(path).to_human(path) == qemu_map_human(path)
 
 
 def test_odd_size_tail_quirk(make_sparse):

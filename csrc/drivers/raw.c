@@ -25,6 +25,8 @@ enum {
 
 struct raw_state {
     int fd;
+    int fd_direct;       /* O_DIRECT twin of fd, or -1 */
+    int writeback;       /* start writeback behind each write */
     int is_blockdev;
     uint64_t alloc_unit; /* st_blksize: the granularity of SEEK_DATA answers */
     atomic_int no_seek_hole;
@@ -43,6 +45,10 @@ static int probe(const uint8_t *head, size_t len)
     return 1; /* anything is a raw image */
 }
 
+/* O_DIRECT wants this alignment of offsets, lengths and buffers; 4096
+ * satisfies every logical block size in use. */
+#define DIRECT_ALIGN 4096u
+
 static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
 {
     struct stat st;
@@ -52,8 +58,10 @@ static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
     if (!s)
         return ic_error_nomem(err);
     s->fd = fd;
+    s->fd_direct = -1;
     s->is_blockdev = S_ISBLK(st.st_mode);
     s->alloc_unit = st.st_blksize > 0 ? (uint64_t)st.st_blksize : 4096;
+    s->writeback = (img->open_flags & IC_OPEN_WRITEBACK) != 0;
     atomic_init(&s->no_seek_hole, s->is_blockdev);
     atomic_init(&s->zero_refused, 0);
     if (s->is_blockdev) {
@@ -67,7 +75,42 @@ static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
     } else {
         img->size = (uint64_t)st.st_size;
     }
+    if (img->open_flags & IC_OPEN_DIRECT) {
+        int mode = (img->open_flags & IC_OPEN_RDWR) ? O_RDWR : O_RDONLY;
+        s->fd_direct = open(img->path, mode | O_DIRECT | O_CLOEXEC);
+        if (s->fd_direct < 0) {
+            int e = errno;
+            free(s);
+            return ic_error_os(err, e, img->path, "open with O_DIRECT");
+        }
+    }
     img->drv_state = s;
+    return 0;
+}
+
+static int create_raw(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
+{
+    uint64_t want = img->size;
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        return ic_error_os(err, errno, img->path, "fstat");
+    if (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)want) < 0)
+        return ic_error_os(err, errno, img->path, "resize to %llu bytes",
+                           (unsigned long long)want);
+    if (open_raw(img, fd, err) < 0)
+        return -1;
+    if (img->size < want) {
+        uint64_t have = img->size;
+        struct raw_state *s = state(img);
+        if (s->fd_direct >= 0)
+            close(s->fd_direct);
+        free(s);
+        img->drv_state = NULL;
+        return ic_error_value(err, "%s: the device holds %llu bytes, %llu are needed",
+                              img->path, (unsigned long long)have, (unsigned long long)want);
+    }
+    /* a disk keeps what it held; an emptied file reads as zeros */
+    *fresh = S_ISREG(st.st_mode);
     return 0;
 }
 
@@ -76,9 +119,19 @@ static void close_raw(struct ic_image *img)
     struct raw_state *s = state(img);
     if (s) {
         close(s->fd);
+        if (s->fd_direct >= 0)
+            close(s->fd_direct);
         free(s);
         img->drv_state = NULL;
     }
+}
+
+/* The descriptor for this request: O_DIRECT when it is aligned. */
+static int fd_for(struct raw_state *s, const void *buf, size_t len, uint64_t off)
+{
+    if (s->fd_direct >= 0 && ((uintptr_t)buf | len | off) % DIRECT_ALIGN == 0)
+        return s->fd_direct;
+    return s->fd;
 }
 
 static int raw_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
@@ -86,7 +139,7 @@ static int raw_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
 {
     char *p = buf;
     while (len > 0) {
-        ssize_t n = pread(state(img)->fd, p, len, (off_t)off);
+        ssize_t n = pread(fd_for(state(img), p, len, off), p, len, (off_t)off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -137,7 +190,7 @@ static int write_all(struct ic_image *img, const void *buf, size_t len, uint64_t
 {
     const char *p = buf;
     while (len > 0) {
-        ssize_t n = pwrite(state(img)->fd, p, len, (off_t)off);
+        ssize_t n = pwrite(fd_for(state(img), p, len, off), p, len, (off_t)off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -154,8 +207,13 @@ static int write_all(struct ic_image *img, const void *buf, size_t len, uint64_t
 static int raw_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
                       struct ic_error *err)
 {
+    struct raw_state *s = state(img);
     int ret = write_all(img, buf, len, off, err);
     note_allocated(img, off, len); /* even a partial write may have allocated */
+    /* Start writeback now, so that the final flush finds little to do and
+     * dirty pages never pile up; failures here only cost that overlap. */
+    if (ret == 0 && s->writeback && len > 0)
+        (void)sync_file_range(s->fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
     return ret;
 }
 
@@ -212,8 +270,10 @@ static int zero_range(struct ic_image *img, uint64_t off, uint64_t len)
     struct raw_state *s = state(img);
     if (fallocate(s->fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
         return -errno;
-    /* unwritten extents: whether SEEK_DATA calls them data is fs-specific */
-    ic_cache_forget(img, off, off + len);
+    /* unwritten extents: whether SEEK_DATA calls them data is fs-specific,
+     * and the partial blocks at the edges are written */
+    uint64_t end = align_up(off + len, s->alloc_unit);
+    ic_cache_forget(img, align_down(off, s->alloc_unit), end < img->size ? end : img->size);
     return 0;
 }
 
@@ -267,6 +327,31 @@ static int raw_flush(struct ic_image *img, struct ic_error *err)
 {
     if (fsync(state(img)->fd) < 0)
         return ic_error_os(err, errno, img->path, "fsync");
+    return 0;
+}
+
+static int raw_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                          struct ic_error *err)
+{
+    int in = state(src)->fd, out = state(dst)->fd;
+    loff_t src_off = (loff_t)off, dst_off = (loff_t)off;
+    while (len > 0) {
+        ssize_t n = copy_file_range(in, &src_off, out, &dst_off, len, 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            int e = errno;
+            if (unsupported(e) || e == EXDEV)
+                return ic_error_os(err, ENOTSUP, dst->path, "copy_file_range");
+            return ic_error_os(err, e, dst->path, "copy_file_range at offset %llu",
+                               (unsigned long long)dst_off);
+        }
+        if (n == 0)
+            return ic_error_os(err, EIO, src->path, "unexpected end of file at offset %llu",
+                               (unsigned long long)src_off);
+        note_allocated(dst, (uint64_t)dst_off - (uint64_t)n, (uint64_t)n);
+        len -= (uint64_t)n;
+    }
     return 0;
 }
 
@@ -351,10 +436,12 @@ const struct ic_driver ic_driver_raw = {
     .name = "raw",
     .probe = probe,
     .open = open_raw,
+    .create = create_raw,
     .close = close_raw,
     .pread = raw_pread,
     .pwrite = raw_pwrite,
     .zero = raw_zero,
     .flush = raw_flush,
     .block_status = raw_block_status,
+    .copy_range = raw_copy_range,
 };

@@ -122,12 +122,12 @@ static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
 
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "format", "writable", NULL};
+    static char *kwlist[] = {"path", "format", "writable", "direct", NULL};
     PyObject *path_bytes = NULL;
     const char *format = NULL;
-    int writable = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &writable))
+    int writable = 0, direct = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zpp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &writable, &direct))
         return -1;
     if (self->img) {
         Py_DECREF(path_bytes);
@@ -144,7 +144,8 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
     struct ic_image *img = NULL;
     int ret;
     Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_open(path, format, writable ? IC_OPEN_RDWR : 0, &img, &err);
+    ret = ic_image_open(path, format,
+                        (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0), &img, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(path_bytes);
     if (ret < 0) {
@@ -424,6 +425,141 @@ static PyTypeObject ImageType = {
     .tp_getset = image_getset,
 };
 
+/* create(path, format, size, direct=False, writeback=False) -> (Image, fresh) */
+static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    (void)m;
+    static char *kwlist[] = {"path", "format", "size", "direct", "writeback", NULL};
+    PyObject *path_bytes = NULL, *o_size;
+    const char *format = NULL;
+    int direct = 0, writeback = 0;
+    uint64_t size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|pp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &o_size, &direct, &writeback))
+        return NULL;
+    if (parse_u64(o_size, "size", &size) < 0) {
+        Py_DECREF(path_bytes);
+        return NULL;
+    }
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
+        Py_DECREF(path_bytes);
+        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
+        return NULL;
+    }
+    unsigned flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0);
+    struct ic_error err = {0};
+    struct ic_image *img = NULL;
+    int fresh = 0, ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_create(path, format, size, flags, &img, &fresh, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    if (ret < 0)
+        return raise_error(&err);
+    ImageObject *obj = (ImageObject *)ImageType.tp_alloc(&ImageType, 0);
+    if (!obj) {
+        ic_image_close(img);
+        return NULL;
+    }
+    obj->img = img;
+    return Py_BuildValue("(NN)", (PyObject *)obj, PyBool_FromLong(fresh));
+}
+
+static PyObject *stats_dict(const struct ic_copy_stats *st)
+{
+    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "bytes_read", (unsigned long long)st->bytes_read,
+                         "bytes_written", (unsigned long long)st->bytes_written, "bytes_zeroed",
+                         (unsigned long long)st->bytes_zeroed, "bytes_skipped",
+                         (unsigned long long)st->bytes_skipped, "read_requests",
+                         (unsigned long long)st->read_requests, "write_requests",
+                         (unsigned long long)st->write_requests, "zero_requests",
+                         (unsigned long long)st->zero_requests, "extents",
+                         (unsigned long long)st->extents);
+}
+
+/* Slices the calling thread waits in, with the GIL released: short enough
+ * for Ctrl-C and progress to feel immediate. */
+#define WAIT_SLICE_MS 100
+
+/* copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order,
+ *      target_is_zero, offload, flush, progress) -> dict of counters */
+static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    (void)m;
+    static char *kwlist[] = {"src", "dst", "sparse_threshold", "request_size", "concurrency",
+                             "out_of_order", "target_is_zero", "offload", "flush", "progress",
+                             NULL};
+    ImageObject *src, *dst;
+    PyObject *o_thr, *o_req, *progress = Py_None;
+    unsigned concurrency;
+    int out_of_order, target_is_zero, offload, flush;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOIppppO", kwlist, &ImageType, &src,
+                                     &ImageType, &dst, &o_thr, &o_req, &concurrency,
+                                     &out_of_order, &target_is_zero, &offload, &flush, &progress))
+        return NULL;
+    struct ic_copy_options opt = {
+        .concurrency = concurrency,
+        .out_of_order = out_of_order,
+        .target_is_zero = target_is_zero,
+        .offload = offload,
+        .flush = flush,
+    };
+    if (parse_u64(o_thr, "sparse_threshold", &opt.sparse_threshold) < 0 ||
+        parse_u64(o_req, "request_size", &opt.request_size) < 0)
+        return NULL;
+    struct ic_image *s_img = usable(src), *d_img = s_img ? usable(dst) : NULL;
+    if (!s_img || !d_img)
+        return NULL;
+    if (src == dst)
+        return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
+
+    struct ic_error err = {0};
+    struct ic_copy *c = NULL;
+    int ret;
+    enter(src);
+    enter(dst);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_copy_start(s_img, d_img, &opt, &c, &err);
+    Py_END_ALLOW_THREADS
+    if (ret < 0) {
+        leave(src);
+        leave(dst);
+        return raise_error(&err);
+    }
+    /* Python errors raised while waiting (the progress callback, Ctrl-C)
+     * cancel the copy and win over its own error. */
+    int python_error = 0, done = 0;
+    struct ic_copy_stats st;
+    while (!done) {
+        Py_BEGIN_ALLOW_THREADS
+        done = ic_copy_wait(c, WAIT_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (!python_error && progress != Py_None) {
+            ic_copy_progress(c, &st);
+            PyObject *r = PyObject_CallFunction(progress, "KK", (unsigned long long)st.done,
+                                                (unsigned long long)st.total);
+            if (!r)
+                python_error = 1;
+            Py_XDECREF(r);
+        }
+        if (!python_error && PyErr_CheckSignals() < 0)
+            python_error = 1;
+        if (python_error)
+            ic_copy_cancel(c);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_copy_finish(c, &st, &err);
+    Py_END_ALLOW_THREADS
+    leave(src);
+    leave(dst);
+    if (python_error)
+        return NULL;
+    if (ret < 0)
+        return raise_error(&err);
+    return stats_dict(&st);
+}
+
 /* ---- packed extent helpers --------------------------------------------- */
 
 static int packed_extents(Py_buffer *buf, const struct ic_extent **ext, size_t *n)
@@ -527,6 +663,11 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *args)
 }
 
 static PyMethodDef module_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))mod_create, METH_VARARGS | METH_KEYWORDS,
+     "create(path, format, size, direct=False, writeback=False) -> (Image, fresh)"},
+    {"copy", (PyCFunction)(void (*)(void))mod_copy, METH_VARARGS | METH_KEYWORDS,
+     "copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order, "
+     "target_is_zero, offload, flush, progress) -> dict"},
     {"format_map_json", mod_format_map_json, METH_VARARGS,
      "format_map_json(packed, start, tail_end) -> str, as qemu-img map --output=json"},
     {"format_map_human", mod_format_map_human, METH_VARARGS,

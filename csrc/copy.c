@@ -1,0 +1,653 @@
+/* The copy engine: one planner thread walks the source's extents in guest
+ * order and cuts them into work items; N workers read, find zero runs and
+ * write, zero or skip.  Every destination byte is touched at most once.
+ *
+ * Zero runs inside data are found on blocks of `granularity` bytes aligned
+ * in the guest (see zero_granularity()); a run becomes a hole when it is at least sparse_threshold
+ * long or touches the edge of its data extent (the neighbour reads as
+ * zeros anyway), and is written as data otherwise.  A run that reaches the
+ * edge of a work item is measured across it by reading ahead or behind, so
+ * the verdict never depends on where items were cut. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "image.h"
+
+/* Zero ranges need no buffer: large requests keep the request count low,
+ * this bound keeps progress moving. */
+#define ZERO_REQUEST_MAX (1ull << 30)
+#define LOOKAROUND_CHUNK (1u << 20)
+#define BUFFER_ALIGN 4096u
+
+struct work_item {
+    uint64_t start, end;         /* guest range of this item            */
+    uint64_t ext_start, ext_end; /* the source extent it belongs to     */
+    uint64_t seq;                /* guest order, for in-order writes    */
+    int data;                    /* read it (1) or zero/skip it (0)     */
+};
+
+struct ic_copy {
+    struct ic_image *src, *dst;
+    struct ic_copy_options opt;
+    uint64_t granularity;
+    uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
+
+    pthread_mutex_t lock;
+    pthread_cond_t changed; /* queue, turn, cancellation or completion */
+    struct work_item *queue;
+    size_t qcap, qhead, qcount;
+    int planner_done;
+    uint64_t next_write_seq;
+    int cancelled;
+    int failed;
+    struct ic_error error;
+    unsigned live_threads;
+    int complete;
+
+    pthread_t planner;
+    int planner_started;
+    pthread_t *workers;
+    unsigned nthreads; /* started: planner + workers */
+
+    atomic_int offload_refused;
+    atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
+    atomic_uint_fast64_t read_requests, write_requests, zero_requests;
+    atomic_uint_fast64_t extents, done;
+};
+
+/* ---- shared state ------------------------------------------------------ */
+
+static void fail(struct ic_copy *c, const struct ic_error *err)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->failed) {
+        c->failed = 1;
+        c->error = *err;
+    }
+    c->cancelled = 1;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int cancelled(struct ic_copy *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int r = c->cancelled;
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+/* The last thread out makes the destination durable, then reports. */
+static void thread_exit(struct ic_copy *c)
+{
+    pthread_mutex_lock(&c->lock);
+    int last = --c->live_threads == 0;
+    int flush = last && !c->cancelled && c->opt.flush;
+    pthread_mutex_unlock(&c->lock);
+    if (flush) {
+        struct ic_error err = {0};
+        if (ic_image_flush(c->dst, &err) < 0)
+            fail(c, &err);
+    }
+    if (last) {
+        pthread_mutex_lock(&c->lock);
+        c->complete = 1;
+        pthread_cond_broadcast(&c->changed);
+        pthread_mutex_unlock(&c->lock);
+    }
+}
+
+/* ---- planner ----------------------------------------------------------- */
+
+static int push_item(struct ic_copy *c, const struct work_item *item)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->qcount == c->qcap && !c->cancelled)
+        pthread_cond_wait(&c->changed, &c->lock);
+    int ok = !c->cancelled;
+    if (ok) {
+        c->queue[(c->qhead + c->qcount) % c->qcap] = *item;
+        c->qcount++;
+        pthread_cond_broadcast(&c->changed);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return ok ? 0 : -1;
+}
+
+/* Cut one extent into items whose edges fall on multiples of the step. */
+static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int data, uint64_t *seq)
+{
+    int written_zeros = !data && c->opt.sparse_threshold == 0;
+    uint64_t step = data || written_zeros ? c->opt.request_size : ZERO_REQUEST_MAX;
+    atomic_fetch_add(&c->extents, 1);
+    for (uint64_t pos = start; pos < end;) {
+        uint64_t next = (pos / step + 1) * step;
+        if (next > end || next < pos)
+            next = end;
+        struct work_item item = {
+            .start = pos, .end = next, .ext_start = start, .ext_end = end,
+            .seq = (*seq)++, .data = data,
+        };
+        if (push_item(c, &item) < 0)
+            return -1;
+        pos = next;
+    }
+    return 0;
+}
+
+/* Whether an extent must be read: zero and unallocated ranges read as
+ * zeros, whatever DATA says. */
+static int needs_read(const struct ic_extent *e)
+{
+    return (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
+}
+
+static void *planner_main(void *arg)
+{
+    struct ic_copy *c = arg;
+    uint64_t size = ic_image_size(c->src), seq = 0;
+    uint64_t run_start = 0, pos = 0;
+    int run_data = -1;
+    struct ic_error err = {0};
+    /* neighbours of one kind are one extent: the cache may answer a long
+     * extent in pieces, and zero runs at extent edges are judged by it */
+    while (pos < size) {
+        if (cancelled(c))
+            goto out;
+        struct ic_extent e;
+        if (ic_image_block_status(c->src, pos, size - pos, &e, &err) < 0) {
+            fail(c, &err);
+            goto out;
+        }
+        int data = needs_read(&e);
+        if (run_data >= 0 && data != run_data) {
+            if (plan_extent(c, run_start, pos, run_data, &seq) < 0)
+                goto out;
+            run_start = pos;
+        }
+        run_data = data;
+        pos += e.length;
+    }
+    if (run_data >= 0)
+        plan_extent(c, run_start, size, run_data, &seq);
+out:
+    pthread_mutex_lock(&c->lock);
+    c->planner_done = 1;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+    thread_exit(c);
+    return NULL;
+}
+
+/* ---- workers ----------------------------------------------------------- */
+
+struct worker {
+    struct ic_copy *c;
+    uint8_t *buf;     /* request_size */
+    uint8_t *scratch; /* look-around reads */
+    size_t scratch_size;
+    struct ic_error err;
+};
+
+static int pop_item(struct ic_copy *c, struct work_item *item)
+{
+    pthread_mutex_lock(&c->lock);
+    while (c->qcount == 0 && !c->planner_done && !c->cancelled)
+        pthread_cond_wait(&c->changed, &c->lock);
+    int ok = !c->cancelled && c->qcount > 0;
+    if (ok) {
+        *item = c->queue[c->qhead];
+        c->qhead = (c->qhead + 1) % c->qcap;
+        c->qcount--;
+        pthread_cond_broadcast(&c->changed);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return ok;
+}
+
+/* In-order mode: wait until every earlier item has written. */
+static int take_turn(struct ic_copy *c, uint64_t seq)
+{
+    if (c->opt.out_of_order)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    while (c->next_write_seq != seq && !c->cancelled)
+        pthread_cond_wait(&c->changed, &c->lock);
+    int ok = !c->cancelled;
+    pthread_mutex_unlock(&c->lock);
+    return ok ? 0 : -1;
+}
+
+static void end_turn(struct ic_copy *c)
+{
+    if (c->opt.out_of_order)
+        return;
+    pthread_mutex_lock(&c->lock);
+    c->next_write_seq++;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static int read_source(struct worker *w, void *buf, uint64_t off, uint64_t len)
+{
+    struct ic_copy *c = w->c;
+    if (ic_image_pread(c->src, buf, (size_t)len, off, &w->err) < 0)
+        return -1;
+    atomic_fetch_add(&c->bytes_read, len);
+    atomic_fetch_add(&c->read_requests, 1);
+    return 0;
+}
+
+static int write_data(struct worker *w, const void *buf, uint64_t off, uint64_t len)
+{
+    struct ic_copy *c = w->c;
+    if (len == 0)
+        return 0;
+    if (ic_image_pwrite(c->dst, buf, (size_t)len, off, &w->err) < 0)
+        return -1;
+    atomic_fetch_add(&c->bytes_written, len);
+    atomic_fetch_add(&c->write_requests, 1);
+    return 0;
+}
+
+/* A range that must read as zeros in the destination. */
+static int write_hole(struct worker *w, uint64_t off, uint64_t len)
+{
+    struct ic_copy *c = w->c;
+    if (len == 0)
+        return 0;
+    if (c->opt.sparse_threshold == 0) {
+        /* fully allocated: zeros are data, as qemu-img -S 0 writes them */
+        for (uint64_t pos = off; pos < off + len;) {
+            uint64_t n = off + len - pos < c->opt.request_size ? off + len - pos
+                                                               : c->opt.request_size;
+            if (write_data(w, c->zeros, pos, n) < 0)
+                return -1;
+            pos += n;
+        }
+        return 0;
+    }
+    if (c->opt.target_is_zero) {
+        atomic_fetch_add(&c->bytes_skipped, len);
+        return 0;
+    }
+    if (ic_image_zero(c->dst, off, len, IC_ZERO_MAY_UNMAP, &w->err) < 0)
+        return -1;
+    atomic_fetch_add(&c->bytes_zeroed, len);
+    atomic_fetch_add(&c->zero_requests, 1);
+    return 0;
+}
+
+static uint64_t block_end(const struct ic_copy *c, uint64_t pos, uint64_t limit)
+{
+    uint64_t next = (pos / c->granularity + 1) * c->granularity;
+    return next < limit ? next : limit;
+}
+
+/* Zero bytes that continue a run from `from` (a block boundary) forward
+ * or backward, counted in whole blocks, up to `need` bytes; *edge is set
+ * when the zeros reach the extent's edge. */
+static int measure_zeros(struct worker *w, const struct work_item *it, uint64_t from,
+                         uint64_t need, int forward, uint64_t *found, int *edge)
+{
+    struct ic_copy *c = w->c;
+    uint64_t g = c->granularity, pos = from;
+    *found = 0;
+    *edge = 0;
+    while (*found < need) {
+        uint64_t chunk = (need - *found + g - 1) / g * g;
+        if (chunk > w->scratch_size)
+            chunk = w->scratch_size;
+        uint64_t lo, hi;
+        if (forward) {
+            lo = pos;
+            hi = it->ext_end - pos < chunk ? it->ext_end : pos + chunk;
+        } else {
+            hi = pos;
+            lo = pos - it->ext_start < chunk ? it->ext_start : pos - chunk;
+        }
+        if (lo == hi) {
+            *edge = 1;
+            return 0;
+        }
+        if (read_source(w, w->scratch, lo, hi - lo) < 0)
+            return -1;
+        for (uint64_t k = 0; k < hi - lo; k += g) {
+            /* blocks walk away from `from`; only the last may be partial */
+            uint64_t n = hi - lo - k < g ? hi - lo - k : g;
+            uint64_t b0 = forward ? lo + k : hi - k - n;
+            if (!ic_is_zero(w->scratch + (b0 - lo), (size_t)n))
+                return 0;
+            *found += n;
+            if (*found >= need)
+                return 0;
+        }
+        pos = forward ? hi : lo;
+        if (pos == (forward ? it->ext_end : it->ext_start)) {
+            *edge = 1;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* Does the zero run [za, zb) of this item become a hole? */
+static int is_hole(struct worker *w, const struct work_item *it, uint64_t za, uint64_t zb,
+                   int *verdict)
+{
+    uint64_t threshold = w->c->opt.sparse_threshold;
+    uint64_t len = zb - za, found;
+    int edge;
+    *verdict = 1;
+    if (za == it->ext_start || zb == it->ext_end || len >= threshold)
+        return 0;
+    if (za == it->start) {
+        if (measure_zeros(w, it, za, threshold - len, 0, &found, &edge) < 0)
+            return -1;
+        len += found;
+        if (edge || len >= threshold)
+            return 0;
+    }
+    if (zb == it->end) {
+        if (measure_zeros(w, it, zb, threshold - len, 1, &found, &edge) < 0)
+            return -1;
+        len += found;
+        if (edge || len >= threshold)
+            return 0;
+    }
+    *verdict = 0;
+    return 0;
+}
+
+/* Write the item's data, leaving holes where zero runs qualify. */
+static int copy_sparse(struct worker *w, const struct work_item *it)
+{
+    struct ic_copy *c = w->c;
+    const uint8_t *buf = w->buf;
+    uint64_t pending = it->start; /* start of data not yet written */
+    uint64_t pos = it->start;
+    while (pos < it->end) {
+        uint64_t b1 = block_end(c, pos, it->end);
+        if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos))) {
+            pos = b1;
+            continue;
+        }
+        uint64_t za = pos;
+        pos = b1;
+        while (pos < it->end) {
+            b1 = block_end(c, pos, it->end);
+            if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos)))
+                break;
+            pos = b1;
+        }
+        int hole;
+        if (is_hole(w, it, za, pos, &hole) < 0)
+            return -1;
+        if (!hole)
+            continue;
+        if (write_data(w, buf + (pending - it->start), pending, za - pending) < 0 ||
+            write_hole(w, za, pos - za) < 0)
+            return -1;
+        pending = pos;
+    }
+    return write_data(w, buf + (pending - it->start), pending, it->end - pending);
+}
+
+static int copy_item(struct worker *w, const struct work_item *it)
+{
+    struct ic_copy *c = w->c;
+    uint64_t len = it->end - it->start;
+    if (!it->data) {
+        if (take_turn(c, it->seq) < 0)
+            return 0;
+        return write_hole(w, it->start, len);
+    }
+    if (c->opt.offload && !atomic_load(&c->offload_refused)) {
+        if (take_turn(c, it->seq) < 0)
+            return 0;
+        if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
+            atomic_fetch_add(&c->bytes_read, len);
+            atomic_fetch_add(&c->bytes_written, len);
+            atomic_fetch_add(&c->write_requests, 1);
+            return 0;
+        }
+        if (w->err.errnum != ENOTSUP)
+            return -1;
+        atomic_store(&c->offload_refused, 1);
+        /* our turn is held: fall through to read and write */
+        if (read_source(w, w->buf, it->start, len) < 0)
+            return -1;
+    } else {
+        if (read_source(w, w->buf, it->start, len) < 0 || take_turn(c, it->seq) < 0)
+            return cancelled(c) ? 0 : -1;
+    }
+    if (c->opt.sparse_threshold == 0)
+        return write_data(w, w->buf, it->start, len);
+    return copy_sparse(w, it);
+}
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    struct ic_copy *c = w->c;
+    struct work_item it;
+    while (pop_item(c, &it)) {
+        if (copy_item(w, &it) < 0) {
+            fail(c, &w->err);
+            break;
+        }
+        end_turn(c);
+        atomic_fetch_add(&c->done, it.end - it.start);
+    }
+    free(w->buf);
+    free(w->scratch);
+    free(w);
+    thread_exit(c);
+    return NULL;
+}
+
+/* ---- life cycle -------------------------------------------------------- */
+
+static void free_copy(struct ic_copy *c)
+{
+    pthread_cond_destroy(&c->changed);
+    pthread_mutex_destroy(&c->lock);
+    free(c->queue);
+    free(c->workers);
+    free(c->zeros);
+    free(c);
+}
+
+static int check_options(const struct ic_copy_options *o, struct ic_error *err)
+{
+    if (o->concurrency < 1 || o->concurrency > 1024)
+        return ic_error_value(err, "concurrency must be between 1 and 1024");
+    if (o->request_size < 4096 || o->request_size > (1u << 30) || o->request_size % 4096)
+        return ic_error_value(err, "request_size must be a multiple of 4096 between 4 KiB "
+                                   "and 1 GiB");
+    if (o->sparse_threshold % 512)
+        return ic_error_value(err, "sparse_threshold must be a multiple of 512");
+    return 0;
+}
+
+/* Zero runs are found on blocks aligned to the largest power of two not
+ * above the threshold, as qemu-img convert -S aligns them; blocks must
+ * also tile the requests so that none straddles two work items. */
+static uint64_t zero_granularity(uint64_t threshold, uint64_t request_size)
+{
+    if (threshold == 0)
+        return 4096;
+    uint64_t g = 512;
+    while (g * 2 <= threshold)
+        g *= 2;
+    while (request_size % g)
+        g /= 2;
+    return g;
+}
+
+static struct worker *new_worker(struct ic_copy *c)
+{
+    struct worker *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->c = c;
+    /* look-around reads: a whole number of blocks, at least one */
+    uint64_t want = c->opt.sparse_threshold < LOOKAROUND_CHUNK ? c->opt.sparse_threshold
+                                                               : LOOKAROUND_CHUNK;
+    w->scratch_size = want / c->granularity * c->granularity;
+    if (w->scratch_size < c->granularity)
+        w->scratch_size = c->granularity;
+    if (posix_memalign((void **)&w->buf, BUFFER_ALIGN, c->opt.request_size) ||
+        posix_memalign((void **)&w->scratch, BUFFER_ALIGN, w->scratch_size)) {
+        free(w->buf);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
+                  struct ic_copy **out, struct ic_error *err)
+{
+    if (check_options(opt, err) < 0)
+        return -1;
+    if (!ic_image_writable(dst))
+        return ic_error_readonly(err, ic_image_path(dst));
+    if (ic_image_size(dst) < ic_image_size(src))
+        return ic_error_value(err, "the destination (%llu bytes) is smaller than the source "
+                              "(%llu bytes)", (unsigned long long)ic_image_size(dst),
+                              (unsigned long long)ic_image_size(src));
+    struct ic_copy *c = calloc(1, sizeof *c);
+    if (!c)
+        return ic_error_nomem(err);
+    c->src = src;
+    c->dst = dst;
+    c->opt = *opt;
+    c->granularity = zero_granularity(opt->sparse_threshold, opt->request_size);
+    c->qcap = 4 * (size_t)opt->concurrency;
+    c->queue = calloc(c->qcap, sizeof *c->queue);
+    c->workers = calloc(opt->concurrency, sizeof *c->workers);
+    if (opt->sparse_threshold == 0)
+        c->zeros = calloc(1, opt->request_size);
+    if (pthread_mutex_init(&c->lock, NULL)) {
+        free(c->queue);
+        free(c->workers);
+        free(c->zeros);
+        free(c);
+        return ic_error_nomem(err);
+    }
+    pthread_cond_init(&c->changed, NULL);
+    if (!c->queue || !c->workers || (opt->sparse_threshold == 0 && !c->zeros)) {
+        free_copy(c);
+        return ic_error_nomem(err);
+    }
+    atomic_init(&c->offload_refused, 0);
+
+    /* the planner counts as one live thread from the start, so that no
+     * worker can see the copy complete before it is fully started */
+    c->live_threads = 1;
+    for (unsigned i = 0; i < opt->concurrency; i++) {
+        struct worker *w = new_worker(c);
+        int e = w ? 0 : ENOMEM;
+        pthread_mutex_lock(&c->lock);
+        c->live_threads++;
+        pthread_mutex_unlock(&c->lock);
+        if (w)
+            e = pthread_create(&c->workers[i], NULL, worker_main, w);
+        if (e) {
+            free(w ? w->buf : NULL);
+            free(w ? w->scratch : NULL);
+            free(w);
+            pthread_mutex_lock(&c->lock);
+            c->live_threads--;
+            pthread_mutex_unlock(&c->lock);
+            struct ic_error e2 = {0};
+            ic_error_os(&e2, e, NULL, "start worker thread");
+            fail(c, &e2);
+            break;
+        }
+        c->nthreads++;
+    }
+    int e = pthread_create(&c->planner, NULL, planner_main, c);
+    if (e) {
+        struct ic_error e2 = {0};
+        ic_error_os(&e2, e, NULL, "start planner thread");
+        fail(c, &e2);
+        pthread_mutex_lock(&c->lock);
+        c->planner_done = 1;
+        pthread_mutex_unlock(&c->lock);
+        thread_exit(c); /* the planner's share */
+    } else {
+        c->planner_started = 1;
+    }
+    *out = c;
+    return 0;
+}
+
+int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->lock);
+    while (!c->complete) {
+        if (pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT)
+            break;
+    }
+    int done = c->complete;
+    pthread_mutex_unlock(&c->lock);
+    return done;
+}
+
+void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out)
+{
+    out->bytes_read = atomic_load(&c->bytes_read);
+    out->bytes_written = atomic_load(&c->bytes_written);
+    out->bytes_zeroed = atomic_load(&c->bytes_zeroed);
+    out->bytes_skipped = atomic_load(&c->bytes_skipped);
+    out->read_requests = atomic_load(&c->read_requests);
+    out->write_requests = atomic_load(&c->write_requests);
+    out->zero_requests = atomic_load(&c->zero_requests);
+    out->extents = atomic_load(&c->extents);
+    out->done = atomic_load(&c->done);
+    out->total = ic_image_size(c->src);
+}
+
+void ic_copy_cancel(struct ic_copy *c)
+{
+    pthread_mutex_lock(&c->lock);
+    if (!c->complete)
+        c->cancelled = 1;
+    pthread_cond_broadcast(&c->changed);
+    pthread_mutex_unlock(&c->lock);
+}
+
+int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err)
+{
+    for (unsigned i = 0; i < c->nthreads; i++)
+        pthread_join(c->workers[i], NULL);
+    if (c->planner_started)
+        pthread_join(c->planner, NULL);
+    if (out)
+        ic_copy_progress(c, out);
+    int ret = 0;
+    if (c->failed) {
+        if (err)
+            *err = c->error;
+        ret = -1;
+    } else if (c->cancelled) {
+        ic_error_os(err, ECANCELED, NULL, "copy cancelled");
+        ret = -1;
+    }
+    free_copy(c);
+    return ret;
+}
