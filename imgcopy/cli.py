@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+import time
 from typing import List, Optional
 
 from . import _core
+from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
 from .image import FORMATS, open as open_image
 
 _SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
@@ -41,7 +44,81 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("-l", "--max-length", type=parse_size, default=None, metavar="N")
     m.add_argument("filename")
     m.set_defaults(func=_cmd_map)
+
+    c = sub.add_parser("convert", help="copy an image, moving only what matters "
+                                       "(like qemu-img convert)")
+    c.add_argument("-f", dest="src_format", choices=FORMATS, default=None,
+                   help="source format (default: probe)")
+    c.add_argument("-O", dest="dst_format", choices=DEST_FORMATS, default="raw",
+                   help="destination format (default: raw)")
+    c.add_argument("-S", dest="sparse_threshold", type=parse_size, default=4096, metavar="SIZE",
+                   help="zero runs at least this long become holes; 0: fully allocated "
+                        "(default 4k)")
+    c.add_argument("-m", dest="concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                   metavar="N", help=f"worker threads (default {DEFAULT_CONCURRENCY})")
+    order = c.add_mutually_exclusive_group()
+    order.add_argument("-W", dest="out_of_order", action="store_true", default=True,
+                       help="out-of-order writes (the default; accepted for qemu-img users)")
+    order.add_argument("--in-order", dest="out_of_order", action="store_false",
+                       help="write in guest order (reads may still run ahead)")
+    c.add_argument("-n", dest="create", action="store_false",
+                   help="write into an existing destination instead of creating it")
+    c.add_argument("-C", dest="offload", action="store_true",
+                   help="copy data in the kernel (copy_file_range)")
+    c.add_argument("--target-is-zero", action="store_true",
+                   help="the destination already reads as zeros: skip zero ranges")
+    c.add_argument("-p", dest="progress", action="store_true", help="show a progress bar")
+    c.add_argument("-t", dest="dst_cache", choices=("none", "writeback", "unsafe"),
+                   default="writeback",
+                   help="destination cache mode: none = O_DIRECT, unsafe = no flush")
+    c.add_argument("-T", dest="src_cache", choices=("none", "writeback"), default="writeback",
+                   help="source cache mode: none = O_DIRECT")
+    c.add_argument("--request-size", type=parse_size, default=DEFAULT_REQUEST_SIZE,
+                   metavar="SIZE", help="bytes per request (default 2M)")
+    c.add_argument("--no-flush", dest="flush", action="store_false",
+                   help="do not wait for the destination to be durable")
+    c.add_argument("--stats", choices=("json",), default=None,
+                   help="print what the copy did")
+    c.add_argument("source")
+    c.add_argument("destination")
+    c.set_defaults(func=_cmd_convert)
     return parser
+
+
+class TextProgress:
+    """A one-line progress bar on stderr, redrawn at most 5 times a second."""
+
+    def __init__(self, stream=sys.stderr) -> None:
+        self.stream = stream
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < 0.2:
+            return
+        self.last = now
+        pct = 100.0 * done / total if total else 100.0
+        bar = "#" * int(pct / 2.5)
+        self.stream.write(f"\r    ({pct:6.2f}/100%) [{bar:<40}]")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    if args.target_is_zero and args.create:
+        raise ValueError("--target-is-zero needs -n (an existing destination)")
+    result = convert(
+        args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
+        create=args.create, sparse_threshold=args.sparse_threshold,
+        concurrency=args.concurrency, request_size=args.request_size,
+        out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
+        direct=(args.src_cache == "none", args.dst_cache == "none"),
+        flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
+        progress=TextProgress() if args.progress else None)
+    if args.stats == "json":
+        print(json.dumps(result.to_dict(), indent=1))
+    return 0
 
 
 def _cmd_map(args: argparse.Namespace) -> int:

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _core
 from .image import FORMATS, Image, PathArg, _check_format
@@ -48,29 +47,30 @@ class CopyResult:
         return d
 
 
-def _progress_adapter(progress: Progress, total: int) -> Optional[Callable[[int, int], None]]:
-    """A callable (done, total), or an object with .update(n) such as tqdm."""
+def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]]:
+    """A callable (done, total), or an object with .update(n) such as tqdm;
+    the result reports 100% exactly once, at the end."""
     if progress is None:
         return None
     update = getattr(progress, "update", None)
-    if update is not None and not isinstance(progress, type):
-        last = [0]
+    if update is None and not callable(progress):
+        raise TypeError("progress must be a callable (done, total) or have an update(n) method")
+    last = [0]
 
-        def call_update(done: int, _total: int) -> None:
-            if done > last[0]:
-                update(done - last[0])
-                last[0] = done
-        return call_update
-    if callable(progress):
-        return progress
-    raise TypeError("progress must be a callable (done, total) or have an update(n) method")
+    def report(done: int, total: int) -> None:
+        if done == last[0] and done:
+            return
+        if update is not None:
+            update(done - last[0])
+        else:
+            progress(done, total)
+        last[0] = done
 
-
-def _is_block_device(path: str) -> bool:
-    try:
-        return stat.S_ISBLK(os.stat(path).st_mode)
-    except OSError:
-        return False
+    def report_until_end(done: int, total: int) -> None:
+        if done < total:   # the caller reports the end itself
+            report(done, total)
+    report_until_end.finish = report  # type: ignore[attr-defined]
+    return report_until_end
 
 
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
@@ -78,7 +78,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
             concurrency: int = DEFAULT_CONCURRENCY,
             request_size: int = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
-            target_is_zero: Optional[bool] = None, direct: bool = False, flush: bool = True,
+            target_is_zero: Optional[bool] = None,
+            direct: Union[bool, Tuple[bool, bool]] = False, flush: bool = True,
             offload: bool = False, progress: Progress = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters.
 
@@ -86,7 +87,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     ``create=False`` writes into an existing image at least as large as the
     source and leaves its tail alone.  ``sparse_threshold``: zero runs at
     least this long inside data become holes (0: fully allocated).
-    ``target_is_zero``: None decides (True only for a file created here)."""
+    ``target_is_zero``: None decides (True only for a file created here).
+    ``direct``: O_DIRECT on both ends, or a (source, destination) pair."""
     _check_format(src_format)
     if dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
@@ -102,20 +104,21 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
         raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
 
+    src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
     dst_name = os.fsdecode(os.fspath(dst))
     is_null = dst_format == "null" or dst_name == NULL_TARGET
     options = dict(sparse_threshold=sparse_threshold, concurrency=concurrency,
                    request_size=request_size, out_of_order=out_of_order, direct=direct,
                    flush=flush, offload=offload)
 
-    with Image(src, src_format, direct=direct) as source:
+    with Image(src, src_format, direct=bool(src_direct)) as source:
         if is_null:
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:
-            core, fresh = _core.create(dst, dst_format, source.size, direct=direct,
-                                       writeback=flush)
+            core, fresh = _core.create(dst, dst_format, source.size,
+                                       direct=bool(dst_direct), writeback=flush)
         else:
-            core = _core.Image(dst, dst_format, True, direct)
+            core = _core.Image(dst, dst_format, True, bool(dst_direct))
             fresh = False
             if core.size < source.size:
                 core.close()
@@ -124,7 +127,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         try:
             zero_target = fresh if target_is_zero is None else bool(target_is_zero)
             options["target_is_zero"] = zero_target
-            report = _progress_adapter(progress, source.size)
+            report = _progress_adapter(progress)
             t0 = time.monotonic()
             counters = _core.copy(source._img, core, sparse_threshold, request_size,
                                   concurrency, out_of_order, zero_target, offload,
@@ -133,7 +136,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         finally:
             core.close()
         if report is not None:
-            report(source.size, source.size)
+            report.finish(source.size, source.size)  # type: ignore[attr-defined]
         cache = source.cache_stats()
     return CopyResult(**counters, elapsed=elapsed, cache_hits=cache["hits"],
                       cache_misses=cache["misses"], lseek_calls=cache["lseek_calls"],
