@@ -73,6 +73,13 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
     return report_until_end
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             dst_format: str = "raw", create: bool = True,
             sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
@@ -112,6 +119,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                    flush=flush, offload=offload)
 
     with Image(src, src_format, direct=bool(src_direct)) as source:
+        if not is_null and _same_file(source.filename, dst_name):
+            raise ValueError(f"{dst_name}: the destination is the source")
         if is_null:
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:
