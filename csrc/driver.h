@@ -4,6 +4,7 @@
 #define IMGCOPY_DRIVER_H
 
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "imgcopy.h"
 
@@ -13,7 +14,8 @@ struct ic_driver {
     const char *name;
     /* Nonzero if the first bytes of a file look like this format. */
     int (*probe)(const uint8_t *head, size_t len);
-    /* Fill img->drv_state and img->size.  `fd` becomes the driver's. */
+    /* Fill img->drv_state and img->size.  `fd` becomes the driver's, which
+     * closes it on failure too. */
     int (*open)(struct ic_image *img, int fd, struct ic_error *err);
     /* Lay out a new image of img->size bytes in `fd` (an empty regular
      * file, or a block device to reuse); set *fresh when it reads as zeros.
@@ -40,6 +42,10 @@ struct ic_driver {
 };
 
 extern const struct ic_driver ic_driver_raw;
+extern const struct ic_driver ic_driver_qcow2;
 extern const struct ic_driver ic_driver_null;
+
+/* fstat of a raw image's file (qcow2 asks how much of it is allocated). */
+int ic_raw_fstat(struct ic_image *img, struct stat *st);
 
 #endif

@@ -11,6 +11,7 @@
 
 static const struct ic_driver *const drivers[] = {
     &ic_driver_raw,
+    &ic_driver_qcow2,
     &ic_driver_null,
 };
 
@@ -24,7 +25,6 @@ static const struct {
     const char *magic;
     size_t len;
 } known_magic[] = {
-    {"qcow2", "QFI\xfb", 4},
     {"vmdk", "KDMV", 4},
     {"vdi", "<<< ", 4},
 };
@@ -125,8 +125,10 @@ static void free_image(struct ic_image *img)
     free(img);
 }
 
-int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
-                  struct ic_error *err)
+/* Open `path` as one link of a backing chain: `below` lists the files
+ * already above it, so that a loop is an error, not a recursion. */
+static int open_link(const char *path, const char *format, unsigned flags,
+                     const struct ic_image *above, struct ic_image **out, struct ic_error *err)
 {
     const struct ic_driver *drv = NULL;
     if (format && !(drv = driver_by_name(format)))
@@ -137,6 +139,26 @@ int ic_image_open(const char *path, const char *format, unsigned flags, struct i
     int fd = open_file(path, flags, err);
     if (fd < 0)
         return -1;
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fstat");
+    }
+    if (above) {
+        if (above->chain_len >= IC_CHAIN_MAX) {
+            close(fd);
+            return ic_error_format(err, path, "backing chain deeper than %d images",
+                                   IC_CHAIN_MAX);
+        }
+        for (unsigned k = 0; k < above->chain_len; k++) {
+            if (above->chain[k].dev == st.st_dev && above->chain[k].ino == st.st_ino) {
+                close(fd);
+                return ic_error_format(err, path, "backing chain loops back to %s",
+                                       path);
+            }
+        }
+    }
     if (!drv && probe(fd, path, &drv, err) < 0) {
         close(fd);
         return -1;
@@ -146,8 +168,43 @@ int ic_image_open(const char *path, const char *format, unsigned flags, struct i
         close(fd);
         return ic_error_nomem(err);
     }
+    if (above) {
+        memcpy(img->chain, above->chain, above->chain_len * sizeof *img->chain);
+        img->chain_len = above->chain_len;
+    }
+    img->chain[img->chain_len].dev = st.st_dev;
+    img->chain[img->chain_len].ino = st.st_ino;
+    img->chain_len++;
     if (drv->open(img, fd, err) < 0) {
+        free_image(img);
+        return -1;
+    }
+    *out = img;
+    return 0;
+}
+
+int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
+                  struct ic_error *err)
+{
+    return open_link(path, format, flags, NULL, out, err);
+}
+
+int ic_image_open_backing(const struct ic_image *overlay, const char *path, const char *format,
+                          struct ic_image **out, struct ic_error *err)
+{
+    unsigned flags = overlay->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE);
+    return open_link(path, format, flags, overlay, out, err);
+}
+
+int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out,
+                     struct ic_error *err)
+{
+    struct ic_image *img = new_image(owner->path, &ic_driver_raw, owner->open_flags, 0);
+    if (!img) {
         close(fd);
+        return ic_error_nomem(err);
+    }
+    if (ic_driver_raw.open(img, fd, err) < 0) {
         free_image(img);
         return -1;
     }
@@ -204,8 +261,6 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         return ic_error_nomem(err);
     }
     if (drv->create(img, fd, fresh, err) < 0) {
-        if (fd >= 0)
-            close(fd);
         free_image(img);
         return -1;
     }

@@ -4,11 +4,15 @@
 #define IMGCOPY_IMAGE_H
 
 #include <pthread.h>
+#include <sys/types.h>
 #include <stdatomic.h>
 
 #include "driver.h"
 #include "imgcopy.h"
 #include "interval_map.h"
+
+/* Deep enough for any real chain; a loop is caught long before. */
+#define IC_CHAIN_MAX 64
 
 struct ic_image {
     const struct ic_driver *drv;
@@ -16,6 +20,12 @@ struct ic_image {
     char *path;
     unsigned open_flags;
     uint64_t size;
+    /* the files of the backing chain from the top down to this one */
+    struct {
+        dev_t dev;
+        ino_t ino;
+    } chain[IC_CHAIN_MAX];
+    unsigned chain_len;
 
     /* extent cache (extent_cache.c) */
     pthread_mutex_t cache_lock;
@@ -25,6 +35,13 @@ struct ic_image {
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t lseek_calls; /* counted by drivers */
 };
+
+/* For drivers: open a backing file read-only, below `overlay` in its
+ * chain; wrap a file descriptor as a raw image (the host file of qcow2). */
+int ic_image_open_backing(const struct ic_image *overlay, const char *path, const char *format,
+                          struct ic_image **out, struct ic_error *err);
+int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out,
+                     struct ic_error *err);
 
 int ic_cache_init(struct ic_image *img);
 void ic_cache_destroy(struct ic_image *img);

@@ -42,6 +42,7 @@ enum {
     IC_OPEN_RDWR = 1u << 0,
     IC_OPEN_DIRECT = 1u << 1,    /* O_DIRECT where requests are aligned */
     IC_OPEN_WRITEBACK = 1u << 2, /* start writeback behind each write  */
+    IC_OPEN_FORCE = 1u << 3,     /* read a dirty or corrupt-flagged image */
 };
 
 struct ic_image;

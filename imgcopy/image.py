@@ -9,7 +9,7 @@ from .extents import QEMU_SECTOR, Extent, ExtentMap
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-FORMATS = ("raw",)
+FORMATS = ("raw", "qcow2")
 MODES = ("r", "r+")
 
 
@@ -22,13 +22,13 @@ class Image:
     """An open disk image.  Use as a context manager, or call close()."""
 
     def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
-                 direct: bool = False) -> None:
+                 direct: bool = False, force: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
         self.filename = os.fsdecode(os.fspath(path))
         self.mode = mode
-        self._img = _core.Image(path, format, mode == "r+", direct)
+        self._img = _core.Image(path, format, mode == "r+", direct, force)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -116,14 +116,16 @@ class Image:
         self._img.flush()
 
 
-def open(path: PathArg, format: Optional[str] = None, mode: str = "r") -> Image:
+def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
+         force: bool = False) -> Image:
     """Open a disk image: ``mode`` "r" (read-only) or "r+" (read-write);
-    ``format`` None probes the file."""
-    return Image(path, format, mode)
+    ``format`` None probes the file.  ``force`` reads a qcow2 image marked
+    dirty or corrupt (read-only only)."""
+    return Image(path, format, mode, force=force)
 
 
 def map(path: PathArg, format: Optional[str] = None, start: int = 0,
-        length: Optional[int] = None) -> ExtentMap:
+        length: Optional[int] = None, *, force: bool = False) -> ExtentMap:
     """The extent map of an image, like ``qemu-img map``."""
-    with open(path, format) as img:
+    with open(path, format, force=force) as img:
         return img.extents(start, length)

@@ -49,7 +49,7 @@ static int probe(const uint8_t *head, size_t len)
  * satisfies every logical block size in use. */
 #define DIRECT_ALIGN 4096u
 
-static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
+static int open_raw_state(struct ic_image *img, int fd, struct ic_error *err)
 {
     struct stat st;
     if (fstat(fd, &st) < 0)
@@ -88,30 +88,42 @@ static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
     return 0;
 }
 
+static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
+{
+    if (open_raw_state(img, fd, err) < 0) {
+        close(fd);
+        return -1;
+    }
+    return 0;
+}
+
+static void close_raw(struct ic_image *img);
+
 static int create_raw(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
 {
     uint64_t want = img->size;
     struct stat st;
-    if (fstat(fd, &st) < 0)
-        return ic_error_os(err, errno, img->path, "fstat");
-    if (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)want) < 0)
-        return ic_error_os(err, errno, img->path, "resize to %llu bytes",
-                           (unsigned long long)want);
+    if (fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)want) < 0)) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, img->path, "resize to %llu bytes", (unsigned long long)want);
+    }
     if (open_raw(img, fd, err) < 0)
         return -1;
     if (img->size < want) {
         uint64_t have = img->size;
-        struct raw_state *s = state(img);
-        if (s->fd_direct >= 0)
-            close(s->fd_direct);
-        free(s);
-        img->drv_state = NULL;
+        close_raw(img);
         return ic_error_value(err, "%s: the device holds %llu bytes, %llu are needed",
                               img->path, (unsigned long long)have, (unsigned long long)want);
     }
     /* a disk keeps what it held; an emptied file reads as zeros */
     *fresh = S_ISREG(st.st_mode);
     return 0;
+}
+
+int ic_raw_fstat(struct ic_image *img, struct stat *st)
+{
+    return fstat(state(img)->fd, st);
 }
 
 static void close_raw(struct ic_image *img)

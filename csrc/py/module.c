@@ -122,12 +122,12 @@ static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
 
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "format", "writable", "direct", NULL};
+    static char *kwlist[] = {"path", "format", "writable", "direct", "force", NULL};
     PyObject *path_bytes = NULL;
     const char *format = NULL;
-    int writable = 0, direct = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zpp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &writable, &direct))
+    int writable = 0, direct = 0, force = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zppp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &writable, &direct, &force))
         return -1;
     if (self->img) {
         Py_DECREF(path_bytes);
@@ -145,7 +145,9 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
     int ret;
     Py_BEGIN_ALLOW_THREADS
     ret = ic_image_open(path, format,
-                        (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0), &img, &err);
+                        (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
+                            (force ? IC_OPEN_FORCE : 0),
+                        &img, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(path_bytes);
     if (ret < 0) {
