@@ -291,6 +291,11 @@ const char *ic_image_path(const struct ic_image *img)
     return img->path;
 }
 
+struct ic_image *ic_image_backing(const struct ic_image *img)
+{
+    return img->backing;
+}
+
 int ic_image_writable(const struct ic_image *img)
 {
     return (img->open_flags & IC_OPEN_RDWR) != 0;

@@ -26,6 +26,7 @@ struct ic_image {
         ino_t ino;
     } chain[IC_CHAIN_MAX];
     unsigned chain_len;
+    struct ic_image *backing; /* owned by the driver; set by it */
 
     /* extent cache (extent_cache.c) */
     pthread_mutex_t cache_lock;

@@ -67,6 +67,8 @@ uint64_t ic_image_size(const struct ic_image *img);
 const char *ic_image_format(const struct ic_image *img);
 const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
+/* The image this one reads unallocated ranges from, or NULL. */
+struct ic_image *ic_image_backing(const struct ic_image *img);
 
 /* The extent starting at `offset`, at most `length` bytes long.
  * offset + length must lie inside the image and length must be > 0. */
@@ -105,8 +107,10 @@ void ic_image_drop_cache(struct ic_image *img);
  * malloc'ed and NUL terminated. */
 char *ic_format_map_json(const struct ic_extent *ext, size_t n, uint64_t start,
                          uint64_t tail_end, struct ic_error *err);
+/* names[d] is the file printed for extents at depth d. */
 char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
-                          uint64_t tail_end, const char *filename, struct ic_error *err);
+                          uint64_t tail_end, const char *const *names, size_t nnames,
+                          struct ic_error *err);
 
 /* The two merge rules of qemu-img map. */
 int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *next);

@@ -145,7 +145,8 @@ char *ic_format_map_json(const struct ic_extent *ext, size_t n, uint64_t start,
 }
 
 char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
-                          uint64_t tail_end, const char *filename, struct ic_error *err)
+                          uint64_t tail_end, const char *const *names, size_t nnames,
+                          struct ic_error *err)
 {
     (void)start; /* the zero tail prints nothing in this format */
     struct strbuf b = {0};
@@ -164,7 +165,7 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
         }
         if (data && !(e.flags & IC_EXT_ZERO))
             sb_printf(&b, "%#-16" PRIx64 "%#-16" PRIx64 "%#-16" PRIx64 "%s\n", e.start, e.length,
-                      e.host_offset, filename);
+                      e.host_offset, e.depth < nnames ? names[e.depth] : "");
     }
     return sb_finish(&b, err);
 }

@@ -49,7 +49,7 @@ class ExtentMap(Sequence[Extent]):
 
     def __init__(self, packed: bytes, *, start: int, end: int, size: int,
                  filename: str = "", format: str = "raw",
-                 qemu_end: Optional[int] = None) -> None:
+                 qemu_end: Optional[int] = None, chain: Optional[list] = None) -> None:
         self._packed = packed
         self._count = len(packed) // _core.EXTENT_SIZE
         self.start = start
@@ -61,6 +61,8 @@ class ExtentMap(Sequence[Extent]):
         # where qemu-img map would stop: past `end` only for a raw file
         # whose size is not a multiple of 512
         self._qemu_end = end if qemu_end is None else qemu_end
+        # file names by depth, for the human format
+        self._chain = list(chain) if chain else [filename]
 
     def __len__(self) -> int:
         return self._count
@@ -101,9 +103,12 @@ class ExtentMap(Sequence[Extent]):
         return _core.format_map_json(self._packed, self.start, self._qemu_end)
 
     def to_human(self, filename: Optional[str] = None) -> str:
-        """Exactly what ``qemu-img map`` prints (data extents only)."""
-        name = self.filename if filename is None else filename
-        return _core.format_map_human(self._packed, self.start, self._qemu_end, name)
+        """Exactly what ``qemu-img map`` prints (data extents only), naming
+        the top image ``filename`` and backing files as the chain names them."""
+        names = list(self._chain)
+        if filename is not None:
+            names[0] = filename
+        return _core.format_map_human(self._packed, self.start, self._qemu_end, names)
 
     def _totals_cached(self) -> tuple:
         if self._totals is None:

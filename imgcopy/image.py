@@ -83,8 +83,9 @@ class Image:
             packed, end = b"", start
         else:
             packed = self._img.map(start, end)
+        chain = [self.filename] + [path for path, _ in self._img.chain()[1:]]
         return ExtentMap(packed, start=start, end=end, size=size, filename=self.filename,
-                         format=self.format, qemu_end=self._qemu_end(want_end))
+                         format=self.format, qemu_end=self._qemu_end(want_end), chain=chain)
 
     def _qemu_end(self, want_end: Optional[int]) -> int:
         """qemu sees a raw file's size rounded up to whole 512-byte sectors."""
@@ -92,6 +93,11 @@ class Image:
         if self.format == "raw":
             size = -(-size // QEMU_SECTOR) * QEMU_SECTOR
         return size if want_end is None else min(size, want_end)
+
+    @property
+    def backing_chain(self) -> list:
+        """[(filename, format), ...] of the backing files, nearest first."""
+        return self._img.chain()[1:]
 
     def cache_stats(self) -> dict:
         """Extent-cache counters: hits, misses, lseek_calls, intervals."""

@@ -648,6 +648,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
         if (backing_path(img, s->h.backing_name, path, sizeof path, err) < 0 ||
             ic_image_open_backing(img, path, fmt, &s->backing, err) < 0)
             return -1;
+        img->backing = s->backing;
     }
     return 0;
 }

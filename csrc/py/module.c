@@ -381,6 +381,27 @@ static PyObject *image_cache_stats(ImageObject *self, PyObject *unused)
                          (unsigned long long)st.intervals);
 }
 
+/* [(path, format), ...] from this image down its backing chain */
+static PyObject *image_chain(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    PyObject *list = PyList_New(0);
+    for (; list && img; img = ic_image_backing(img)) {
+        PyObject *item = Py_BuildValue("(O&s)", PyUnicode_DecodeFSDefault, ic_image_path(img),
+                                       ic_image_format(img));
+        if (!item || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(list);
+            break;
+        }
+        Py_DECREF(item);
+    }
+    return list;
+}
+
 static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -404,6 +425,8 @@ static PyMethodDef image_methods[] = {
     {"flush", (PyCFunction)image_flush, METH_NOARGS, "flush()"},
     {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, "cache counters"},
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, "forget all cached extents"},
+    {"chain", (PyCFunction)image_chain, METH_NOARGS,
+     "chain() -> [(path, format)] from this image down its backing chain"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -579,9 +602,9 @@ static PyObject *format_map(PyObject *args, int json)
 {
     Py_buffer buf;
     unsigned long long start, tail_end;
-    const char *filename = "";
+    PyObject *names_obj = NULL;
     int ok = json ? PyArg_ParseTuple(args, "y*KK", &buf, &start, &tail_end)
-                  : PyArg_ParseTuple(args, "y*KKs", &buf, &start, &tail_end, &filename);
+                  : PyArg_ParseTuple(args, "y*KKO", &buf, &start, &tail_end, &names_obj);
     if (!ok)
         return NULL;
     const struct ic_extent *ext;
@@ -590,12 +613,41 @@ static PyObject *format_map(PyObject *args, int json)
         PyBuffer_Release(&buf);
         return NULL;
     }
+    /* the file name of each depth of the chain */
+    PyObject *seq = NULL;
+    const char **names = NULL;
+    Py_ssize_t nnames = 0;
+    if (!json) {
+        seq = PySequence_Fast(names_obj, "names must be a sequence of str");
+        if (!seq) {
+            PyBuffer_Release(&buf);
+            return NULL;
+        }
+        nnames = PySequence_Fast_GET_SIZE(seq);
+        names = PyMem_Calloc((size_t)nnames + 1, sizeof *names);
+        for (Py_ssize_t i = 0; names && i < nnames; i++) {
+            names[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
+            if (!names[i]) {
+                PyMem_Free(names);
+                Py_DECREF(seq);
+                PyBuffer_Release(&buf);
+                return NULL;
+            }
+        }
+        if (!names) {
+            Py_DECREF(seq);
+            PyBuffer_Release(&buf);
+            return PyErr_NoMemory();
+        }
+    }
     struct ic_error err = {0};
     char *s;
     Py_BEGIN_ALLOW_THREADS
     s = json ? ic_format_map_json(ext, n, start, tail_end, &err)
-             : ic_format_map_human(ext, n, start, tail_end, filename, &err);
+             : ic_format_map_human(ext, n, start, tail_end, names, (size_t)nnames, &err);
     Py_END_ALLOW_THREADS
+    PyMem_Free(names);
+    Py_XDECREF(seq);
     PyBuffer_Release(&buf);
     if (!s)
         return raise_error(&err);
@@ -673,7 +725,8 @@ static PyMethodDef module_methods[] = {
     {"format_map_json", mod_format_map_json, METH_VARARGS,
      "format_map_json(packed, start, tail_end) -> str, as qemu-img map --output=json"},
     {"format_map_human", mod_format_map_human, METH_VARARGS,
-     "format_map_human(packed, start, tail_end, filename) -> str, as qemu-img map"},
+     "format_map_human(packed, start, tail_end, names) -> str, as qemu-img map; names[d] "
+     "is the file of depth d"},
     {"extent_at", mod_extent_at, METH_VARARGS, "extent_at(packed, i) -> tuple"},
     {"extent_totals", mod_extent_totals, METH_VARARGS,
      "extent_totals(packed) -> (data, zero, present, compressed) bytes"},

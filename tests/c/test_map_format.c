@@ -36,7 +36,8 @@ int main(void)
            "\"data\": true, \"offset\": 0},\n"
            "{ \"start\": 8192, \"length\": 1536, \"depth\": 0, \"present\": true, \"zero\": true, "
            "\"data\": false, \"offset\": 8192}]\n");
-    expect("human", ic_format_map_human(e, 3, 0, 9728, "f.raw", &err),
+    const char *names[] = {"f.raw"};
+    expect("human", ic_format_map_human(e, 3, 0, 9728, names, 1, &err),
            "Offset          Length          Mapped to       File\n"
            "0               0x2000          0               f.raw\n");
 
