@@ -11,13 +11,18 @@ SAMPLE_SCALE ?= 0.0625
 
 .PHONY: deps venv build demo test test-c test-sanitize bench clean
 
-# Debian's qemu-utils and nbdkit are the oracles and the anchors.
+# Debian's qemu-utils and nbdkit are the oracles and the anchors; clang
+# and its libFuzzer runtime fuzz the qcow2 parser.
 deps:
 	@missing=""; \
 	command -v qemu-img >/dev/null || missing="$$missing qemu-utils"; \
 	command -v nbdkit >/dev/null || missing="$$missing nbdkit"; \
 	command -v nbdcopy >/dev/null || missing="$$missing libnbd-bin"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
+	[ -f /usr/include/zlib.h ] || missing="$$missing zlib1g-dev"; \
+	command -v clang >/dev/null || missing="$$missing clang"; \
+	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 \
+		|| missing="$$missing libclang-rt-14-dev"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \

@@ -488,6 +488,23 @@ static int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end
     uint64_t pos = start, extra = 0;
     while (pos < end && (pos <= want || extra < WALK_EXTRA_CLUSTERS)) {
         uint64_t gc = pos / csz, got;
+        /* whole L2 ranges without a table are one unallocated run: a
+         * petabyte of nothing maps in one step */
+        uint64_t l1_index = gc / s->l2_entries, l1_end = l1_index;
+        while (l1_end < s->h.l1_size && !(s->l1[l1_end] & QCOW2_OFFSET_MASK) &&
+               l1_end * s->l2_entries * csz < end)
+            l1_end++;
+        if (l1_end > l1_index || l1_index >= s->h.l1_size) {
+            uint64_t run_end = l1_index >= s->h.l1_size ? end : l1_end * s->l2_entries * csz;
+            if (run_end > end || run_end < pos)
+                run_end = end;
+            if (status_below(img, pos, run_end, out, err) < 0)
+                return -1;
+            if (pos > want)
+                extra += (run_end - pos) / csz + 1;
+            pos = run_end;
+            continue;
+        }
         uint64_t n = (end - gc * csz + csz - 1) / csz;
         if (l2_entries(img, gc, n < 512 ? n : 512, entries, &got, err) < 0)
             return -1;
