@@ -41,7 +41,9 @@ struct ic_copy {
     struct work_item *queue;
     size_t qcap, qhead, qcount;
     int planner_done;
-    uint64_t next_write_seq;
+    uint64_t next_write_seq; /* in-order writes */
+    uint64_t next_place_seq; /* host allocation in guest order */
+    int ordered_place;
     int cancelled;
     int failed;
     struct ic_error error;
@@ -185,11 +187,22 @@ out:
 
 /* ---- workers ----------------------------------------------------------- */
 
+/* What a worker does with one piece of its item: write data, or make a
+ * hole (skip or zero). */
+struct action {
+    uint64_t off, len;
+    const uint8_t *buf; /* data */
+    int data;
+};
+
 struct worker {
     struct ic_copy *c;
     uint8_t *buf;     /* request_size */
     uint8_t *scratch; /* look-around reads */
     size_t scratch_size;
+    struct action *acts;
+    struct ic_staged_write *staged;
+    size_t nacts, cap;
     struct ic_error err;
 };
 
@@ -209,25 +222,22 @@ static int pop_item(struct ic_copy *c, struct work_item *item)
     return ok;
 }
 
-/* In-order mode: wait until every earlier item has written. */
-static int take_turn(struct ic_copy *c, uint64_t seq)
+/* Turns keep a step in guest order across workers: every item takes and
+ * passes each turn it is subject to, in sequence. */
+static int take_turn(struct ic_copy *c, const uint64_t *counter, uint64_t seq)
 {
-    if (c->opt.out_of_order)
-        return 0;
     pthread_mutex_lock(&c->lock);
-    while (c->next_write_seq != seq && !c->cancelled)
+    while (*counter != seq && !c->cancelled)
         pthread_cond_wait(&c->changed, &c->lock);
     int ok = !c->cancelled;
     pthread_mutex_unlock(&c->lock);
     return ok ? 0 : -1;
 }
 
-static void end_turn(struct ic_copy *c)
+static void pass_turn(struct ic_copy *c, uint64_t *counter)
 {
-    if (c->opt.out_of_order)
-        return;
     pthread_mutex_lock(&c->lock);
-    c->next_write_seq++;
+    (*counter)++;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
 }
@@ -242,35 +252,23 @@ static int read_source(struct worker *w, void *buf, uint64_t off, uint64_t len)
     return 0;
 }
 
-static int write_data(struct worker *w, const void *buf, uint64_t off, uint64_t len)
+static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8_t *buf, int data)
 {
-    struct ic_copy *c = w->c;
     if (len == 0)
-        return 0;
-    if (ic_image_pwrite(c->dst, buf, (size_t)len, off, &w->err) < 0)
-        return -1;
-    atomic_fetch_add(&c->bytes_written, len);
-    atomic_fetch_add(&c->write_requests, 1);
-    return 0;
+        return;
+    struct action *last = w->nacts ? &w->acts[w->nacts - 1] : NULL;
+    if (last && last->data == data && last->off + last->len == off &&
+        (!data || last->buf + last->len == buf)) {
+        last->len += len;
+        return;
+    }
+    w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
 }
 
 /* A range that must read as zeros in the destination. */
-static int write_hole(struct worker *w, uint64_t off, uint64_t len)
+static int make_hole(struct worker *w, uint64_t off, uint64_t len)
 {
     struct ic_copy *c = w->c;
-    if (len == 0)
-        return 0;
-    if (c->opt.sparse_threshold == 0) {
-        /* fully allocated: zeros are data, as qemu-img -S 0 writes them */
-        for (uint64_t pos = off; pos < off + len;) {
-            uint64_t n = off + len - pos < c->opt.request_size ? off + len - pos
-                                                               : c->opt.request_size;
-            if (write_data(w, c->zeros, pos, n) < 0)
-                return -1;
-            pos += n;
-        }
-        return 0;
-    }
     if (c->opt.target_is_zero) {
         atomic_fetch_add(&c->bytes_skipped, len);
         return 0;
@@ -363,12 +361,12 @@ static int is_hole(struct worker *w, const struct work_item *it, uint64_t za, ui
     return 0;
 }
 
-/* Write the item's data, leaving holes where zero runs qualify. */
-static int copy_sparse(struct worker *w, const struct work_item *it)
+/* Cut the item's data into data runs and holes. */
+static int plan_sparse(struct worker *w, const struct work_item *it)
 {
     struct ic_copy *c = w->c;
     const uint8_t *buf = w->buf;
-    uint64_t pending = it->start; /* start of data not yet written */
+    uint64_t pending = it->start; /* start of data not yet planned */
     uint64_t pos = it->start;
     while (pos < it->end) {
         uint64_t b1 = block_end(c, pos, it->end);
@@ -389,45 +387,111 @@ static int copy_sparse(struct worker *w, const struct work_item *it)
             return -1;
         if (!hole)
             continue;
-        if (write_data(w, buf + (pending - it->start), pending, za - pending) < 0 ||
-            write_hole(w, za, pos - za) < 0)
-            return -1;
+        add_action(w, pending, za - pending, buf + (pending - it->start), 1);
+        add_action(w, za, pos - za, NULL, 0);
         pending = pos;
     }
-    return write_data(w, buf + (pending - it->start), pending, it->end - pending);
+    add_action(w, pending, it->end - pending, buf + (pending - it->start), 1);
+    return 0;
+}
+
+/* Kernel copy for a whole data item; 1 when the kernel refused. */
+static int offload_item(struct worker *w, const struct work_item *it)
+{
+    struct ic_copy *c = w->c;
+    uint64_t len = it->end - it->start;
+    if (!c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) < 0)
+        return 0;
+    if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
+        atomic_fetch_add(&c->bytes_read, len);
+        atomic_fetch_add(&c->bytes_written, len);
+        atomic_fetch_add(&c->write_requests, 1);
+        if (!c->opt.out_of_order)
+            pass_turn(c, &c->next_write_seq);
+        return 0;
+    }
+    if (!c->opt.out_of_order)
+        pass_turn(c, &c->next_write_seq);
+    if (w->err.errnum != ENOTSUP)
+        return -1;
+    atomic_store(&c->offload_refused, 1);
+    return 1;
+}
+
+/* Stage every data run (compression happens here, in parallel), place
+ * them in guest order (host allocation), then commit and make holes. */
+static int execute(struct worker *w, const struct work_item *it)
+{
+    struct ic_copy *c = w->c;
+    size_t nstaged = 0;
+    int ret = 0;
+    for (size_t k = 0; k < w->nacts && ret == 0; k++) {
+        const struct action *a = &w->acts[k];
+        if (!a->data)
+            continue;
+        struct ic_staged_write *st = &w->staged[nstaged];
+        *st = (struct ic_staged_write){.off = a->off, .len = a->len, .buf = a->buf};
+        if (ic_image_stage(c->dst, st, &w->err) < 0)
+            ret = -1;
+        else
+            nstaged++;
+    }
+    if (ret == 0 && c->ordered_place) {
+        if (take_turn(c, &c->next_place_seq, it->seq) < 0) {
+            ret = -1;
+        } else {
+            for (size_t k = 0; k < nstaged && ret == 0; k++)
+                ret = ic_image_place(c->dst, &w->staged[k], &w->err);
+            pass_turn(c, &c->next_place_seq);
+        }
+    }
+    if (ret == 0 && !c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) < 0)
+        ret = -1;
+    size_t committed = 0;
+    for (size_t k = 0; k < w->nacts && ret == 0; k++) {
+        const struct action *a = &w->acts[k];
+        if (!a->data) {
+            ret = make_hole(w, a->off, a->len);
+            continue;
+        }
+        ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
+        if (ret == 0) {
+            atomic_fetch_add(&c->bytes_written, a->len);
+            atomic_fetch_add(&c->write_requests, 1);
+        }
+    }
+    if (ret == 0 && !c->opt.out_of_order)
+        pass_turn(c, &c->next_write_seq);
+    for (size_t k = committed; k < nstaged; k++)
+        ic_image_unstage(c->dst, &w->staged[k]);
+    /* a failure of ours was recorded; one caused by cancellation was not */
+    return ret < 0 && !cancelled(c) ? -1 : 0;
 }
 
 static int copy_item(struct worker *w, const struct work_item *it)
 {
     struct ic_copy *c = w->c;
     uint64_t len = it->end - it->start;
+    w->nacts = 0;
     if (!it->data) {
-        if (take_turn(c, it->seq) < 0)
-            return 0;
-        return write_hole(w, it->start, len);
+        if (c->opt.sparse_threshold == 0) /* fully allocated: zeros are data */
+            add_action(w, it->start, len, c->zeros, 1);
+        else
+            add_action(w, it->start, len, NULL, 0);
+        return execute(w, it);
     }
     if (c->opt.offload && !atomic_load(&c->offload_refused)) {
-        if (take_turn(c, it->seq) < 0)
-            return 0;
-        if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
-            atomic_fetch_add(&c->bytes_read, len);
-            atomic_fetch_add(&c->bytes_written, len);
-            atomic_fetch_add(&c->write_requests, 1);
-            return 0;
-        }
-        if (w->err.errnum != ENOTSUP)
-            return -1;
-        atomic_store(&c->offload_refused, 1);
-        /* our turn is held: fall through to read and write */
-        if (read_source(w, w->buf, it->start, len) < 0)
-            return -1;
-    } else {
-        if (read_source(w, w->buf, it->start, len) < 0 || take_turn(c, it->seq) < 0)
-            return cancelled(c) ? 0 : -1;
+        int r = offload_item(w, it);
+        if (r <= 0)
+            return r;
     }
+    if (read_source(w, w->buf, it->start, len) < 0)
+        return cancelled(c) ? 0 : -1;
     if (c->opt.sparse_threshold == 0)
-        return write_data(w, w->buf, it->start, len);
-    return copy_sparse(w, it);
+        add_action(w, it->start, len, w->buf, 1);
+    else if (plan_sparse(w, it) < 0)
+        return cancelled(c) ? 0 : -1;
+    return execute(w, it);
 }
 
 static void *worker_main(void *arg)
@@ -440,11 +504,12 @@ static void *worker_main(void *arg)
             fail(c, &w->err);
             break;
         }
-        end_turn(c);
         atomic_fetch_add(&c->done, it.end - it.start);
     }
     free(w->buf);
     free(w->scratch);
+    free(w->acts);
+    free(w->staged);
     free(w);
     thread_exit(c);
     return NULL;
@@ -501,9 +566,16 @@ static struct worker *new_worker(struct ic_copy *c)
     w->scratch_size = want / c->granularity * c->granularity;
     if (w->scratch_size < c->granularity)
         w->scratch_size = c->granularity;
-    if (posix_memalign((void **)&w->buf, BUFFER_ALIGN, c->opt.request_size) ||
+    /* at most a data run and a hole per block, merged neighbours aside */
+    w->cap = (size_t)(c->opt.request_size / c->granularity) + 4;
+    w->acts = calloc(w->cap, sizeof *w->acts);
+    w->staged = calloc(w->cap, sizeof *w->staged);
+    if (!w->acts || !w->staged ||
+        posix_memalign((void **)&w->buf, BUFFER_ALIGN, c->opt.request_size) ||
         posix_memalign((void **)&w->scratch, BUFFER_ALIGN, w->scratch_size)) {
         free(w->buf);
+        free(w->acts);
+        free(w->staged);
         free(w);
         return NULL;
     }
@@ -546,6 +618,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
     atomic_init(&c->offload_refused, 0);
+    c->ordered_place = ic_image_places_in_order(dst);
 
     /* the planner counts as one live thread from the start, so that no
      * worker can see the copy complete before it is fully started */
@@ -559,9 +632,13 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (w)
             e = pthread_create(&c->workers[i], NULL, worker_main, w);
         if (e) {
-            free(w ? w->buf : NULL);
-            free(w ? w->scratch : NULL);
-            free(w);
+            if (w) {
+                free(w->buf);
+                free(w->scratch);
+                free(w->acts);
+                free(w->staged);
+                free(w);
+            }
             pthread_mutex_lock(&c->lock);
             c->live_threads--;
             pthread_mutex_unlock(&c->lock);

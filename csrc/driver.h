@@ -30,6 +30,12 @@ struct ic_driver {
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
     int (*flush)(struct ic_image *img, struct ic_error *err);
+    /* Optional staged writes (see ic_staged_write); without them commit
+     * is one pwrite. */
+    int (*stage)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    int (*place)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    int (*commit)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
     /* Optional: copy in the kernel to another image of the same driver;
      * -1 with errnum ENOTSUP when it cannot. */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

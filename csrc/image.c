@@ -390,3 +390,37 @@ int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off
                            src->drv->name, dst->drv->name);
     return src->drv->copy_range(src, dst, off, len, err);
 }
+
+int ic_image_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    w->priv = NULL;
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, w->off, w->len, err) < 0)
+        return -1;
+    return img->drv->stage ? img->drv->stage(img, w, err) : 0;
+}
+
+int ic_image_place(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    return img->drv->place ? img->drv->place(img, w, err) : 0;
+}
+
+int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    if (img->drv->commit)
+        return img->drv->commit(img, w, err);
+    return img->drv->pwrite(img, w->buf, (size_t)w->len, w->off, err);
+}
+
+void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
+{
+    if (img->drv->unstage)
+        img->drv->unstage(img, w);
+    w->priv = NULL;
+}
+
+int ic_image_places_in_order(const struct ic_image *img)
+{
+    return img->drv->place != NULL;
+}

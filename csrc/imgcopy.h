@@ -93,6 +93,24 @@ int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsign
                   struct ic_error *err);
 int ic_image_flush(struct ic_image *img, struct ic_error *err);
 
+/* A write in three steps, so that a format can allocate host space in
+ * guest order while the I/O stays parallel: stage (any thread: e.g.
+ * compress), place (in guest order: allocate), commit (any thread: write).
+ * `buf` must stay valid until commit; unstage drops a write never
+ * committed.  Formats without placement write everything at commit. */
+struct ic_staged_write {
+    uint64_t off;
+    uint64_t len;
+    const uint8_t *buf;
+    void *priv; /* the driver's */
+};
+int ic_image_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+int ic_image_place(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w);
+/* Whether place() must be called in guest order. */
+int ic_image_places_in_order(const struct ic_image *img);
+
 /* Copy [off, off+len) from src to dst in the kernel (copy_file_range).
  * Fails with ENOTSUP when the pair or the filesystem cannot. */
 int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
