@@ -34,6 +34,7 @@ struct ic_copy {
     struct ic_image *src, *dst;
     struct ic_copy_options opt;
     uint64_t granularity;
+    uint64_t write_align; /* the destination writes whole units of this */
     uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
 
     pthread_mutex_t lock;
@@ -125,7 +126,6 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int data
 {
     int written_zeros = !data && c->opt.sparse_threshold == 0;
     uint64_t step = data || written_zeros ? c->opt.request_size : ZERO_REQUEST_MAX;
-    atomic_fetch_add(&c->extents, 1);
     for (uint64_t pos = start; pos < end;) {
         uint64_t next = (pos / step + 1) * step;
         if (next > end || next < pos)
@@ -148,13 +148,65 @@ static int needs_read(const struct ic_extent *e)
     return (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
 }
 
+/* Source runs become items; with a destination that writes whole
+ * clusters (compression), a zero run keeps only its cluster-aligned inside
+ * and its ragged edges join the data around it (they read as zeros). */
+struct aligner {
+    struct ic_copy *c;
+    uint64_t align, size, seq;
+    uint64_t data_start, data_end; /* pending data run, not yet planned */
+    int have_data;
+};
+
+static int flush_data(struct aligner *a)
+{
+    int r = 0;
+    if (a->have_data && a->data_end > a->data_start)
+        r = plan_extent(a->c, a->data_start, a->data_end, 1, &a->seq);
+    a->have_data = 0;
+    return r;
+}
+
+static void add_data(struct aligner *a, uint64_t start, uint64_t end)
+{
+    if (!a->have_data) {
+        a->data_start = start;
+        a->have_data = 1;
+    }
+    a->data_end = end;
+}
+
+static int add_run(struct aligner *a, uint64_t start, uint64_t end, int data)
+{
+    atomic_fetch_add(&a->c->extents, 1);
+    if (data) {
+        add_data(a, start, end);
+        return 0;
+    }
+    uint64_t al = a->align;
+    uint64_t zs = start % al ? (start / al + 1) * al : start;
+    uint64_t ze = end == a->size ? end : end / al * al;
+    if (zs >= ze) {
+        add_data(a, start, end);
+        return 0;
+    }
+    if (zs > start)
+        add_data(a, start, zs);
+    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, 0, &a->seq) < 0)
+        return -1;
+    if (end > ze)
+        add_data(a, ze, end);
+    return 0;
+}
+
 static void *planner_main(void *arg)
 {
     struct ic_copy *c = arg;
-    uint64_t size = ic_image_size(c->src), seq = 0;
+    uint64_t size = ic_image_size(c->src);
     uint64_t run_start = 0, pos = 0;
     int run_data = -1;
     struct ic_error err = {0};
+    struct aligner al = {.c = c, .align = c->write_align, .size = size};
     /* neighbours of one kind are one extent: the cache may answer a long
      * extent in pieces, and zero runs at extent edges are judged by it */
     while (pos < size) {
@@ -167,15 +219,15 @@ static void *planner_main(void *arg)
         }
         int data = needs_read(&e);
         if (run_data >= 0 && data != run_data) {
-            if (plan_extent(c, run_start, pos, run_data, &seq) < 0)
+            if (add_run(&al, run_start, pos, run_data) < 0)
                 goto out;
             run_start = pos;
         }
         run_data = data;
         pos += e.length;
     }
-    if (run_data >= 0)
-        plan_extent(c, run_start, size, run_data, &seq);
+    if (run_data >= 0 && add_run(&al, run_start, size, run_data) == 0)
+        flush_data(&al);
 out:
     pthread_mutex_lock(&c->lock);
     c->planner_done = 1;
@@ -599,12 +651,20 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->src = src;
     c->dst = dst;
     c->opt = *opt;
-    c->granularity = zero_granularity(opt->sparse_threshold, opt->request_size);
+    c->write_align = ic_image_write_alignment(dst);
+    if (c->write_align > 1) {
+        /* whole units only: a hole is a unit of zeros, nothing less */
+        if (c->opt.request_size % c->write_align)
+            c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
+        if (c->opt.sparse_threshold)
+            c->opt.sparse_threshold = c->write_align;
+    }
+    c->granularity = zero_granularity(c->opt.sparse_threshold, c->opt.request_size);
     c->qcap = 4 * (size_t)opt->concurrency;
     c->queue = calloc(c->qcap, sizeof *c->queue);
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
     if (opt->sparse_threshold == 0)
-        c->zeros = calloc(1, opt->request_size);
+        c->zeros = calloc(1, c->opt.request_size);
     if (pthread_mutex_init(&c->lock, NULL)) {
         free(c->queue);
         free(c->workers);

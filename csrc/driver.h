@@ -36,6 +36,10 @@ struct ic_driver {
     int (*place)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
     int (*commit)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
     void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
+    /* Optional: write what is held in memory and mark the image complete. */
+    int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
+    /* Optional: writes must cover whole units of this size. */
+    uint64_t (*write_alignment)(const struct ic_image *img);
     /* Optional: copy in the kernel to another image of the same driver;
      * -1 with errnum ENOTSUP when it cannot. */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
@@ -53,5 +57,7 @@ extern const struct ic_driver ic_driver_null;
 
 /* fstat of a raw image's file (qcow2 asks how much of it is allocated). */
 int ic_raw_fstat(struct ic_image *img, struct stat *st);
+/* Grow or shrink a raw image's file (a qcow2 host file as it fills). */
+int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err);
 
 #endif

@@ -243,7 +243,8 @@ static int open_for_create(const char *path, struct ic_error *err)
 }
 
 int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,
-                    struct ic_image **out, int *fresh, struct ic_error *err)
+                    const struct ic_create_options *opts, struct ic_image **out, int *fresh,
+                    struct ic_error *err)
 {
     const struct ic_driver *drv = is_null(path, format) ? &ic_driver_null
                                   : driver_by_name(format ? format : "raw");
@@ -260,7 +261,11 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
             close(fd);
         return ic_error_nomem(err);
     }
-    if (drv->create(img, fd, fresh, err) < 0) {
+    static const struct ic_create_options defaults = {0};
+    img->create_opts = opts ? opts : &defaults;
+    int r = drv->create(img, fd, fresh, err);
+    img->create_opts = NULL;
+    if (r < 0) {
         free_image(img);
         return -1;
     }
@@ -423,4 +428,16 @@ void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
 int ic_image_places_in_order(const struct ic_image *img)
 {
     return img->drv->place != NULL;
+}
+
+uint64_t ic_image_write_alignment(const struct ic_image *img)
+{
+    return img->drv->write_alignment ? img->drv->write_alignment(img) : 1;
+}
+
+int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err)
+{
+    if (!ic_image_writable(img) || !img->drv->finish)
+        return 0;
+    return img->drv->finish(img, sync, err);
 }

@@ -27,6 +27,7 @@ struct ic_image {
     } chain[IC_CHAIN_MAX];
     unsigned chain_len;
     struct ic_image *backing; /* owned by the driver; set by it */
+    const struct ic_create_options *create_opts; /* during create() only */
 
     /* extent cache (extent_cache.c) */
     pthread_mutex_t cache_lock;

@@ -57,10 +57,23 @@ struct ic_cache_stats {
 /* format: NULL probes; otherwise a driver name ("raw"). */
 int ic_image_open(const char *path, const char *format, unsigned flags,
                   struct ic_image **out, struct ic_error *err);
+/* How a new image is laid out (qcow2; raw ignores it). */
+struct ic_create_options {
+    uint64_t cluster_size; /* 0: 64 KiB */
+    int compat_v2;         /* qcow2 version 2 ("compat=0.10") */
+    int prealloc_metadata; /* allocate every cluster up front, unwritten */
+    int compress;          /* store data clusters zlib-compressed */
+};
+
 /* Create (or, for a block device, reuse) a writable image of `size`
- * bytes.  *fresh tells whether it is known to read as zeros. */
+ * bytes.  *fresh tells whether it is known to read as zeros.  Until
+ * ic_image_finish() succeeds a new qcow2 image is marked incomplete. */
 int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,
-                    struct ic_image **out, int *fresh, struct ic_error *err);
+                    const struct ic_create_options *opts, struct ic_image **out, int *fresh,
+                    struct ic_error *err);
+/* Write what the format keeps in memory (qcow2 metadata) and mark the
+ * image complete; `sync` makes it durable first.  Raw: nothing to do. */
+int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err);
 void ic_image_close(struct ic_image *img);
 
 uint64_t ic_image_size(const struct ic_image *img);
@@ -110,6 +123,8 @@ int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_e
 void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w);
 /* Whether place() must be called in guest order. */
 int ic_image_places_in_order(const struct ic_image *img);
+/* Writes must cover whole units of this many bytes (1: any range). */
+uint64_t ic_image_write_alignment(const struct ic_image *img);
 
 /* Copy [off, off+len) from src to dst in the kernel (copy_file_range).
  * Fails with ENOTSUP when the pair or the filesystem cannot. */

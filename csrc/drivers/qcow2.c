@@ -10,44 +10,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../image.h"
-#include "qcow2_format.h"
-
-/* L2 tables kept in memory, whatever the cluster size. */
-#define L2_CACHE_BYTES (32u << 20)
-#define L2_CACHE_MIN_SLOTS 4u
-#define L2_CACHE_MAX_SLOTS 256u
-/* Clusters a block-status walk classifies past the one asked for. */
-#define WALK_EXTRA_CLUSTERS 4096u
-
-struct l2_slot {
-    uint64_t offset; /* host offset of the table; 0 = empty slot */
-    uint64_t used;   /* LRU tick */
-    uint64_t *entries;
-};
-
-struct qcow2_state {
-    struct qcow2_header h;
-    struct ic_image *file;    /* the host file, as a raw image */
-    struct ic_image *backing; /* or NULL */
-    uint64_t *l1;             /* host byte order */
-    uint64_t l2_entries;      /* entries per L2 table */
-
-    pthread_mutex_t l2_lock;
-    struct l2_slot *slots;
-    unsigned nslots;
-    uint64_t tick;
-
-    /* qemu asks the host file about holes under data clusters only when
-     * the image looks metadata-preallocated; decided on first use */
-    pthread_mutex_t prealloc_lock;
-    int prealloc_checked;
-    int prealloc;
-};
+#include "qcow2_internal.h"
 
 static struct qcow2_state *state(struct ic_image *img)
 {
-    return img->drv_state;
+    return qcow2_state_of(img);
 }
 
 static int probe(const uint8_t *head, size_t len)
@@ -85,6 +52,9 @@ static int l2_entries(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *o
     if (n > s->l2_entries - l2_index)
         n = s->l2_entries - l2_index;
     *got = n;
+    int in_memory;
+    if (qcow2_writer_l2(s, gc, n, out, &in_memory) < 0 || in_memory)
+        return 0;
     if (l1_index >= s->h.l1_size) {
         memset(out, 0, n * sizeof *out);
         return 0;
@@ -298,34 +268,23 @@ static int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t of
     return ret;
 }
 
-static int qcow2_readonly(struct ic_image *img, struct ic_error *err)
-{
-    return ic_error_format(err, img->path, "writing qcow2 images is not supported yet");
-}
-
 static int qcow2_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
                         struct ic_error *err)
 {
-    (void)buf;
-    (void)len;
-    (void)off;
-    return qcow2_readonly(img, err);
+    return qcow2_write(img, buf, len, off, err);
 }
 
 static int qcow2_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                       struct ic_error *err)
 {
-    (void)off;
-    (void)len;
     (void)flags;
-    return qcow2_readonly(img, err);
+    return qcow2_write_zeroes(img, off, len, err);
 }
 
 static int qcow2_flush(struct ic_image *img, struct ic_error *err)
 {
-    (void)img;
-    (void)err;
-    return 0;
+    struct qcow2_state *s = state(img);
+    return s->w ? ic_image_flush(s->file, err) : 0;
 }
 
 /* ---- block status ----------------------------------------------------- */
@@ -479,6 +438,15 @@ static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint6
     return 0;
 }
 
+/* Whether L1 entry i has an L2 table (in memory, for an image being
+ * written). */
+static int l2_present(struct qcow2_state *s, uint64_t i)
+{
+    if (s->w)
+        return qcow2_writer_has_table(s, i);
+    return (s->l1[i] & QCOW2_OFFSET_MASK) != 0;
+}
+
 static int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                               struct ic_extent_list *out, struct ic_error *err)
 {
@@ -491,7 +459,7 @@ static int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end
         /* whole L2 ranges without a table are one unallocated run: a
          * petabyte of nothing maps in one step */
         uint64_t l1_index = gc / s->l2_entries, l1_end = l1_index;
-        while (l1_end < s->h.l1_size && !(s->l1[l1_end] & QCOW2_OFFSET_MASK) &&
+        while (l1_end < s->h.l1_size && !l2_present(s, l1_end) &&
                l1_end * s->l2_entries * csz < end)
             l1_end++;
         if (l1_end > l1_index || l1_index >= s->h.l1_size) {
@@ -568,6 +536,7 @@ static void free_state(struct qcow2_state *s)
             free(s->slots[i].entries);
         free(s->slots);
     }
+    qcow2_writer_free(s->w, s->h.l1_size);
     free(s->l1);
     if (s->backing)
         ic_image_close(s->backing);
@@ -672,6 +641,11 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
 
 static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
 {
+    if (img->open_flags & IC_OPEN_RDWR) {
+        close(fd);
+        return ic_error_format(err, img->path, "writing into existing qcow2 images is not "
+                               "supported yet (imgcopy creates new ones)");
+    }
     struct qcow2_state *s = calloc(1, sizeof *s);
     if (!s) {
         close(fd);
@@ -696,10 +670,17 @@ const struct ic_driver ic_driver_qcow2 = {
     .name = "qcow2",
     .probe = probe,
     .open = qcow2_open,
+    .create = qcow2_create,
     .close = qcow2_close,
     .pread = qcow2_pread,
     .pwrite = qcow2_pwrite,
     .zero = qcow2_zero,
     .flush = qcow2_flush,
     .block_status = qcow2_block_status,
+    .stage = qcow2_stage,
+    .place = qcow2_place,
+    .commit = qcow2_commit,
+    .unstage = qcow2_unstage,
+    .finish = qcow2_finish,
+    .write_alignment = qcow2_write_alignment,
 };

@@ -121,6 +121,15 @@ static int create_raw(struct ic_image *img, int fd, int *fresh, struct ic_error 
     return 0;
 }
 
+int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err)
+{
+    if (ftruncate(state(img)->fd, (off_t)size) < 0)
+        return ic_error_os(err, errno, img->path, "resize to %llu bytes",
+                           (unsigned long long)size);
+    img->size = size;
+    return 0;
+}
+
 int ic_raw_fstat(struct ic_image *img, struct stat *st)
 {
     return fstat(state(img)->fd, st);

@@ -164,6 +164,29 @@ static void image_dealloc(ImageObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Writes what the format holds in memory and marks the image complete. */
+static PyObject *image_finish(ImageObject *self, PyObject *args)
+{
+    int sync = 1;
+    if (!PyArg_ParseTuple(args, "|p", &sync))
+        return NULL;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_finish(img, sync, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (ret < 0)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
+/* Closing does not finish: an image abandoned half-written stays marked
+ * incomplete. */
 static PyObject *image_close(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -413,7 +436,10 @@ static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
 }
 
 static PyMethodDef image_methods[] = {
-    {"close", (PyCFunction)image_close, METH_NOARGS, "Close the image (idempotent)."},
+    {"close", (PyCFunction)image_close, METH_NOARGS,
+     "Close the image (idempotent); a new image not finished stays incomplete."},
+    {"finish", (PyCFunction)image_finish, METH_VARARGS,
+     "finish(sync=True): write held metadata and mark a new image complete"},
     {"block_status", (PyCFunction)image_block_status, METH_VARARGS,
      "block_status(offset, length) -> (start, length, depth, present, zero, data, offset, "
      "compressed)"},
@@ -450,19 +476,25 @@ static PyTypeObject ImageType = {
     .tp_getset = image_getset,
 };
 
-/* create(path, format, size, direct=False, writeback=False) -> (Image, fresh) */
+/* create(path, format, size, direct=False, writeback=False, cluster_size=0,
+ *        compat_v2=False, prealloc_metadata=False, compress=False) -> (Image, fresh) */
 static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
 {
     (void)m;
-    static char *kwlist[] = {"path", "format", "size", "direct", "writeback", NULL};
-    PyObject *path_bytes = NULL, *o_size;
+    static char *kwlist[] = {"path", "format", "size", "direct", "writeback", "cluster_size",
+                             "compat_v2", "prealloc_metadata", "compress", NULL};
+    PyObject *path_bytes = NULL, *o_size, *o_cluster = NULL;
     const char *format = NULL;
     int direct = 0, writeback = 0;
+    struct ic_create_options copts = {0};
     uint64_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|pp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &o_size, &direct, &writeback))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOppp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &o_size, &direct, &writeback,
+                                     &o_cluster, &copts.compat_v2, &copts.prealloc_metadata,
+                                     &copts.compress))
         return NULL;
-    if (parse_u64(o_size, "size", &size) < 0) {
+    if (parse_u64(o_size, "size", &size) < 0 ||
+        (o_cluster && parse_u64(o_cluster, "cluster_size", &copts.cluster_size) < 0)) {
         Py_DECREF(path_bytes);
         return NULL;
     }
@@ -477,7 +509,7 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
     struct ic_image *img = NULL;
     int fresh = 0, ret;
     Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_create(path, format, size, flags, &img, &fresh, &err);
+    ret = ic_image_create(path, format, size, flags, &copts, &img, &fresh, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(path_bytes);
     if (ret < 0)
