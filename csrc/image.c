@@ -399,6 +399,7 @@ int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off
 int ic_image_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
 {
     w->priv = NULL;
+    w->scratch[0] = w->scratch[1] = 0;
     if (!ic_image_writable(img))
         return ic_error_readonly(err, img->path);
     if (check_range(img, w->off, w->len, err) < 0)

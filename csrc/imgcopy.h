@@ -115,7 +115,8 @@ struct ic_staged_write {
     uint64_t off;
     uint64_t len;
     const uint8_t *buf;
-    void *priv; /* the driver's */
+    void *priv;           /* the driver's */
+    uint64_t scratch[2];  /* the driver's */
 };
 int ic_image_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
 int ic_image_place(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);

@@ -51,6 +51,15 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="source format (default: probe)")
     c.add_argument("-O", dest="dst_format", choices=DEST_FORMATS, default="raw",
                    help="destination format (default: raw)")
+    c.add_argument("-c", dest="compress", action="store_true",
+                   help="compress the qcow2 destination's clusters")
+    c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
+                   help="qcow2 creation options: cluster_size=SIZE,compat=1.1|0.10,"
+                        "preallocation=off|metadata")
+    c.add_argument("-B", dest="backing_file", default=None, metavar="FILE",
+                   help="backing file of the new image (not supported yet)")
+    c.add_argument("-F", dest="backing_format", default=None, metavar="FMT",
+                   help="format of the backing file")
     c.add_argument("-S", dest="sparse_threshold", type=parse_size, default=4096, metavar="SIZE",
                    help="zero runs at least this long become holes; 0: fully allocated "
                         "(default 4k)")
@@ -105,9 +114,29 @@ class TextProgress:
         self.stream.flush()
 
 
+def _creation_options(specs: List[str]) -> dict:
+    """-o cluster_size=64k,compat=1.1,preallocation=metadata"""
+    out: dict = {}
+    for spec in specs:
+        for item in filter(None, spec.split(",")):
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"-o {item}: expected KEY=VALUE")
+            if key == "cluster_size":
+                out["cluster_size"] = parse_size(value)
+            elif key in ("compat", "preallocation"):
+                out[key] = value
+            else:
+                raise ValueError(f"-o {key}: unknown option (cluster_size, compat, "
+                                 "preallocation)")
+    return out
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     if args.target_is_zero and args.create:
         raise ValueError("--target-is-zero needs -n (an existing destination)")
+    if args.backing_file is not None:
+        raise ValueError("-B (a backing file for the destination) is not supported yet")
     result = convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         create=args.create, sparse_threshold=args.sparse_threshold,
@@ -115,7 +144,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        progress=TextProgress() if args.progress else None)
+        progress=TextProgress() if args.progress else None, compress=args.compress,
+        **_creation_options(args.options))
     if args.stats == "json":
         print(json.dumps(result.to_dict(), indent=1))
     return 0

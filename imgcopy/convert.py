@@ -17,7 +17,9 @@ DEFAULT_REQUEST_SIZE = 2 << 20
 DEFAULT_SPARSE_THRESHOLD = 4096
 
 NULL_TARGET = "null:"
-DEST_FORMATS = ("raw", "null")
+DEST_FORMATS = ("raw", "qcow2", "null")
+COMPATS = {"1.1": False, "v3": False, "0.10": True, "v2": True}
+PREALLOCATIONS = ("off", "metadata")
 
 Progress = Union[Callable[[int, int], Any], Any, None]
 
@@ -87,7 +89,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             request_size: int = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
             target_is_zero: Optional[bool] = None,
             direct: Union[bool, Tuple[bool, bool]] = False, flush: bool = True,
-            offload: bool = False, progress: Progress = None) -> CopyResult:
+            offload: bool = False, progress: Progress = None,
+            cluster_size: Optional[int] = None, compat: str = "1.1",
+            preallocation: str = "off", compress: bool = False) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters.
 
     ``dst`` may be a path, a block device or ``"null:"`` (discard).
@@ -95,7 +99,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     source and leaves its tail alone.  ``sparse_threshold``: zero runs at
     least this long inside data become holes (0: fully allocated).
     ``target_is_zero``: None decides (True only for a file created here).
-    ``direct``: O_DIRECT on both ends, or a (source, destination) pair."""
+    ``direct``: O_DIRECT on both ends, or a (source, destination) pair.
+    qcow2 destinations (new images only): ``cluster_size`` [64 KiB],
+    ``compat`` "1.1" (v3) or "0.10" (v2), ``preallocation`` "off" or
+    "metadata", ``compress`` (zlib, per cluster, in the worker threads).
+    Host clusters are allocated in guest order whatever the concurrency."""
     _check_format(src_format)
     if dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
@@ -111,6 +119,18 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
         raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
 
+    if compat not in COMPATS:
+        raise ValueError(f"compat must be one of {', '.join(COMPATS)}, not {compat!r}")
+    if preallocation not in PREALLOCATIONS:
+        raise ValueError(f"preallocation must be 'off' or 'metadata', not {preallocation!r}")
+    qcow2_only = cluster_size is not None or compress or preallocation != "off" or \
+        compat != "1.1"
+    if qcow2_only and dst_format != "qcow2":
+        raise ValueError("cluster_size, compat, preallocation and compress need "
+                         "dst_format='qcow2'")
+    if dst_format == "qcow2" and not create:
+        raise ValueError("writing into an existing qcow2 image (create=False) is not "
+                         "supported yet")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
     dst_name = os.fsdecode(os.fspath(dst))
     is_null = dst_format == "null" or dst_name == NULL_TARGET
@@ -125,7 +145,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:
             core, fresh = _core.create(dst, dst_format, source.size,
-                                       direct=bool(dst_direct), writeback=flush)
+                                       direct=bool(dst_direct), writeback=flush,
+                                       cluster_size=cluster_size or 0,
+                                       compat_v2=COMPATS[compat],
+                                       prealloc_metadata=preallocation == "metadata",
+                                       compress=compress)
         else:
             core = _core.Image(dst, dst_format, True, bool(dst_direct))
             fresh = False
@@ -141,6 +165,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             counters = _core.copy(source._img, core, sparse_threshold, request_size,
                                   concurrency, out_of_order, zero_target, offload,
                                   flush and not is_null, report)
+            # only a complete copy marks a new qcow2 image complete
+            core.finish(flush and not is_null)
             elapsed = time.monotonic() - t0
         finally:
             core.close()

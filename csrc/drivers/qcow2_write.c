@@ -431,7 +431,10 @@ int qcow2_place(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     int ret = 0;
     pthread_mutex_lock(&w->lock);
     if (!sw->priv) {
+        /* the clusters this write allocates form one run at the end */
+        sw->scratch[0] = w->host_end;
         ret = ensure_clusters(img, sw->off / csz, (sw->off + sw->len - 1) / csz, err);
+        sw->scratch[1] = w->host_end;
     } else {
         struct staged *st = sw->priv;
         unsigned x = 62 - (s->h.cluster_bits - 8);
@@ -488,6 +491,13 @@ int qcow2_commit(struct ic_image *img, struct ic_staged_write *sw, struct ic_err
         qcow2_unstage(img, sw);
         return ret;
     }
+    /* New clusters are allocated in the host file first, as qemu does:
+     * the parts this write leaves alone read as zeros, and the file's
+     * allocation matches its refcounts (or qemu-img map would take the
+     * image for a metadata-preallocated one). */
+    if (sw->scratch[1] > sw->scratch[0] &&
+        ic_image_zero(s->file, sw->scratch[0], sw->scratch[1] - sw->scratch[0], 0, err) < 0)
+        return -1;
     /* runs of host-contiguous clusters go out as one write */
     uint64_t pos = sw->off, end = sw->off + sw->len;
     while (pos < end && ret == 0) {
