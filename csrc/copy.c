@@ -456,6 +456,7 @@ static int offload_item(struct worker *w, const struct work_item *it)
         return 0;
     if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
         atomic_fetch_add(&c->bytes_read, len);
+        atomic_fetch_add(&c->read_requests, 1);
         atomic_fetch_add(&c->bytes_written, len);
         atomic_fetch_add(&c->write_requests, 1);
         if (!c->opt.out_of_order)
