@@ -22,6 +22,8 @@
 #define ZERO_REQUEST_MAX (1ull << 30)
 #define LOOKAROUND_CHUNK (1u << 20)
 #define BUFFER_ALIGN 4096u
+/* qemu-img's limit too; the request size grows to it at most */
+#define MAX_SPARSE_THRESHOLD (16u << 20)
 
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */
@@ -587,23 +589,20 @@ static int check_options(const struct ic_copy_options *o, struct ic_error *err)
     if (o->request_size < 4096 || o->request_size > (1u << 30) || o->request_size % 4096)
         return ic_error_value(err, "request_size must be a multiple of 4096 between 4 KiB "
                                    "and 1 GiB");
-    if (o->sparse_threshold % 512)
-        return ic_error_value(err, "sparse_threshold must be a multiple of 512");
+    if (o->sparse_threshold % 512 || o->sparse_threshold > MAX_SPARSE_THRESHOLD)
+        return ic_error_value(err, "sparse_threshold must be a multiple of 512 up to 16 MiB");
     return 0;
 }
 
 /* Zero runs are found on blocks aligned to the largest power of two not
- * above the threshold, as qemu-img convert -S aligns them; blocks must
- * also tile the requests so that none straddles two work items. */
-static uint64_t zero_granularity(uint64_t threshold, uint64_t request_size)
+ * above the threshold, as qemu-img convert -S aligns them. */
+static uint64_t zero_granularity(uint64_t threshold)
 {
     if (threshold == 0)
         return 4096;
     uint64_t g = 512;
     while (g * 2 <= threshold)
         g *= 2;
-    while (request_size % g)
-        g /= 2;
     return g;
 }
 
@@ -660,7 +659,11 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (c->opt.sparse_threshold)
             c->opt.sparse_threshold = c->write_align;
     }
-    c->granularity = zero_granularity(c->opt.sparse_threshold, c->opt.request_size);
+    c->granularity = zero_granularity(c->opt.sparse_threshold);
+    /* blocks tile the requests, so that none straddles two work items and
+     * the output never depends on the request size */
+    if (c->opt.request_size % c->granularity)
+        c->opt.request_size = (c->opt.request_size / c->granularity + 1) * c->granularity;
     c->qcap = 4 * (size_t)opt->concurrency;
     c->queue = calloc(c->qcap, sizeof *c->queue);
     c->workers = calloc(opt->concurrency, sizeof *c->workers);

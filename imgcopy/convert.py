@@ -112,8 +112,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                         ("request_size", request_size)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"{name} must be an int")
-    if sparse_threshold < 0 or sparse_threshold % 512:
-        raise ValueError("sparse_threshold must be a non-negative multiple of 512")
+    if sparse_threshold < 0 or sparse_threshold % 512 or sparse_threshold > 16 << 20:
+        raise ValueError("sparse_threshold must be a multiple of 512 from 0 to 16 MiB")
     if not 1 <= concurrency <= 1024:
         raise ValueError("concurrency must be between 1 and 1024")
     if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
