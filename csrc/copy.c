@@ -64,6 +64,67 @@ struct ic_copy {
     atomic_uint_fast64_t extents, done;
 };
 
+/* ---- request log -------------------------------------------------------- */
+
+struct ic_request_log {
+    pthread_mutex_t lock;
+    struct ic_request *items;
+    size_t count, cap;
+    int failed;
+};
+
+struct ic_request_log *ic_request_log_new(void)
+{
+    struct ic_request_log *log = calloc(1, sizeof *log);
+    if (log)
+        pthread_mutex_init(&log->lock, NULL);
+    return log;
+}
+
+void ic_request_log_free(struct ic_request_log *log)
+{
+    if (!log)
+        return;
+    pthread_mutex_destroy(&log->lock);
+    free(log->items);
+    free(log);
+}
+
+static void log_request(struct ic_request_log *log, uint64_t off, uint64_t len, uint32_t kind)
+{
+    if (!log)
+        return;
+    pthread_mutex_lock(&log->lock);
+    if (log->count == log->cap && !log->failed) {
+        size_t nc = log->cap ? log->cap * 2 : 1024;
+        struct ic_request *ni = realloc(log->items, nc * sizeof *ni);
+        if (ni) {
+            log->items = ni;
+            log->cap = nc;
+        } else {
+            log->failed = 1;
+        }
+    }
+    if (log->count < log->cap)
+        log->items[log->count++] = (struct ic_request){.offset = off, .length = len, .kind = kind};
+    pthread_mutex_unlock(&log->lock);
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    const struct ic_request *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count)
+{
+    *count = log->failed ? 0 : log->count;
+    if (log->failed || !log->count)
+        return NULL;
+    qsort(log->items, log->count, sizeof *log->items, by_offset);
+    return log->items;
+}
+
 /* ---- shared state ------------------------------------------------------ */
 
 static void fail(struct ic_copy *c, const struct ic_error *err)
@@ -325,10 +386,12 @@ static int make_hole(struct worker *w, uint64_t off, uint64_t len)
     struct ic_copy *c = w->c;
     if (c->opt.target_is_zero) {
         atomic_fetch_add(&c->bytes_skipped, len);
+        log_request(c->opt.log, off, len, IC_REQ_SKIP);
         return 0;
     }
     if (ic_image_zero(c->dst, off, len, IC_ZERO_MAY_UNMAP, &w->err) < 0)
         return -1;
+    log_request(c->opt.log, off, len, IC_REQ_ZERO);
     atomic_fetch_add(&c->bytes_zeroed, len);
     atomic_fetch_add(&c->zero_requests, 1);
     return 0;
@@ -457,6 +520,7 @@ static int offload_item(struct worker *w, const struct work_item *it)
     if (!c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) < 0)
         return 0;
     if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
+        log_request(c->opt.log, it->start, len, IC_REQ_WRITE);
         atomic_fetch_add(&c->bytes_read, len);
         atomic_fetch_add(&c->read_requests, 1);
         atomic_fetch_add(&c->bytes_written, len);
@@ -511,6 +575,7 @@ static int execute(struct worker *w, const struct work_item *it)
         }
         ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
         if (ret == 0) {
+            log_request(c->opt.log, a->off, a->len, IC_REQ_WRITE);
             atomic_fetch_add(&c->bytes_written, a->len);
             atomic_fetch_add(&c->write_requests, 1);
         }
@@ -781,6 +846,10 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
     if (out)
         ic_copy_progress(c, out);
     int ret = 0;
+    if (c->opt.log && c->opt.log->failed && !c->failed) {
+        ic_error_nomem(&c->error);
+        c->failed = 1;
+    }
     if (c->failed) {
         if (err)
             *err = c->error;

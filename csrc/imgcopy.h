@@ -151,6 +151,21 @@ int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *nex
 
 /* ---- copy engine (copy.c) ------------------------------------------- */
 
+/* The requests a copy makes, as it makes them (for plans and tests). */
+enum { IC_REQ_WRITE = 1, IC_REQ_ZERO = 2, IC_REQ_SKIP = 3 };
+struct ic_request {
+    uint64_t offset;
+    uint64_t length;
+    uint32_t kind;
+    uint32_t reserved;
+};
+struct ic_request_log;
+struct ic_request_log *ic_request_log_new(void);
+void ic_request_log_free(struct ic_request_log *log);
+/* The requests recorded so far, sorted by offset; NULL when none were
+ * recorded or memory ran out (*count says which: 0 or how many). */
+const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count);
+
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
@@ -159,6 +174,7 @@ struct ic_copy_options {
     int target_is_zero;        /* skip zero ranges instead of zeroing them */
     int offload;               /* copy_file_range for data                 */
     int flush;                 /* make the destination durable at the end  */
+    struct ic_request_log *log; /* optional: record every request here     */
 };
 
 struct ic_copy_stats {

@@ -3,7 +3,8 @@ from ._core import Error, ImageFormatError
 from .convert import CopyResult, convert
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
+from .plan import CopyPlan, Request, plan
 
-__all__ = ["CopyResult", "Error", "ImageFormatError", "Extent", "ExtentMap", "Image", "convert",
-           "map", "open"]
+__all__ = ["CopyPlan", "CopyResult", "Error", "ImageFormatError", "Extent", "ExtentMap", "Image",
+           "Request", "convert", "map", "open", "plan"]
 __version__ = "0.1.0"

@@ -1,11 +1,15 @@
 """Type stubs for imgcopy's C core (csrc/py/module.c)."""
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 import os
 
 _Path = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 _ExtentTuple = Tuple[int, int, int, bool, bool, bool, Optional[int], bool]
 
 EXTENT_SIZE: int
+REQUEST_SIZE: int
+REQ_WRITE: int
+REQ_ZERO: int
+REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
@@ -36,7 +40,7 @@ def create(path: _Path, format: Optional[str], size: int, direct: bool = ...,
            prealloc_metadata: bool = ..., compress: bool = ...) -> Tuple[Image, bool]: ...
 def copy(src: Image, dst: Image, sparse_threshold: int, request_size: int, concurrency: int,
          out_of_order: bool, target_is_zero: bool, offload: bool, flush: bool,
-         progress: Optional[Callable[[int, int], object]]) -> dict: ...
+         progress: Optional[Callable[[int, int], object]], log: bool = ...) -> Any: ...
 def format_map_json(packed: bytes, start: int, tail_end: int) -> str: ...
 def format_map_human(packed: bytes, start: int, tail_end: int, names: list) -> str: ...
 def extent_at(packed: bytes, i: int) -> _ExtentTuple: ...

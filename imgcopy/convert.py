@@ -75,6 +75,19 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
     return report_until_end
 
 
+def check_copy_options(sparse_threshold: int, concurrency: int, request_size: int) -> None:
+    for name, value in (("sparse_threshold", sparse_threshold), ("concurrency", concurrency),
+                        ("request_size", request_size)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int")
+    if sparse_threshold < 0 or sparse_threshold % 512 or sparse_threshold > 16 << 20:
+        raise ValueError("sparse_threshold must be a multiple of 512 from 0 to 16 MiB")
+    if not 1 <= concurrency <= 1024:
+        raise ValueError("concurrency must be between 1 and 1024")
+    if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
+        raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -108,16 +121,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
                          f"(known: {', '.join(DEST_FORMATS)})")
-    for name, value in (("sparse_threshold", sparse_threshold), ("concurrency", concurrency),
-                        ("request_size", request_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int")
-    if sparse_threshold < 0 or sparse_threshold % 512 or sparse_threshold > 16 << 20:
-        raise ValueError("sparse_threshold must be a multiple of 512 from 0 to 16 MiB")
-    if not 1 <= concurrency <= 1024:
-        raise ValueError("concurrency must be between 1 and 1024")
-    if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
-        raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
+    check_copy_options(sparse_threshold, concurrency, request_size)
 
     if compat not in COMPATS:
         raise ValueError(f"compat must be one of {', '.join(COMPATS)}, not {compat!r}")

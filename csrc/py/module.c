@@ -546,14 +546,15 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     (void)m;
     static char *kwlist[] = {"src", "dst", "sparse_threshold", "request_size", "concurrency",
                              "out_of_order", "target_is_zero", "offload", "flush", "progress",
-                             NULL};
+                             "log", NULL};
     ImageObject *src, *dst;
     PyObject *o_thr, *o_req, *progress = Py_None;
     unsigned concurrency;
-    int out_of_order, target_is_zero, offload, flush;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOIppppO", kwlist, &ImageType, &src,
+    int out_of_order, target_is_zero, offload, flush, want_log = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOIppppO|p", kwlist, &ImageType, &src,
                                      &ImageType, &dst, &o_thr, &o_req, &concurrency,
-                                     &out_of_order, &target_is_zero, &offload, &flush, &progress))
+                                     &out_of_order, &target_is_zero, &offload, &flush, &progress,
+                                     &want_log))
         return NULL;
     struct ic_copy_options opt = {
         .concurrency = concurrency,
@@ -570,6 +571,8 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         return NULL;
     if (src == dst)
         return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
+    if (want_log && !(opt.log = ic_request_log_new()))
+        return PyErr_NoMemory();
 
     struct ic_error err = {0};
     struct ic_copy *c = NULL;
@@ -582,6 +585,7 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     if (ret < 0) {
         leave(src);
         leave(dst);
+        ic_request_log_free(opt.log);
         return raise_error(&err);
     }
     /* Python errors raised while waiting (the progress callback, Ctrl-C)
@@ -610,11 +614,27 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     Py_END_ALLOW_THREADS
     leave(src);
     leave(dst);
+    PyObject *res = NULL;
     if (python_error)
-        return NULL;
-    if (ret < 0)
-        return raise_error(&err);
-    return stats_dict(&st);
+        res = NULL;
+    else if (ret < 0)
+        raise_error(&err);
+    else if (!opt.log)
+        res = stats_dict(&st);
+    else {
+        /* (counters, packed struct ic_request array sorted by offset) */
+        size_t n;
+        const struct ic_request *reqs = ic_request_log_sorted(opt.log, &n);
+        PyObject *packed = PyBytes_FromStringAndSize((const char *)reqs,
+                                                     (Py_ssize_t)(n * sizeof *reqs));
+        PyObject *d = stats_dict(&st);
+        if (packed && d)
+            res = PyTuple_Pack(2, d, packed);
+        Py_XDECREF(packed);
+        Py_XDECREF(d);
+    }
+    ic_request_log_free(opt.log);
+    return res;
 }
 
 /* ---- packed extent helpers --------------------------------------------- */
@@ -802,7 +822,11 @@ PyMODINIT_FUNC PyInit__core(void)
         PyModule_AddObjectRef(m, "ImageFormatError", ImageFormatError) < 0 ||
         PyModule_AddIntConstant(m, "ZERO_MAY_UNMAP", IC_ZERO_MAY_UNMAP) < 0 ||
         PyModule_AddIntConstant(m, "ZERO_FAST", IC_ZERO_FAST) < 0 ||
-        PyModule_AddIntConstant(m, "EXTENT_SIZE", (long)sizeof(struct ic_extent)) < 0)
+        PyModule_AddIntConstant(m, "EXTENT_SIZE", (long)sizeof(struct ic_extent)) < 0 ||
+        PyModule_AddIntConstant(m, "REQUEST_SIZE", (long)sizeof(struct ic_request)) < 0 ||
+        PyModule_AddIntConstant(m, "REQ_WRITE", IC_REQ_WRITE) < 0 ||
+        PyModule_AddIntConstant(m, "REQ_ZERO", IC_REQ_ZERO) < 0 ||
+        PyModule_AddIntConstant(m, "REQ_SKIP", IC_REQ_SKIP) < 0)
         goto fail;
     return m;
 fail:
