@@ -32,7 +32,8 @@ deps:
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip setuptools wheel pytest
+	$(VPY) -m pip install -q --upgrade pip setuptools wheel
+	$(VPY) -m pip install -q -r requirements-test.txt
 
 venv: $(VPY)
 
