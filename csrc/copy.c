@@ -310,8 +310,17 @@ struct action {
     int data;
 };
 
+/* Writes whose writeback a worker lets run behind it before it waits for
+ * them and drops their pages: deep enough to keep the disk busy, shallow
+ * enough that the page cache never fills with the copy. */
+#define SETTLE_DEPTH 4
+
 struct worker {
     struct ic_copy *c;
+    struct {
+        uint64_t off, len;
+    } behind[SETTLE_DEPTH]; /* ring of this worker's recent data writes */
+    unsigned nbehind, ibehind;
     uint8_t *buf;     /* request_size */
     uint8_t *scratch; /* look-around reads */
     size_t scratch_size;
@@ -614,6 +623,24 @@ static int copy_item(struct worker *w, const struct work_item *it)
     return execute(w, it);
 }
 
+/* Remember a written range; settle the oldest when the ring is full. */
+static void write_behind(struct worker *w, uint64_t off, uint64_t len)
+{
+    struct ic_copy *c = w->c;
+    if (!c->opt.flush)
+        return;
+    unsigned slot = (w->ibehind + w->nbehind) % SETTLE_DEPTH;
+    if (w->nbehind == SETTLE_DEPTH) {
+        ic_image_settle_written(c->dst, w->behind[w->ibehind].off, w->behind[w->ibehind].len);
+        w->ibehind = (w->ibehind + 1) % SETTLE_DEPTH;
+        slot = (w->ibehind + w->nbehind - 1) % SETTLE_DEPTH;
+    } else {
+        w->nbehind++;
+    }
+    w->behind[slot].off = off;
+    w->behind[slot].len = len;
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
@@ -623,6 +650,10 @@ static void *worker_main(void *arg)
         if (copy_item(w, &it) < 0) {
             fail(c, &w->err);
             break;
+        }
+        if (it.data) {
+            ic_image_settle_read(c->src, it.start, it.end - it.start);
+            write_behind(w, it.start, it.end - it.start);
         }
         atomic_fetch_add(&c->done, it.end - it.start);
     }

@@ -36,6 +36,11 @@ struct ic_driver {
     int (*place)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
     int (*commit)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
     void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
+    /* Optional page-cache hints: `written` = the range was written earlier
+     * and writeback was started; wait for it and drop its pages.  `read` =
+     * the range will not be read again. */
+    void (*settle_written)(struct ic_image *img, uint64_t off, uint64_t len);
+    void (*settle_read)(struct ic_image *img, uint64_t off, uint64_t len);
     /* Optional: write what is held in memory and mark the image complete. */
     int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
     /* Optional: writes must cover whole units of this size. */

@@ -442,3 +442,15 @@ int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err)
         return 0;
     return img->drv->finish(img, sync, err);
 }
+
+void ic_image_settle_written(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    if (img->drv->settle_written)
+        img->drv->settle_written(img, off, len);
+}
+
+void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    if (img->drv->settle_read)
+        img->drv->settle_read(img, off, len);
+}

@@ -127,6 +127,12 @@ int ic_image_places_in_order(const struct ic_image *img);
 /* Writes must cover whole units of this many bytes (1: any range). */
 uint64_t ic_image_write_alignment(const struct ic_image *img);
 
+/* Page-cache hygiene for a copy: wait for the writeback of a range written
+ * a while ago and drop its pages; drop the pages of a range read once.
+ * Hints only: they never fail. */
+void ic_image_settle_written(struct ic_image *img, uint64_t off, uint64_t len);
+void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len);
+
 /* Copy [off, off+len) from src to dst in the kernel (copy_file_range).
  * Fails with ENOTSUP when the pair or the filesystem cannot. */
 int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

@@ -351,6 +351,22 @@ static int raw_flush(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+static void raw_settle_written(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (!s->writeback)
+        return;
+    (void)sync_file_range(s->fd, (off_t)off, (off_t)len,
+                          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                              SYNC_FILE_RANGE_WAIT_AFTER);
+    (void)posix_fadvise(s->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
+static void raw_settle_read(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    (void)posix_fadvise(state(img)->fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+}
+
 static int raw_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
                           struct ic_error *err)
 {
@@ -465,4 +481,6 @@ const struct ic_driver ic_driver_raw = {
     .flush = raw_flush,
     .block_status = raw_block_status,
     .copy_range = raw_copy_range,
+    .settle_written = raw_settle_written,
+    .settle_read = raw_settle_read,
 };
