@@ -353,7 +353,7 @@ static int detect_prealloc(struct ic_image *img)
     uint64_t threshold = real_clusters * 10 / 9;
     if (threshold < real_clusters + 2)
         threshold = real_clusters + 2;
-    uint64_t end_cluster = (ic_image_size(s->file) + csz - 1) / csz, count;
+    uint64_t end_cluster = (ic_image_size(s->file) + csz - 1) / csz, count = 0;
     /* like qemu, an unreadable refcount structure just means "no" */
     return count_refcounted(img, end_cluster, threshold, &count) == 0 && count >= threshold;
 }

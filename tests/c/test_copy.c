@@ -1,0 +1,130 @@
+/* The copy engine with many threads, under the sanitizers (ASan/UBSan by
+ * default, TSan with `make tsan`): raw -> raw and raw -> qcow2 (plain and
+ * compressed), in and out of order, read back and compared. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "imgcopy.h"
+
+#define SIZE (24u << 20)
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);                     \
+            fprintf(stderr, __VA_ARGS__);                                                  \
+            fprintf(stderr, "\n");                                                         \
+            exit(1);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+static void must(int ret, const struct ic_error *err)
+{
+    CHECK(ret >= 0, "%s (%s) %s", err->msg, strerror(err->errnum), err->path);
+}
+
+static uint8_t *expected;
+
+static void make_source(const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    CHECK(f, "fopen");
+    CHECK(ftruncate(fileno(f), SIZE) == 0, "ftruncate");
+    expected = calloc(1, SIZE);
+    srand(3);
+    for (uint64_t off = 0; off < SIZE;) {
+        uint64_t len = (uint64_t)(1 + rand() % 64) * 4096;
+        if (off + len > SIZE)
+            len = SIZE - off;
+        int kind = rand() % 3; /* hole, data, written zeros */
+        if (kind) {
+            for (uint64_t i = 0; i < len; i++)
+                expected[off + i] = kind == 1 ? (uint8_t)(1 + (off + i) % 251) : 0;
+            CHECK(pwrite(fileno(f), expected + off, len, (off_t)off) == (ssize_t)len, "pwrite");
+        }
+        off += len;
+    }
+    fclose(f);
+}
+
+static void compare(const char *path)
+{
+    struct ic_error err = {0};
+    struct ic_image *img;
+    must(ic_image_open(path, NULL, 0, &img, &err), &err);
+    CHECK(ic_image_size(img) == SIZE, "size %llu", (unsigned long long)ic_image_size(img));
+    uint8_t *buf = malloc(SIZE);
+    must(ic_image_pread(img, buf, SIZE, 0, &err), &err);
+    CHECK(memcmp(buf, expected, SIZE) == 0, "%s differs from the source", path);
+    free(buf);
+    ic_image_close(img);
+}
+
+static void copy(const char *src, const char *dst, const char *format, int compress,
+                 unsigned threads, int out_of_order, uint64_t threshold, int flush)
+{
+    struct ic_error err = {0};
+    struct ic_image *s, *d;
+    int fresh;
+    struct ic_create_options co = {.compress = compress, .cluster_size = 65536};
+    must(ic_image_open(src, "raw", 0, &s, &err), &err);
+    must(ic_image_create(dst, format, SIZE, 0, &co, &d, &fresh, &err), &err);
+    struct ic_copy_options o = {
+        .sparse_threshold = threshold,
+        .request_size = 256 << 10,
+        .concurrency = threads,
+        .out_of_order = out_of_order,
+        .target_is_zero = fresh,
+        .flush = flush,
+    };
+    struct ic_copy *c;
+    must(ic_copy_start(s, d, &o, &c, &err), &err);
+    while (!ic_copy_wait(c, 50))
+        ;
+    struct ic_copy_stats st;
+    must(ic_copy_finish(c, &st, &err), &err);
+    CHECK(st.bytes_written + st.bytes_zeroed + st.bytes_skipped == SIZE, "accounting");
+    must(ic_image_finish(d, flush, &err), &err);
+    ic_image_close(d);
+    ic_image_close(s);
+    compare(dst);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/imgcopy-test-copy-XXXXXX";
+    CHECK(mkdtemp(dir), "mkdtemp");
+    char src[64], dst[64];
+    snprintf(src, sizeof src, "%s/src.raw", dir);
+    snprintf(dst, sizeof dst, "%s/dst", dir);
+    make_source(src);
+    for (int ooo = 0; ooo < 2; ooo++) {
+        copy(src, dst, "raw", 0, 8, ooo, 4096, ooo);
+        copy(src, dst, "raw", 0, 3, ooo, 0, 0);
+        copy(src, dst, "qcow2", 0, 8, ooo, 4096, ooo);
+        copy(src, dst, "qcow2", 1, 8, ooo, 4096, 0);
+    }
+    /* cancellation stops every thread and reports ECANCELED */
+    struct ic_error err = {0};
+    struct ic_image *s, *d;
+    int fresh;
+    must(ic_image_open(src, "raw", 0, &s, &err), &err);
+    must(ic_image_create(dst, "raw", SIZE, 0, NULL, &d, &fresh, &err), &err);
+    struct ic_copy_options o = {.request_size = 4096, .concurrency = 4, .out_of_order = 1,
+                                .sparse_threshold = 0};
+    struct ic_copy *c;
+    must(ic_copy_start(s, d, &o, &c, &err), &err);
+    ic_copy_cancel(c);
+    CHECK(ic_copy_finish(c, NULL, &err) < 0 && err.errnum == ECANCELED, "cancel");
+    ic_image_close(d);
+    ic_image_close(s);
+    unlink(src);
+    unlink(dst);
+    rmdir(dir);
+    free(expected);
+    printf("test_copy: raw and qcow2 copies passed\n");
+    return 0;
+}
