@@ -16,7 +16,7 @@ needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("make")
 @pytest.mark.parametrize("target", ["check", "tsan"])
 def test_c_unit_tests(target):
     """check: ASan+UBSan; tsan: ThreadSanitizer (the copy engine's threads)."""
-    proc = subprocess.run(["make", "-s", "-C", os.path.join(HERE, "c"), target],
+    proc = subprocess.run(["make", "-s", "-j2", "-C", os.path.join(HERE, "c"), target],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test_copy: raw and qcow2 copies passed" in proc.stdout
