@@ -100,6 +100,7 @@ class TextProgress:
     def __init__(self, stream=sys.stderr) -> None:
         self.stream = stream
         self.last = 0.0
+        self.open_line = False
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
@@ -109,9 +110,17 @@ class TextProgress:
         pct = 100.0 * done / total if total else 100.0
         bar = "#" * int(pct / 2.5)
         self.stream.write(f"\r    ({pct:6.2f}/100%) [{bar:<40}]")
+        self.open_line = True
         if done >= total:
-            self.stream.write("\n")
+            self.close()
         self.stream.flush()
+
+    def close(self) -> None:
+        """End the bar's line, so that what follows starts a line."""
+        if self.open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open_line = False
 
 
 def _creation_options(specs: List[str]) -> dict:
@@ -137,18 +146,26 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         raise ValueError("--target-is-zero needs -n (an existing destination)")
     if args.backing_file is not None:
         raise ValueError("-B (a backing file for the destination) is not supported yet")
-    result = convert(
+    bar = TextProgress() if args.progress else None
+    try:
+        result = _convert(args, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.stats == "json":
+        print(json.dumps(result.to_dict(), indent=1))
+    return 0
+
+
+def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
+    return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         create=args.create, sparse_threshold=args.sparse_threshold,
         concurrency=args.concurrency, request_size=args.request_size,
         out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        progress=TextProgress() if args.progress else None, compress=args.compress,
-        **_creation_options(args.options))
-    if args.stats == "json":
-        print(json.dumps(result.to_dict(), indent=1))
-    return 0
+        progress=bar, compress=args.compress, **_creation_options(args.options))
 
 
 def _cmd_map(args: argparse.Namespace) -> int:

@@ -1,0 +1,299 @@
+"""`imgcopy convert` on the command line: every flag maps onto the library's
+options (same output, same counters), --stats=json, the progress bar,
+errors as one line with exit status 1, and Ctrl-C (SIGINT: status 130)."""
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from convert_helpers import (GiB, STATS_KEYS, SourceSet, assert_identical, assert_prefix_equal,
+                             imgcopy_cmd, map_json, require_qemu_img, sha256_range)
+from imagegen import make_sparse, sha256_file
+
+imgcopy = pytest.importorskip("imgcopy")
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    require_qemu_img()
+    return SourceSet(tmp_path_factory.mktemp("cli-sources"))
+
+
+def run_cli(args, env, *, module=False, cwd=None, timeout=60):
+    cmd = ([sys.executable, "-m", "imgcopy"] if module else imgcopy_cmd()) + ["convert"]
+    return subprocess.run(cmd + [str(a) for a in args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def _garbage(path, size, seed):
+    import random
+
+    with open(path, "wb") as f:
+        f.write(random.Random(seed).randbytes(size))
+
+
+# Deterministic counters (the rest - elapsed, cache counters - may vary).
+COMPARED = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "read_requests",
+            "write_requests", "zero_requests", "extents")
+
+# flags -> library keyword arguments; "target" says what the destination is
+FLAG_CASES = [
+    ([], {}, "new"),
+    (["-f", "raw", "-O", "raw", "-S", "8k"],
+     {"src_format": "raw", "dst_format": "raw", "sparse_threshold": 8192}, "new"),
+    (["-S", "0"], {"sparse_threshold": 0}, "new"),
+    (["-S", "512", "-T", "none"], {"sparse_threshold": 512, "direct": (True, False)}, "new"),
+    (["-S", "64K", "-t", "none", "-T", "none"],
+     {"sparse_threshold": 65536, "direct": (True, True)}, "new"),
+    (["-m", "1", "--in-order", "-t", "unsafe"],
+     {"concurrency": 1, "out_of_order": False, "flush": False}, "new"),
+    (["-W", "-m", "8", "--no-flush"], {"concurrency": 8, "out_of_order": True, "flush": False},
+     "new"),
+    (["--request-size", "64k"], {"request_size": 65536}, "new"),
+    (["--request-size", "1M", "-S", "16k"], {"request_size": 1 << 20,
+                                              "sparse_threshold": 16384}, "new"),
+    (["-C"], {"offload": True}, "new"),
+    (["-n"], {"create": False}, "garbage"),
+    (["-n", "-S", "0"], {"create": False, "sparse_threshold": 0}, "garbage"),
+    (["-n", "--target-is-zero"], {"create": False, "target_is_zero": True}, "zeros"),
+    (["-O", "null"], {"dst_format": "null"}, "null-format"),
+    ([], {}, "null:"),
+]
+
+
+def _case_id(case):
+    flags, _, target = case
+    return ("_".join(f.lstrip("-") for f in flags) or "defaults") + "-" + target
+
+
+def _make_target(path, kind, size):
+    if kind == "garbage":
+        _garbage(path, size + 12345, seed=size)
+    elif kind == "zeros":
+        make_sparse(path, size + 4096)
+
+
+@pytest.mark.parametrize("case", FLAG_CASES, ids=_case_id)
+def test_flags_map_onto_library(sources, tmp_path, imgcopy_env, case):
+    flags, kwargs, target = case
+    img = sources.get("alloc_zeros")
+    if target in ("null:",):
+        cli_dst = lib_dst = "null:"
+    else:
+        cli_dst, lib_dst = str(tmp_path / "cli.raw"), str(tmp_path / "lib.raw")
+        _make_target(cli_dst, target, img.size)
+        _make_target(lib_dst, target, img.size)
+    tails = {}
+    if target in ("garbage", "zeros"):
+        tails = {p: sha256_range(p, img.size) for p in (cli_dst, lib_dst)}
+
+    p = run_cli(flags + ["--stats=json", img.path, cli_dst], imgcopy_env, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    cli = json.loads(p.stdout)
+    lib = imgcopy.convert(img.path, lib_dst, **kwargs).to_dict()
+
+    assert set(cli) == set(STATS_KEYS)
+    assert {k: cli[k] for k in COMPARED} == {k: lib[k] for k in COMPARED}, (cli, lib)
+    assert cli["bytes_written"] + cli["bytes_zeroed"] + cli["bytes_skipped"] == img.size
+
+    if target.startswith("null"):
+        assert sorted(os.listdir(tmp_path)) == [], "a null destination created a file"
+        return
+    if target == "new":
+        assert_identical(img.path, cli_dst)
+        assert map_json(cli_dst) == map_json(lib_dst)
+    else:
+        assert_prefix_equal(img.path, cli_dst, img.size)
+        assert_prefix_equal(img.path, lib_dst, img.size)
+        for path, tail in tails.items():
+            assert sha256_range(path, img.size) == tail, "tail of %s changed" % path
+
+
+def test_python_module(sources, tmp_path, imgcopy_env):
+    img = sources.get("holes_and_data")
+    dst = str(tmp_path / "out.raw")
+    p = run_cli(["-S", "4k", img.path, dst], imgcopy_env, module=True, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "" and p.stderr == ""
+    assert_identical(img.path, dst)
+
+
+def test_stats_json(sources, tmp_path, imgcopy_env):
+    img = sources.get("holes_and_data")
+    dst = str(tmp_path / "out.raw")
+    p = run_cli(["--stats=json", img.path, dst], imgcopy_env)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert set(d) == set(STATS_KEYS)
+    assert all(isinstance(d[k], int) for k in STATS_KEYS if k != "elapsed")
+    assert isinstance(d["elapsed"], (int, float)) and d["elapsed"] >= 0
+    assert d["bytes_written"] + d["bytes_zeroed"] + d["bytes_skipped"] == img.size
+    assert d["bytes_zeroed"] == 0  # a new file reads as zeros
+    assert_identical(img.path, dst)
+    # no --stats: nothing on stdout
+    p = run_cli([img.path, str(tmp_path / "out2.raw")], imgcopy_env)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", (p.stdout, p.stderr)
+
+
+def test_progress_bar(sources, tmp_path, imgcopy_env):
+    img = sources.get("alloc_zeros")
+    dst = str(tmp_path / "out.raw")
+    p = run_cli(["-p", img.path, dst], imgcopy_env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == ""
+    assert "100" in p.stderr and p.stderr.endswith("\n"), repr(p.stderr)
+    assert "imgcopy:" not in p.stderr
+    assert_identical(img.path, dst)
+
+
+def test_progress_bar_with_stats(sources, tmp_path, imgcopy_env):
+    # the bar is on stderr: stdout stays pure JSON
+    img = sources.get("alloc_zeros")
+    p = run_cli(["-p", "--stats=json", img.path, str(tmp_path / "out.raw")], imgcopy_env)
+    assert p.returncode == 0, p.stderr
+    json.loads(p.stdout)
+    assert "100" in p.stderr
+
+
+# ---------------------------------------------------------------------------
+# errors: exit 1, one line on stderr starting with "imgcopy: ", no traceback
+
+def _assert_one_line_error(p, *needles):
+    assert p.returncode == 1, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("imgcopy: "), p.stderr
+    assert p.stdout == "", p.stdout
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_error_missing_source(tmp_path, imgcopy_env):
+    src = str(tmp_path / "missing.raw")
+    dst = tmp_path / "out.raw"
+    p = run_cli([src, str(dst)], imgcopy_env)
+    _assert_one_line_error(p, src)
+    assert not dst.exists()
+
+
+def test_error_missing_destination_directory(sources, tmp_path, imgcopy_env):
+    img = sources.get("tiny")
+    dst = str(tmp_path / "nodir" / "out.raw")
+    p = run_cli([img.path, dst], imgcopy_env)
+    _assert_one_line_error(p, dst)
+
+
+def test_error_target_is_zero_without_n(sources, tmp_path, imgcopy_env):
+    img = sources.get("tiny")
+    dst = tmp_path / "out.raw"
+    p = run_cli(["--target-is-zero", img.path, str(dst)], imgcopy_env)
+    _assert_one_line_error(p, "-n")
+    assert not dst.exists()
+
+
+def test_error_bad_sparse_threshold(sources, tmp_path, imgcopy_env):
+    img = sources.get("tiny")
+    dst = tmp_path / "out.raw"
+    p = run_cli(["-S", "1000", img.path, str(dst)], imgcopy_env)
+    _assert_one_line_error(p)
+    assert not dst.exists()
+
+
+def test_error_existing_destination_too_small(sources, tmp_path, imgcopy_env):
+    img = sources.get("holes_and_data")
+    dst = str(tmp_path / "small.raw")
+    _garbage(dst, 4096, seed=1)
+    before = sha256_file(dst)
+    p = run_cli(["-n", img.path, dst], imgcopy_env)
+    _assert_one_line_error(p)
+    assert sha256_file(dst) == before
+
+
+def test_error_existing_destination_missing(sources, tmp_path, imgcopy_env):
+    img = sources.get("tiny")
+    dst = str(tmp_path / "none.raw")
+    p = run_cli(["-n", img.path, dst], imgcopy_env)
+    _assert_one_line_error(p, dst)
+    assert not os.path.exists(dst)
+
+
+# ---------------------------------------------------------------------------
+# Ctrl-C
+
+def _wait_for_progress(proc, timeout=20.0):
+    """Read the child's stderr until the progress bar shows; return it."""
+    fd = proc.stderr.fileno()
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while b"%" not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError("no progress from the child: %r" % seen)
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise AssertionError("child exited (status %r) before copying: %r"
+                                     % (proc.wait(), seen))
+            seen += chunk
+    return seen
+
+
+def _interrupt(tmp_path, env, dest):
+    """Start a long copy with a progress bar, SIGINT it once the bar shows.
+    Returns (returncode, seconds from SIGINT to exit, stderr, stdout)."""
+    src = str(tmp_path / "hole20g.raw")
+    make_sparse(src, 20 * GiB)
+    dst = str(tmp_path / "out.raw") if dest == "file" else "null:"
+    # a fully allocated copy of 20 GiB of hole: many seconds of zeros
+    args = ["-p", "-S", "0", src, dst]
+    if dest == "null":
+        args = ["--request-size", "4k"] + args
+    proc = subprocess.Popen(imgcopy_cmd() + ["convert"] + args, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    try:
+        seen = _wait_for_progress(proc)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pytest.fail("imgcopy did not stop within 10 s of SIGINT")
+        elapsed = time.monotonic() - t0
+        err = (seen + proc.stderr.read()).decode(errors="replace")
+        out = proc.stdout.read().decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+        if os.path.exists(dst):
+            os.unlink(dst)
+    return proc.returncode, elapsed, err, out
+
+
+@pytest.mark.parametrize("dest", ["file", "null"])
+def test_sigint(tmp_path, imgcopy_env, dest):
+    rc, elapsed, err, out = _interrupt(tmp_path, imgcopy_env, dest)
+    assert rc == 130, (rc, err)
+    assert elapsed < 1.0, "exit took %.2f s after SIGINT" % elapsed
+    assert "Traceback" not in err, err
+    assert "imgcopy: interrupted" in err, err
+    assert out == ""
+
+
+def test_sigint_message_starts_a_line(tmp_path, imgcopy_env):
+    """The error after a progress bar is a line of its own, starting with
+    "imgcopy: " (the bar's line is ended first)."""
+    rc, _, err, _ = _interrupt(tmp_path, imgcopy_env, "null")
+    assert rc == 130
+    last = err.replace("\r", "\n").rstrip("\n").split("\n")[-1]
+    assert last.startswith("imgcopy: "), "error glued to the progress bar: %r" % err[-120:]
