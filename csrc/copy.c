@@ -188,7 +188,11 @@ static int push_item(struct ic_copy *c, const struct work_item *item)
 static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int data, uint64_t *seq)
 {
     int written_zeros = !data && c->opt.sparse_threshold == 0;
-    uint64_t step = data || written_zeros ? c->opt.request_size : ZERO_REQUEST_MAX;
+    int skipped = !data && !written_zeros && c->opt.target_is_zero;
+    /* a skipped range costs nothing, however long: one item */
+    uint64_t step = data || written_zeros ? c->opt.request_size
+                    : skipped            ? UINT64_MAX
+                                         : ZERO_REQUEST_MAX;
     for (uint64_t pos = start; pos < end;) {
         uint64_t next = (pos / step + 1) * step;
         if (next > end || next < pos)

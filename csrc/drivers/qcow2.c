@@ -124,7 +124,9 @@ static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, str
     uint64_t host = entry & QCOW2_OFFSET_MASK;
     if (host && (host % s->h.cluster_size || host < s->h.cluster_size))
         return corrupt(img, err, "misplaced data cluster", host);
-    if ((entry & QCOW2_OFLAG_ZERO) && s->h.version >= 3) {
+    if ((entry & QCOW2_OFLAG_ZERO) && s->h.version < 3)
+        return corrupt(img, err, "zero cluster in a version 2 image", entry);
+    if (entry & QCOW2_OFLAG_ZERO) {
         c->kind = CL_ZERO;
         c->host = host;
         c->host_valid = host != 0;
@@ -572,7 +574,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
 {
     uint8_t *cluster0 = NULL;
     uint64_t fsize = ic_image_size(s->file);
-    uint8_t head[QCOW2_HEADER_V3_MIN];
+    uint8_t head[QCOW2_HEADER_READ];
     memset(head, 0, sizeof head);
     uint64_t nhead = fsize < sizeof head ? fsize : sizeof head;
     if (nhead < QCOW2_HEADER_V2_LEN)
