@@ -66,6 +66,23 @@ static int probe(int fd, const char *path, const struct ic_driver **out, struct 
     return 0;
 }
 
+/* Images are regular files or block devices; the descriptor, opened with
+ * O_NONBLOCK so that a FIFO could not hang us, blocks again. */
+static int disk_or_file(int fd, const struct stat *st, const char *path, struct ic_error *err)
+{
+    if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode)) {
+        close(fd);
+        return ic_error_value(err, "%s: not a regular file or block device", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fcntl");
+    }
+    return fd;
+}
+
 /* Open without blocking on a FIFO, then insist on a file or a disk. */
 static int open_file(const char *path, unsigned flags, struct ic_error *err)
 {
@@ -83,17 +100,7 @@ static int open_file(const char *path, unsigned flags, struct ic_error *err)
         close(fd);
         return ic_error_os(err, EISDIR, path, "is a directory");
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-        close(fd);
-        return ic_error_value(err, "%s: not a regular file or block device", path);
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        int e = errno;
-        close(fd);
-        return ic_error_os(err, e, path, "fcntl");
-    }
-    return fd;
+    return disk_or_file(fd, &st, path, err);
 }
 
 static int is_null(const char *path, const char *format)
@@ -229,17 +236,7 @@ static int open_for_create(const char *path, struct ic_error *err)
         close(fd);
         return ic_error_os(err, e, path, "create");
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
-        close(fd);
-        return ic_error_value(err, "%s: not a regular file or block device", path);
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        e = errno;
-        close(fd);
-        return ic_error_os(err, e, path, "fcntl");
-    }
-    return fd;
+    return disk_or_file(fd, &st, path, err);
 }
 
 int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,

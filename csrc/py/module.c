@@ -92,6 +92,24 @@ static void leave(ImageObject *self)
         image_release(self);
 }
 
+/* Run fn(img) with the GIL released; None or the error. */
+static PyObject *call_unlocked(ImageObject *self, int (*fn)(struct ic_image *, struct ic_error *))
+{
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_error err = {0};
+    int ret;
+    enter(self);
+    Py_BEGIN_ALLOW_THREADS
+    ret = fn(img, &err);
+    Py_END_ALLOW_THREADS
+    leave(self);
+    if (ret < 0)
+        return raise_error(&err);
+    Py_RETURN_NONE;
+}
+
 static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
 {
     if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
@@ -164,25 +182,23 @@ static void image_dealloc(ImageObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static int do_finish(struct ic_image *img, struct ic_error *err)
+{
+    return ic_image_finish(img, 1, err);
+}
+
+static int do_finish_nosync(struct ic_image *img, struct ic_error *err)
+{
+    return ic_image_finish(img, 0, err);
+}
+
 /* Writes what the format holds in memory and marks the image complete. */
 static PyObject *image_finish(ImageObject *self, PyObject *args)
 {
     int sync = 1;
     if (!PyArg_ParseTuple(args, "|p", &sync))
         return NULL;
-    struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    struct ic_error err = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_finish(img, sync, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    if (ret < 0)
-        return raise_error(&err);
-    Py_RETURN_NONE;
+    return call_unlocked(self, sync ? do_finish : do_finish_nosync);
 }
 
 /* Closing does not finish: an image abandoned half-written stays marked
@@ -372,22 +388,15 @@ static PyObject *image_zero(ImageObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+static int do_flush(struct ic_image *img, struct ic_error *err)
+{
+    return ic_image_flush(img, err);
+}
+
 static PyObject *image_flush(ImageObject *self, PyObject *unused)
 {
     (void)unused;
-    struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    struct ic_error err = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_flush(img, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    if (ret < 0)
-        return raise_error(&err);
-    Py_RETURN_NONE;
+    return call_unlocked(self, do_flush);
 }
 
 static PyObject *image_cache_stats(ImageObject *self, PyObject *unused)

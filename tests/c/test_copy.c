@@ -7,19 +7,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "imgcopy.h"
 
 #define SIZE (24u << 20)
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);                     \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void must(int ret, const struct ic_error *err)
 {

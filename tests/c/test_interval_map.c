@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check.h"
 #include "imgcopy.h"
 #include "interval_map.h"
 
@@ -15,18 +16,7 @@ struct unit {
 };
 
 static struct unit model[UNITS];
-static unsigned long checks;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        checks++;                                                                          \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static void verify(const struct ic_interval_map *m, unsigned step)
 {
@@ -125,6 +115,6 @@ int main(void)
     }
     CHECK(m.n == 200000, "count %zu", m.n);
     ic_imap_free(&m);
-    printf("test_interval_map: %lu checks passed\n", checks);
+    printf("test_interval_map: %lu checks passed\n", check_count);
     return 0;
 }

@@ -7,21 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "imgcopy.h"
 
 #define BLK 4096u
 #define NBLK 4000u
 
-static int failures;
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);                     \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static unsigned char layout[NBLK]; /* 1 = data block */
 
@@ -132,8 +123,6 @@ int main(void)
     ic_extent_list_free(&fresh);
     ic_image_close(img);
     unlink(path);
-    if (failures)
-        return 1;
     printf("test_raw_cache: %u extents, all orders passed\n", extents);
     return 0;
 }
