@@ -62,6 +62,8 @@ extern const struct ic_driver ic_driver_null;
 
 /* fstat of a raw image's file (qcow2 asks how much of it is allocated). */
 int ic_raw_fstat(struct ic_image *img, struct stat *st);
+/* Give [off, off+len) of a raw image's file disk space (a hint). */
+void ic_raw_allocate(struct ic_image *img, uint64_t off, uint64_t len);
 /* Grow or shrink a raw image's file (a qcow2 host file as it fills). */
 int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err);
 

@@ -3,8 +3,9 @@ from ._core import Error, ImageFormatError
 from .convert import CopyResult, convert
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
+from .info import ImageInfo, info
 from .plan import CopyPlan, Request, plan
 
 __all__ = ["CopyPlan", "CopyResult", "Error", "ImageFormatError", "Extent", "ExtentMap", "Image",
-           "Request", "convert", "map", "open", "plan"]
+           "Request", "convert", "map", "open", "plan", "ImageInfo", "info"]
 __version__ = "0.1.0"

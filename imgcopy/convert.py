@@ -132,9 +132,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if qcow2_only and dst_format != "qcow2":
         raise ValueError("cluster_size, compat, preallocation and compress need "
                          "dst_format='qcow2'")
-    if dst_format == "qcow2" and not create:
-        raise ValueError("writing into an existing qcow2 image (create=False) is not "
-                         "supported yet")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
     dst_name = os.fsdecode(os.fspath(dst))
     is_null = dst_format == "null" or dst_name == NULL_TARGET

@@ -1,12 +1,37 @@
 """Extents and extent maps, in qemu-img map's vocabulary."""
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Optional, Sequence, Union, overload
+import math
+import statistics
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
+    overload
 
 from . import _core
 
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
+
+# What a run of guest bytes is, for a copy: "data" is read from the image
+# itself, "backing" from a backing file, "zero" is storage known to read as
+# zeros (allocated zeros: never read), "hole" has no data at all (never read).
+KINDS = ("data", "backing", "zero", "hole")
+
+_SIZE_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def human_size(n: int) -> str:
+    """A byte count as qemu-img prints it ("1.31 MiB", "977 KiB", "0 B"):
+    three significant digits, switching unit at 1000 of the smaller one."""
+    _, exp = math.frexp(n / (1000.0 / 1024.0))
+    i = min(max(int((exp - 1) / 10), 0), len(_SIZE_UNITS) - 1)
+    return "%0.3g %sB" % (n / (1 << (i * 10)), _SIZE_UNITS[i])
+
+
+def extent_kind(depth: int, zero: bool, data: bool) -> str:
+    """One of KINDS for an extent's flags."""
+    if data and not zero:
+        return "data" if depth == 0 else "backing"
+    return "zero" if data else "hole"
 
 
 class Extent(NamedTuple):
@@ -28,6 +53,12 @@ class Extent(NamedTuple):
     @property
     def end(self) -> int:
         return self.start + self.length
+
+    @property
+    def kind(self) -> str:
+        """"data" (stored in this image), "backing" (data of a backing file),
+        "zero" (stored but known to read as zeros) or "hole" (no data)."""
+        return extent_kind(self.depth, self.zero, self.data)
 
     def to_dict(self) -> dict:
         d = {
@@ -94,8 +125,18 @@ class ExtentMap(Sequence[Extent]):
         return hash((self._packed, self.start, self.end))
 
     def __repr__(self) -> str:
-        return (f"<ExtentMap {self.filename!r} [{self.start}, {self.end}) {len(self)} extents, "
-                f"data={self.data_bytes} zero={self.zero_bytes}>")
+        span = self.end - self.start
+        where = human_size(self.size)
+        if (self.start, self.end) != (0, self.size):
+            where = f"[{self.start}, {self.end}) of {where}"
+        data = self.data_bytes
+        text = f"<ExtentMap {self.filename!r} {self.format} {where}: {len(self)} extents, " \
+               f"data {human_size(data)}"
+        if span:
+            text += f" ({100.0 * data / span:.1f}%)"
+        if self.compressed_bytes:
+            text += f", compressed {human_size(self.compressed_bytes)}"
+        return text + f", holes {human_size(span - data)}>"
 
     def to_json(self) -> str:
         """Exactly what ``qemu-img map --output=json`` prints for this range,
@@ -130,7 +171,58 @@ class ExtentMap(Sequence[Extent]):
         """Bytes allocated in the image itself (``present``)."""
         return self._totals_cached()[2]
 
-    def summary(self) -> dict:
+    @property
+    def compressed_bytes(self) -> int:
+        """Bytes stored in compressed clusters."""
+        return self._totals_cached()[3]
+
+    @property
+    def hole_bytes(self) -> int:
+        """Bytes with no data (``data`` false): a copy never reads them."""
+        return self.end - self.start - self.data_bytes
+
+    # -- exploration ------------------------------------------------------
+    def runs(self) -> List[Tuple[str, int, int]]:
+        """[(kind, start, end), ...]: neighbouring extents of the same kind
+        (see KINDS) merged, in guest order."""
+        out: List[Tuple[str, int, int]] = []
+        for e in self:
+            kind = e.kind
+            if out and out[-1][0] == kind and out[-1][2] == e.start:
+                out[-1] = (kind, out[-1][1], e.end)
+            else:
+                out.append((kind, e.start, e.end))
+        return out
+
+    def summary(self) -> Dict[str, Any]:
+        """Sizes and counts of the range (bytes unless named otherwise).
+
+        ``data_bytes`` + ``hole_bytes`` is the range's length; ``zero_bytes``
+        (reads as zeros) overlaps both.  A *run* is a longest range of
+        extents that all have data (``data_runs``) or all have none
+        (``hole_runs``); medians are the lower median of the run lengths."""
+        data_extents = zero_extents = compressed_extents = 0
+        backing_bytes = zero_data_bytes = 0
+        data_runs: List[int] = []
+        hole_runs: List[int] = []
+        last: Optional[bool] = None
+        for e in self:
+            if e.data:
+                data_extents += 1
+                if e.depth:
+                    backing_bytes += e.length
+                if e.zero:
+                    zero_data_bytes += e.length
+            if e.zero:
+                zero_extents += 1
+            if e.compressed:
+                compressed_extents += 1
+            runs = data_runs if e.data else hole_runs
+            if last is e.data:
+                runs[-1] += e.length
+            else:
+                runs.append(e.length)
+            last = e.data
         return {
             "filename": self.filename,
             "format": self.format,
@@ -138,8 +230,73 @@ class ExtentMap(Sequence[Extent]):
             "start": self.start,
             "end": self.end,
             "extents": len(self),
-            "data_extents": sum(1 for e in self if e.data),
+            "data_extents": data_extents,
             "data_bytes": self.data_bytes,
             "zero_bytes": self.zero_bytes,
             "allocated_bytes": self.allocated_bytes,
+            "hole_bytes": self.hole_bytes,
+            "backing_bytes": backing_bytes,
+            "zero_data_bytes": zero_data_bytes,
+            "compressed_bytes": self.compressed_bytes,
+            "zero_extents": zero_extents,
+            "hole_extents": len(self) - data_extents,
+            "compressed_extents": compressed_extents,
+            "data_runs": len(data_runs),
+            "largest_data_run": max(data_runs, default=0),
+            "median_data_run": statistics.median_low(data_runs) if data_runs else 0,
+            "hole_runs": len(hole_runs),
+            "largest_hole_run": max(hole_runs, default=0),
+            "median_hole_run": statistics.median_low(hole_runs) if hole_runs else 0,
         }
+
+    def to_numpy(self) -> Any:  # -> numpy structured array
+        """A structured array, one row per extent: start, end, length,
+        depth, present, zero, data, offset (-1 where there is none),
+        compressed (needs numpy)."""
+        import numpy as np  # lazy: numpy is an optional extra
+
+        rows = [(e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
+                 -1 if e.offset is None else e.offset, e.compressed) for e in self]
+        return np.array(rows, dtype=_numpy_dtype())
+
+    def to_pandas(self) -> Any:  # -> pandas.DataFrame
+        """A DataFrame, one row per extent: start, end, length, depth,
+        present, zero, data, offset (nullable: <NA> where there is none),
+        compressed, kind (see KINDS); ``df.attrs`` holds filename, format,
+        virtual_size (needs pandas)."""
+        import pandas as pd  # lazy: pandas is an optional extra
+
+        a = self.to_numpy()
+        df = pd.DataFrame({name: a[name] for name in a.dtype.names
+                           if name not in ("offset", "compressed")})
+        df["offset"] = pd.arrays.IntegerArray(a["offset"].copy(), a["offset"] < 0)
+        df["compressed"] = a["compressed"]
+        df["kind"] = [extent_kind(d, z, x) for d, z, x in zip(a["depth"].tolist(),
+                                                             a["zero"].tolist(),
+                                                             a["data"].tolist())]
+        df.attrs.update(filename=self.filename, format=self.format, virtual_size=self.size)
+        return df
+
+    def plot(self, ax: Any = None, *, bins: int = 40, title: Optional[str] = None) -> Any:
+        """Draw the map with matplotlib: an allocation strip over the range
+        (data, backing data, allocated zeros; holes are left blank) and a
+        histogram of extent lengths by kind.  ``ax``: None (a new figure),
+        one Axes (the strip only) or a pair of Axes (strip, histogram).
+        Returns the tuple of Axes drawn on."""
+        from ._plot import plot_extent_map  # lazy: matplotlib is an optional extra
+
+        return plot_extent_map(self, ax, bins=bins, title=title)
+
+    def _repr_html_(self) -> str:
+        from ._html import extent_map_html
+
+        return extent_map_html(self)
+
+
+def _numpy_dtype() -> Any:
+    import numpy as np
+
+    return np.dtype([("start", "<i8"), ("end", "<i8"), ("length", "<i8"), ("depth", "<i4"),
+                     ("present", "?"), ("zero", "?"), ("data", "?"), ("offset", "<i8"),
+                     ("compressed", "?")])
+

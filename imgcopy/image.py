@@ -32,6 +32,13 @@ class Image:
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
+        """Close; an image opened "r+" first writes what its format keeps in
+        memory (qcow2 metadata), so that it is complete on disk."""
+        if not self._img.closed and self.mode == "r+":
+            try:
+                self._img.finish(False)
+            finally:
+                self._img.close()
         self._img.close()
 
     @property
@@ -119,6 +126,8 @@ class Image:
         self._img.zero(offset, length, _core.ZERO_MAY_UNMAP if punch_hole else 0)
 
     def flush(self) -> None:
+        """Make everything written so far durable (qcow2: metadata too)."""
+        self._img.finish(True)
         self._img.flush()
 
 

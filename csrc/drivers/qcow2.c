@@ -190,6 +190,23 @@ static int inflate_cluster(struct ic_image *img, const struct cluster *c, uint8_
     return 0;
 }
 
+int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
+                          struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    struct cluster c;
+    uint8_t *buf = malloc(s->h.cluster_size);
+    if (!buf)
+        return ic_error_nomem(err);
+    int ret = classify(img, entry, &c, err);
+    if (ret == 0)
+        ret = inflate_cluster(img, &c, buf, err);
+    if (ret == 0)
+        ret = ic_image_pwrite(s->file, buf, s->h.cluster_size, host, err);
+    free(buf);
+    return ret;
+}
+
 /* Guest bytes of [off, off+len) that this image does not hold. */
 static int read_below(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
                       struct ic_error *err)
@@ -643,11 +660,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
 
 static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
 {
-    if (img->open_flags & IC_OPEN_RDWR) {
-        close(fd);
-        return ic_error_format(err, img->path, "writing into existing qcow2 images is not "
-                               "supported yet (imgcopy creates new ones)");
-    }
+
     struct qcow2_state *s = calloc(1, sizeof *s);
     if (!s) {
         close(fd);
@@ -660,7 +673,8 @@ static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
         return -1;
     }
     img->drv_state = s;
-    if (load(img, s, err) < 0) {
+    if (load(img, s, err) < 0 ||
+        ((img->open_flags & IC_OPEN_RDWR) && qcow2_open_writer(img, err) < 0)) {
         free_state(s);
         img->drv_state = NULL;
         return -1;

@@ -21,6 +21,10 @@
 
 struct qcow2_writer {
     pthread_mutex_t lock;
+    int existing;         /* writing into an image that was already there */
+    uint64_t *l2_host;    /* per L1 index: where a loaded table lives; 0: new */
+    uint8_t header[QCOW2_HEADER_READ]; /* existing: the header as found */
+    uint64_t ref_start, ref_clusters; /* refcount structures finish() wrote */
     uint64_t host_end;    /* first free byte, a cluster boundary */
     uint64_t file_size;   /* the host file's size, >= host_end */
     uint64_t comp_cursor; /* where the next compressed cluster may go; 0: none */
@@ -140,34 +144,84 @@ static int alloc_bytes(struct ic_image *img, uint64_t len, uint64_t *host, struc
 static uint64_t *l2_table(struct ic_image *img, uint64_t gc, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
+    struct qcow2_writer *w = s->w;
     uint64_t i = gc / s->l2_entries;
-    if (!s->w->l2[i] && !(s->w->l2[i] = calloc(s->l2_entries, sizeof(uint64_t)))) {
+    if (w->l2[i])
+        return w->l2[i];
+    uint64_t *t = calloc(s->l2_entries, sizeof(uint64_t));
+    if (!t) {
         ic_error_nomem(err);
         return NULL;
     }
-    return s->w->l2[i];
+    /* an existing table is loaded once and written back in place */
+    uint64_t on_disk = w->existing ? s->l1[i] & QCOW2_OFFSET_MASK : 0;
+    if (on_disk) {
+        if (on_disk % s->h.cluster_size || on_disk < s->h.cluster_size ||
+            ic_image_pread(s->file, t, s->h.cluster_size, on_disk, err) < 0) {
+            free(t);
+            if (err->kind == IC_ERR_NONE || err->kind == IC_ERR_VALUE)
+                ic_error_format(err, img->path, "corrupt qcow2 image: L2 table at 0x%llx",
+                                (unsigned long long)on_disk);
+            return NULL;
+        }
+        for (uint64_t k = 0; k < s->l2_entries; k++)
+            t[k] = qcow2_be64(&t[k]);
+        w->l2_host[i] = on_disk;
+    }
+    w->l2[i] = t;
+    return t;
 }
 
-/* Guest clusters [first, last] get host clusters where they have none. */
-static int ensure_clusters(struct ic_image *img, uint64_t first, uint64_t last,
-                           struct ic_error *err)
+/* Drop this image's reference to a compressed cluster's bytes. */
+static void release_compressed(struct qcow2_state *s, uint64_t entry)
+{
+    struct qcow2_writer *w = s->w;
+    uint64_t csz = s->h.cluster_size;
+    unsigned x = 62 - (s->h.cluster_bits - 8);
+    uint64_t host = entry & ((1ull << x) - 1);
+    uint64_t sectors = ((entry & ~QCOW2_OFLAG_COPIED & ~QCOW2_OFLAG_COMPRESSED) >> x) + 1;
+    uint64_t end = (host & ~511ull) + sectors * 512;
+    for (uint64_t cl = host / csz; cl <= (end - 1) / csz && cl < w->rc_len; cl++)
+        if (w->rc[cl])
+            w->rc[cl]--;
+}
+
+/* The clusters under [off, end) get host clusters of their own, which
+ * the write may fill: new ones are appended (and zero-filled before data
+ * goes in), a zero or compressed one is replaced by a new one. */
+static int ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
-    for (uint64_t gc = first; gc <= last; gc++) {
+    uint64_t csz = s->h.cluster_size;
+    for (uint64_t gc = off / csz; gc <= (end - 1) / csz; gc++) {
         uint64_t *l2 = l2_table(img, gc, err);
         if (!l2)
             return -1;
         uint64_t *e = &l2[gc % s->l2_entries];
-        if ((*e & QCOW2_OFFSET_MASK) && !(*e & QCOW2_OFLAG_COMPRESSED)) {
-            *e &= ~QCOW2_OFLAG_ZERO;
+        uint64_t host = *e & QCOW2_OFFSET_MASK;
+        uint64_t old_entry = *e;
+        int whole = off <= gc * csz && (end >= (gc + 1) * csz || end == s->h.size);
+        if (*e & QCOW2_OFLAG_COMPRESSED) {
+            release_compressed(s, *e);
+        } else if (host && !(*e & QCOW2_OFLAG_ZERO)) {
+            if (!(*e & QCOW2_OFLAG_COPIED))
+                return ic_error_format(err, img->path, "cluster 0x%llx is shared (internal "
+                                       "snapshot?): copy-on-write is not supported",
+                                       (unsigned long long)host);
             continue;
+        } else if (host && s->w->rc[host / csz]) {
+            s->w->rc[host / csz]--; /* a zero cluster's old space: stale data */
         }
-        if (*e & QCOW2_OFLAG_COMPRESSED)
-            return ic_error_value(err, "%s: cannot overwrite a compressed cluster", img->path);
-        uint64_t host;
-        if (alloc_clusters(img, 1, &host, err) < 0)
+        uint64_t fresh;
+        if (alloc_clusters(img, 1, &fresh, err) < 0)
             return -1;
-        *e = host | QCOW2_OFLAG_COPIED;
+        *e = fresh | QCOW2_OFLAG_COPIED;
+        /* a compressed cluster written in part keeps the rest of its data:
+         * rare enough (writing into an existing compressed image) to do
+         * here, before any other write can reach the new cluster */
+        if ((old_entry & QCOW2_OFLAG_COMPRESSED) && !whole &&
+            qcow2_copy_compressed(img, old_entry, fresh, err) < 0)
+            return -1;
     }
     return 0;
 }
@@ -197,11 +251,34 @@ static void header_bytes(const struct qcow2_state *s, int complete, uint8_t *h, 
     }
 }
 
+/* An existing image keeps its header and extensions; only the refcount
+ * table, the feature bits (our in-progress marks; auto-clear bits, which
+ * writers must clear) and, for v2, the magic change. */
+static void patch_header(const struct qcow2_state *s, int complete, uint8_t *h, size_t *len)
+{
+    const struct qcow2_header *q = &s->h;
+    *len = q->version == 2 ? QCOW2_HEADER_V2_LEN : QCOW2_HEADER_V3_MIN;
+    memcpy(h, s->w->header, *len);
+    if (q->version == 2)
+        memcpy(h, complete ? QCOW2_MAGIC : "\0\0\0\0", 4);
+    put_be64(h + 48, q->refcount_table_offset);
+    put_be32(h + 56, q->refcount_table_clusters);
+    if (q->version >= 3) {
+        uint64_t marks = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
+        uint64_t in = q->incompatible & ~marks;
+        put_be64(h + 72, complete ? in : in | marks);
+        put_be64(h + 88, 0);
+    }
+}
+
 static int write_header(struct ic_image *img, int complete, struct ic_error *err)
 {
-    uint8_t h[HEADER_V3_LEN];
+    uint8_t h[QCOW2_HEADER_READ > HEADER_V3_LEN ? QCOW2_HEADER_READ : HEADER_V3_LEN];
     size_t len;
-    header_bytes(state(img), complete, h, &len);
+    if (state(img)->w->existing)
+        patch_header(state(img), complete, h, &len);
+    else
+        header_bytes(state(img), complete, h, &len);
     return ic_image_pwrite(state(img)->file, h, len, 0, err);
 }
 
@@ -218,7 +295,7 @@ static int preallocate(struct ic_image *img, struct ic_error *err)
     uint64_t csz = s->h.cluster_size;
     uint64_t clusters = (s->h.size + csz - 1) / csz;
     for (uint64_t gc = 0; gc < clusters; gc++)
-        if (ensure_clusters(img, gc, gc, err) < 0)
+        if (ensure_clusters(img, gc * csz, (gc + 1) * csz, err) < 0)
             return -1;
     return 0;
 }
@@ -265,8 +342,9 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
     h->l1_size = (uint32_t)l1;
     w->compress = o->compress;
     w->l2 = calloc(l1 ? l1 : 1, sizeof *w->l2);
+    w->l2_host = calloc(l1 ? l1 : 1, sizeof *w->l2_host);
     s->l1 = calloc(l1 ? l1 : 1, sizeof *s->l1);
-    if (!w->l2 || !s->l1) {
+    if (!w->l2 || !w->l2_host || !s->l1) {
         ic_error_nomem(err);
         goto fail;
     }
@@ -311,6 +389,7 @@ void qcow2_writer_free(struct qcow2_writer *w, uint64_t l1_size)
     pthread_mutex_destroy(&w->lock);
     free(w->rc);
     free(w->l2);
+    free(w->l2_host);
     free(w);
 }
 
@@ -324,6 +403,8 @@ int qcow2_writer_l2(struct qcow2_state *s, uint64_t gc, uint64_t n, uint64_t *ou
     uint64_t i = gc / s->l2_entries;
     if (i < s->h.l1_size && w->l2[i])
         memcpy(out, &w->l2[i][gc % s->l2_entries], n * sizeof *out);
+    else if (w->existing)
+        *found = 0; /* the table on disk is still the truth */
     else
         memset(out, 0, n * sizeof *out);
     pthread_mutex_unlock(&w->lock);
@@ -333,7 +414,8 @@ int qcow2_writer_l2(struct qcow2_state *s, uint64_t gc, uint64_t n, uint64_t *ou
 int qcow2_writer_has_table(struct qcow2_state *s, uint64_t l1_index)
 {
     pthread_mutex_lock(&s->w->lock);
-    int r = l1_index < s->h.l1_size && s->w->l2[l1_index] != NULL;
+    int r = l1_index < s->h.l1_size &&
+            (s->w->l2[l1_index] || (s->w->existing && (s->l1[l1_index] & QCOW2_OFFSET_MASK)));
     pthread_mutex_unlock(&s->w->lock);
     return r;
 }
@@ -346,13 +428,21 @@ uint64_t qcow2_write_alignment(const struct ic_image *img)
 
 /* ---- staged writes ------------------------------------------------------ */
 
+/* Writes after finish() mark the image incomplete again until the next. */
 static int writable(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
-    if (!s->w || s->w->finished)
-        return ic_error_format(err, img->path, "writing into existing qcow2 images is not "
-                               "supported yet");
-    return 0;
+    if (!s->w)
+        return ic_error_readonly(err, img->path);
+    pthread_mutex_lock(&s->w->lock);
+    int ret = 0;
+    if (s->w->finished) {
+        ret = write_header(img, 0, err);
+        if (ret == 0)
+            s->w->finished = 0;
+    }
+    pthread_mutex_unlock(&s->w->lock);
+    return ret;
 }
 
 /* Deflate one cluster the way qemu does (raw deflate, 4 KiB window); a
@@ -432,9 +522,15 @@ int qcow2_place(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     pthread_mutex_lock(&w->lock);
     if (!sw->priv) {
         /* the clusters this write allocates form one run at the end */
-        sw->scratch[0] = w->host_end;
-        ret = ensure_clusters(img, sw->off / csz, (sw->off + sw->len - 1) / csz, err);
-        sw->scratch[1] = w->host_end;
+        uint64_t first_new = w->host_end;
+        ret = ensure_clusters(img, sw->off, sw->off + sw->len, err);
+        /* New clusters get disk space now, as qemu gives them: the file's
+         * allocation then matches its refcounts (else qemu-img map takes
+         * the image for a metadata-preallocated one).  They are fresh
+         * space past the old end of file, so they read as zeros already,
+         * and no other write can touch them before this place() ends. */
+        if (ret == 0 && w->host_end > first_new)
+            ic_raw_allocate(s->file, first_new, w->host_end - first_new);
     } else {
         struct staged *st = sw->priv;
         unsigned x = 62 - (s->h.cluster_bits - 8);
@@ -491,13 +587,6 @@ int qcow2_commit(struct ic_image *img, struct ic_staged_write *sw, struct ic_err
         qcow2_unstage(img, sw);
         return ret;
     }
-    /* New clusters are allocated in the host file first, as qemu does:
-     * the parts this write leaves alone read as zeros, and the file's
-     * allocation matches its refcounts (or qemu-img map would take the
-     * image for a metadata-preallocated one). */
-    if (sw->scratch[1] > sw->scratch[0] &&
-        ic_image_zero(s->file, sw->scratch[0], sw->scratch[1] - sw->scratch[0], 0, err) < 0)
-        return -1;
     /* runs of host-contiguous clusters go out as one write */
     uint64_t pos = sw->off, end = sw->off + sw->len;
     while (pos < end && ret == 0) {
@@ -537,37 +626,132 @@ int qcow2_write(struct ic_image *img, const void *buf, size_t len, uint64_t off,
     return qcow2_commit(img, &sw, err);
 }
 
-/* New images read as zeros where nothing was written; clusters already
- * written get zeros written over the range (v3 could flag whole clusters,
- * but the copy engine never zeroes what it wrote). */
+/* Make [off, off+len) read as zeros.  Whole clusters: a v3 zero flag
+ * (keeping the host cluster), or for v2 zeros written; compressed ones are
+ * released.  Partial clusters get zeros written where they are allocated.
+ * Unallocated clusters already read as zeros (no backing file here). */
 int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     if (writable(img, err) < 0)
         return -1;
+    struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
-    uint8_t *zeros = NULL;
     int ret = 0;
     for (uint64_t pos = off; pos < off + len && ret == 0;) {
         uint64_t n = csz - pos % csz < off + len - pos ? csz - pos % csz : off + len - pos;
-        uint64_t gc = pos / csz, e = 0;
-        pthread_mutex_lock(&s->w->lock);
-        if (s->w->l2[gc / s->l2_entries])
-            e = s->w->l2[gc / s->l2_entries][gc % s->l2_entries];
-        pthread_mutex_unlock(&s->w->lock);
-        if (e & QCOW2_OFLAG_COMPRESSED) {
-            ret = ic_error_value(err, "%s: cannot zero part of a compressed cluster", img->path);
-        } else if (e & QCOW2_OFFSET_MASK) {
-            if (!zeros && !(zeros = calloc(1, csz)))
-                return ic_error_nomem(err);
-            ret = ic_image_pwrite(s->file, zeros, (size_t)n, (e & QCOW2_OFFSET_MASK) + pos % csz,
-                                  err);
+        uint64_t gc = pos / csz;
+        int whole = n == csz || (pos % csz == 0 && pos + n == s->h.size);
+        uint64_t zero_host = 0; /* bytes to zero in the host file, if any */
+        pthread_mutex_lock(&w->lock);
+        uint64_t *l2 = l2_table(img, gc, err);
+        if (!l2) {
+            ret = -1;
+        } else {
+            uint64_t *e = &l2[gc % s->l2_entries];
+            uint64_t host = *e & QCOW2_OFFSET_MASK;
+            if ((*e & QCOW2_OFLAG_COMPRESSED) && whole) {
+                release_compressed(s, *e);
+                *e = s->h.version >= 3 ? QCOW2_OFLAG_ZERO : 0;
+            } else if (*e & QCOW2_OFLAG_COMPRESSED) {
+                /* inflated into a cluster of its own, then zeroed in part */
+                uint64_t first_new = w->host_end;
+                ret = ensure_clusters(img, pos, pos + n, err);
+                if (ret == 0) {
+                    ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+                    zero_host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
+                }
+            } else if (host && !(*e & QCOW2_OFLAG_ZERO)) {
+                if (whole && s->h.version >= 3)
+                    *e |= QCOW2_OFLAG_ZERO;
+                else
+                    zero_host = host + pos % csz;
+            }
         }
+        pthread_mutex_unlock(&w->lock);
+        if (ret == 0 && zero_host)
+            ret = ic_image_zero(s->file, zero_host, n, 0, err);
         pos += n;
     }
-    free(zeros);
     ic_cache_forget(img, off, off + len);
     return ret;
+}
+
+/* Writing into an image that exists: its refcounts come into memory (and
+ * its old refcount structures are freed: finish() writes new ones at the
+ * end), its L2 tables as they are touched; new space is appended. */
+int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    const struct qcow2_header *h = &s->h;
+    if (s->backing)
+        return ic_error_format(err, img->path, "writing into a qcow2 image with a backing "
+                               "file is not supported yet");
+    if (h->nb_snapshots)
+        return ic_error_format(err, img->path, "writing into a qcow2 image with internal "
+                               "snapshots is not supported");
+    if (h->refcount_order != REFCOUNT_ORDER)
+        return ic_error_format(err, img->path, "writing into a qcow2 image with %u-bit "
+                               "refcounts is not supported", 1u << h->refcount_order);
+    uint64_t csz = h->cluster_size, fsize = ic_image_size(s->file);
+    struct qcow2_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return ic_error_nomem(err);
+    pthread_mutex_init(&w->lock, NULL);
+    w->existing = 1;
+    s->w = w;
+    uint64_t l1 = h->l1_size ? h->l1_size : 1;
+    w->l2 = calloc(l1, sizeof *w->l2);
+    w->l2_host = calloc(l1, sizeof *w->l2_host);
+    if (!w->l2 || !w->l2_host)
+        return ic_error_nomem(err);
+    if (ic_image_pread(s->file, w->header, sizeof w->header < fsize ? sizeof w->header : fsize,
+                       0, err) < 0)
+        return -1;
+
+    uint64_t table_bytes = (uint64_t)h->refcount_table_clusters * csz;
+    uint64_t per_block = csz / 2;
+    uint64_t file_clusters = (fsize + csz - 1) / csz;
+    if (grow_refcounts(w, file_clusters + 1) < 0)
+        return ic_error_nomem(err);
+    uint8_t *table = malloc(table_bytes ? table_bytes : 1), *block = malloc(csz);
+    int ret = table && block ? 0 : ic_error_nomem(err);
+    if (ret == 0 && (h->refcount_table_offset % csz || h->refcount_table_offset == 0 ||
+                     h->refcount_table_offset > fsize ||
+                     table_bytes > fsize - h->refcount_table_offset))
+        ret = ic_error_format(err, img->path, "corrupt qcow2 image: refcount table");
+    if (ret == 0)
+        ret = ic_image_pread(s->file, table, table_bytes, h->refcount_table_offset, err);
+    for (uint64_t t = 0; ret == 0 && t < table_bytes / 8; t++) {
+        uint64_t boff = qcow2_be64(table + t * 8) & QCOW2_OFFSET_MASK;
+        if (!boff)
+            continue;
+        if (boff % csz || boff > fsize || csz > fsize - boff) {
+            ret = ic_error_format(err, img->path, "corrupt qcow2 image: refcount block");
+            break;
+        }
+        ret = ic_image_pread(s->file, block, csz, boff, err);
+        for (uint64_t k = 0; ret == 0 && k < per_block; k++) {
+            uint64_t cl = t * per_block + k;
+            uint16_t v = (uint16_t)(block[k * 2] << 8 | block[k * 2 + 1]);
+            if (v && cl >= w->rc_len && grow_refcounts(w, cl + 1) < 0)
+                ret = ic_error_nomem(err);
+            else if (cl < w->rc_len)
+                w->rc[cl] = v;
+        }
+        if (ret == 0)
+            w->rc[boff / csz] = 0; /* this block is replaced at finish() */
+    }
+    for (uint64_t c = 0; ret == 0 && c < table_bytes / csz; c++)
+        w->rc[h->refcount_table_offset / csz + c] = 0;
+    free(table);
+    free(block);
+    if (ret < 0)
+        return -1;
+    w->host_end = w->file_size = file_clusters * csz;
+    if (ic_raw_resize(s->file, w->host_end, err) < 0)
+        return -1;
+    return write_header(img, 0, err);
 }
 
 /* ---- finishing ---------------------------------------------------------- */
@@ -595,6 +779,8 @@ static int write_refcounts(struct ic_image *img, struct ic_error *err)
     if (alloc_clusters(img, table, &table_off, err) < 0 ||
         alloc_clusters(img, blocks, &blocks_off, err) < 0)
         return -1;
+    w->ref_start = table_off / csz;
+    w->ref_clusters = table + blocks;
     uint8_t *buf = calloc(1, (table + blocks) * csz);
     if (!buf)
         return ic_error_nomem(err);
@@ -622,6 +808,10 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
     uint64_t csz = s->h.cluster_size;
     int ret = 0;
     pthread_mutex_lock(&w->lock);
+    /* the refcounts a previous finish() wrote are replaced */
+    for (uint64_t k = 0; k < w->ref_clusters; k++)
+        w->rc[w->ref_start + k] = 0;
+    w->ref_clusters = 0;
     /* L2 tables go after the data, so data clusters stay contiguous */
     uint8_t *be = malloc(csz);
     if (!be)
@@ -629,8 +819,9 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
     for (uint64_t i = 0; i < s->h.l1_size && ret == 0; i++) {
         if (!w->l2[i])
             continue;
-        uint64_t host = 0;
-        ret = alloc_clusters(img, 1, &host, err);
+        uint64_t host = w->l2_host[i];
+        if (!host && (ret = alloc_clusters(img, 1, &host, err)) == 0)
+            w->l2_host[i] = host;
         for (uint64_t k = 0; k < s->l2_entries && ret == 0; k++)
             put_be64(be + k * 8, w->l2[i][k]);
         if (ret == 0)

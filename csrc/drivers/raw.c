@@ -121,6 +121,13 @@ static int create_raw(struct ic_image *img, int fd, int *fresh, struct ic_error 
     return 0;
 }
 
+void ic_raw_allocate(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    /* mode 0: never changes what the range reads */
+    (void)fallocate(state(img)->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+    ic_cache_forget(img, off, off + len);
+}
+
 int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err)
 {
     if (ftruncate(state(img)->fd, (off_t)size) < 0)
