@@ -1,0 +1,169 @@
+"""Writing into existing qcow2 images: convert(create=False) like qemu-img
+convert -n, and Image(mode="r+"); qemu-img check/compare are the oracles."""
+import os
+import random
+import shutil
+import subprocess
+
+import pytest
+
+import imgcopy
+
+pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
+
+MiB = 1 << 20
+
+
+def qemu_img(*args):
+    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True)
+
+
+def check_clean(path):
+    r = subprocess.run(["qemu-img", "check", path], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "No errors were found" in r.stdout, r.stdout
+
+
+def same(a, b):
+    r = subprocess.run(["qemu-img", "compare", a, b], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def make_raw(path, size, seed):
+    rng = random.Random(seed)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        pos = 0
+        while pos < size:
+            n = min(size - pos, rng.choice([512, 4096, 20000, 65536, 300000]))
+            kind = rng.random()
+            if kind < 0.45:
+                f.seek(pos)
+                f.write(rng.randbytes(n))
+            elif kind < 0.6:
+                f.seek(pos)
+                f.write(bytes(n))
+            pos += n + rng.choice([0, 512, 4096, 70000])
+    return path
+
+
+TARGETS = {
+    "empty-v3": ["create", "-f", "qcow2", "{dst}", "{size}"],
+    "empty-v2-4k": ["create", "-f", "qcow2", "-o", "compat=0.10,cluster_size=4k", "{dst}",
+                    "{size}"],
+    "full-garbage": ["convert", "-f", "raw", "-O", "qcow2", "{garbage}", "{dst}"],
+    "compressed-garbage": ["convert", "-c", "-f", "raw", "-O", "qcow2", "{garbage}", "{dst}"],
+    "compressed-v2-garbage": ["convert", "-c", "-f", "raw", "-O", "qcow2", "-o",
+                              "compat=0.10,cluster_size=4k", "{garbage}", "{dst}"],
+}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    d = tmp_path_factory.mktemp("existing-src")
+    raw = make_raw(str(d / "src.raw"), 6 * MiB + 4096, 1)
+    qcow = str(d / "src.qcow2")
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", "-o", "cluster_size=16k", raw, qcow)
+    garbage = str(d / "garbage.raw")
+    with open(garbage, "wb") as f:
+        f.write(random.Random(2).randbytes(6 * MiB + 4096))
+    return {"raw": raw, "qcow2": qcow, "garbage": garbage}
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+@pytest.mark.parametrize("src_kind", ["raw", "qcow2"])
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_convert_into_existing(sources, tmp_path, target, src_kind, concurrency):
+    src = sources[src_kind]
+    size = os.path.getsize(sources["raw"])
+    dst = str(tmp_path / "dst.qcow2")
+    argv = [a.format(dst=dst, size=size, garbage=sources["garbage"]) for a in TARGETS[target]]
+    qemu_img(*argv)
+    res = imgcopy.convert(src, dst, dst_format="qcow2", create=False,
+                          concurrency=concurrency, request_size=64 * 1024)
+    assert res.bytes_written + res.bytes_zeroed + res.bytes_skipped == size
+    if "garbage" in target:
+        assert res.bytes_zeroed > 0  # the holes of the source are zeroed
+    check_clean(dst)
+    same(src, dst)
+
+
+def test_refcount_table_grows(tmp_path):
+    """512-byte clusters: a refcount block covers 128 KiB, so writing a few
+    MiB into an almost empty image needs many new blocks and a bigger table."""
+    raw = make_raw(str(tmp_path / "src.raw"), 4 * MiB, 3)
+    dst = str(tmp_path / "dst.qcow2")
+    qemu_img("create", "-f", "qcow2", "-o", "cluster_size=512", dst, str(4 * MiB))
+    imgcopy.convert(raw, dst, dst_format="qcow2", create=False, concurrency=4)
+    check_clean(dst)
+    same(raw, dst)
+    info = imgcopy.info(dst) if hasattr(imgcopy, "info") else None
+    assert info is None or info.virtual_size == 4 * MiB
+
+
+def test_image_r_plus_writes_and_zeroes(tmp_path):
+    dst = str(tmp_path / "w.qcow2")
+    qemu_img("convert", "-c", "-f", "raw", "-O", "qcow2", make_raw(str(tmp_path / "g.raw"),
+             2 * MiB, 4), dst)
+    shadow = bytearray(open(str(tmp_path / "g.raw"), "rb").read())
+    rng = random.Random(5)
+    with imgcopy.open(dst, mode="r+") as img:
+        for _ in range(60):
+            off = rng.randrange(len(shadow))
+            n = min(len(shadow) - off, rng.choice([1, 700, 4096, 65536, 200000]))
+            if rng.random() < 0.6:
+                data = rng.randbytes(n)
+                img.write(off, data)
+                shadow[off:off + n] = data
+            else:
+                img.zero(off, n)
+                shadow[off:off + n] = bytes(n)
+            assert img.read(off, n) == bytes(shadow[off:off + n])
+    check_clean(dst)
+    out = str(tmp_path / "out.raw")
+    qemu_img("convert", "-O", "raw", dst, out)
+    assert open(out, "rb").read() == bytes(shadow)
+
+
+def test_failed_copy_leaves_image_marked(tmp_path):
+    """A -n copy that fails half way (the source has a corrupt L2 entry in
+    its second half) leaves the v3 image flagged, not looking complete."""
+    raw = str(tmp_path / "src.raw")
+    with open(raw, "wb") as f:
+        f.write(random.Random(6).randbytes(8 * MiB))
+    src = str(tmp_path / "src.qcow2")
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
+    with open(src, "r+b") as f:
+        hdr = f.read(104)
+        l1 = int.from_bytes(hdr[40:48], "big")
+        f.seek(l1)
+        l2 = int.from_bytes(f.read(8), "big") & 0x00fffffffffffe00
+        f.seek(l2 + 8 * 100)  # cluster 100 of 128: host offset made misaligned
+        e = int.from_bytes(f.read(8), "big")
+        f.seek(l2 + 8 * 100)
+        f.write((e | 0x200).to_bytes(8, "big"))
+    dst = str(tmp_path / "dst.qcow2")
+    qemu_img("create", "-f", "qcow2", dst, str(8 * MiB))
+    with pytest.raises(imgcopy.ImageFormatError):
+        imgcopy.convert(src, dst, dst_format="qcow2", create=False, request_size=65536)
+    info = subprocess.run(["qemu-img", "info", "--output=json", dst], capture_output=True,
+                          text=True)
+    assert '"corrupt": true' in info.stdout
+    with pytest.raises(imgcopy.ImageFormatError):
+        imgcopy.open(dst)
+    imgcopy.open(dst, force=True).close()
+
+
+@pytest.mark.parametrize("why", ["backing", "snapshot"])
+def test_refused_targets(tmp_path, why):
+    base = str(tmp_path / "base.qcow2")
+    dst = str(tmp_path / "dst.qcow2")
+    qemu_img("create", "-f", "qcow2", base, "1M")
+    if why == "backing":
+        qemu_img("create", "-f", "qcow2", "-b", base, "-F", "qcow2", dst)
+    else:
+        qemu_img("create", "-f", "qcow2", dst, "1M")
+        qemu_img("snapshot", "-c", "s1", dst)
+    with pytest.raises(imgcopy.ImageFormatError, match=why):
+        imgcopy.open(dst, mode="r+")
+    check_clean(dst)
