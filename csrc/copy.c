@@ -25,11 +25,18 @@
 /* qemu-img's limit too; the request size grows to it at most */
 #define MAX_SPARSE_THRESHOLD (16u << 20)
 
+/* What a source run asks of the destination. */
+enum {
+    RUN_ZERO = 0,    /* reads as zeros: zero or skip it                  */
+    RUN_DATA = 1,    /* read it, find its zero runs, write the rest      */
+    RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
+};
+
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */
     uint64_t ext_start, ext_end; /* the source extent it belongs to     */
     uint64_t seq;                /* guest order, for in-order writes    */
-    int data;                    /* read it (1) or zero/skip it (0)     */
+    int kind;                    /* RUN_*                               */
 };
 
 struct ic_copy {
@@ -47,6 +54,7 @@ struct ic_copy {
     uint64_t next_write_seq; /* in-order writes */
     uint64_t next_place_seq; /* host allocation in guest order */
     int ordered_place;
+    int dst_overlay; /* the destination reads what it lacks from a backing file */
     int cancelled;
     int failed;
     struct ic_error error;
@@ -185,21 +193,22 @@ static int push_item(struct ic_copy *c, const struct work_item *item)
 }
 
 /* Cut one extent into items whose edges fall on multiples of the step. */
-static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int data, uint64_t *seq)
+static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind, uint64_t *seq)
 {
-    int written_zeros = !data && c->opt.sparse_threshold == 0;
-    int skipped = !data && !written_zeros && c->opt.target_is_zero;
+    int written_zeros = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
+    int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !written_zeros &&
+                                          c->opt.target_is_zero);
     /* a skipped range costs nothing, however long: one item */
-    uint64_t step = data || written_zeros ? c->opt.request_size
-                    : skipped            ? UINT64_MAX
-                                         : ZERO_REQUEST_MAX;
+    uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size
+                    : skipped                         ? UINT64_MAX
+                                                      : ZERO_REQUEST_MAX;
     for (uint64_t pos = start; pos < end;) {
         uint64_t next = (pos / step + 1) * step;
         if (next > end || next < pos)
             next = end;
         struct work_item item = {
             .start = pos, .end = next, .ext_start = start, .ext_end = end,
-            .seq = (*seq)++, .data = data,
+            .seq = (*seq)++, .kind = kind,
         };
         if (push_item(c, &item) < 0)
             return -1;
@@ -208,11 +217,14 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int data
     return 0;
 }
 
-/* Whether an extent must be read: zero and unallocated ranges read as
- * zeros, whatever DATA says. */
-static int needs_read(const struct ic_extent *e)
+/* Zero and unallocated ranges read as zeros, whatever DATA says; for an
+ * overlay destination, what the source's own backing chain holds (depth
+ * above 0) is left to the overlay's backing file, as qemu-img -B does. */
+static int run_kind(const struct ic_copy *c, const struct ic_extent *e)
 {
-    return (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
+    if (c->dst_overlay && e->depth > 0)
+        return RUN_BACKING;
+    return (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO) ? RUN_DATA : RUN_ZERO;
 }
 
 /* Source runs become items; with a destination that writes whole
@@ -229,7 +241,7 @@ static int flush_data(struct aligner *a)
 {
     int r = 0;
     if (a->have_data && a->data_end > a->data_start)
-        r = plan_extent(a->c, a->data_start, a->data_end, 1, &a->seq);
+        r = plan_extent(a->c, a->data_start, a->data_end, RUN_DATA, &a->seq);
     a->have_data = 0;
     return r;
 }
@@ -243,10 +255,10 @@ static void add_data(struct aligner *a, uint64_t start, uint64_t end)
     a->data_end = end;
 }
 
-static int add_run(struct aligner *a, uint64_t start, uint64_t end, int data)
+static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
 {
     atomic_fetch_add(&a->c->extents, 1);
-    if (data) {
+    if (kind == RUN_DATA) {
         add_data(a, start, end);
         return 0;
     }
@@ -259,7 +271,7 @@ static int add_run(struct aligner *a, uint64_t start, uint64_t end, int data)
     }
     if (zs > start)
         add_data(a, start, zs);
-    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, 0, &a->seq) < 0)
+    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, kind, &a->seq) < 0)
         return -1;
     if (end > ze)
         add_data(a, ze, end);
@@ -271,7 +283,7 @@ static void *planner_main(void *arg)
     struct ic_copy *c = arg;
     uint64_t size = ic_image_size(c->src);
     uint64_t run_start = 0, pos = 0;
-    int run_data = -1;
+    int run_kind_now = -1;
     struct ic_error err = {0};
     struct aligner al = {.c = c, .align = c->write_align, .size = size};
     /* neighbours of one kind are one extent: the cache may answer a long
@@ -284,16 +296,16 @@ static void *planner_main(void *arg)
             fail(c, &err);
             goto out;
         }
-        int data = needs_read(&e);
-        if (run_data >= 0 && data != run_data) {
-            if (add_run(&al, run_start, pos, run_data) < 0)
+        int kind = run_kind(c, &e);
+        if (run_kind_now >= 0 && kind != run_kind_now) {
+            if (add_run(&al, run_start, pos, run_kind_now) < 0)
                 goto out;
             run_start = pos;
         }
-        run_data = data;
+        run_kind_now = kind;
         pos += e.length;
     }
-    if (run_data >= 0 && add_run(&al, run_start, size, run_data) == 0)
+    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
         flush_data(&al);
 out:
     pthread_mutex_lock(&c->lock);
@@ -606,7 +618,16 @@ static int copy_item(struct worker *w, const struct work_item *it)
     struct ic_copy *c = w->c;
     uint64_t len = it->end - it->start;
     w->nacts = 0;
-    if (!it->data) {
+    if (it->kind == RUN_BACKING) {
+        atomic_fetch_add(&c->bytes_skipped, len);
+        log_request(c->opt.log, it->start, len, IC_REQ_SKIP);
+        if (c->ordered_place && take_turn(c, &c->next_place_seq, it->seq) == 0)
+            pass_turn(c, &c->next_place_seq);
+        if (!c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) == 0)
+            pass_turn(c, &c->next_write_seq);
+        return 0;
+    }
+    if (it->kind == RUN_ZERO) {
         if (c->opt.sparse_threshold == 0) /* fully allocated: zeros are data */
             add_action(w, it->start, len, c->zeros, 1);
         else
@@ -655,7 +676,7 @@ static void *worker_main(void *arg)
             fail(c, &w->err);
             break;
         }
-        if (it.data) {
+        if (it.kind == RUN_DATA) {
             ic_image_settle_read(c->src, it.start, it.end - it.start);
             write_behind(w, it.start, it.end - it.start);
         }
@@ -783,6 +804,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     }
     atomic_init(&c->offload_refused, 0);
     c->ordered_place = ic_image_places_in_order(dst);
+    c->dst_overlay = ic_image_has_backing_file(dst);
 
     /* the planner counts as one live thread from the start, so that no
      * worker can see the copy complete before it is fully started */

@@ -298,6 +298,11 @@ struct ic_image *ic_image_backing(const struct ic_image *img)
     return img->backing;
 }
 
+int ic_image_has_backing_file(const struct ic_image *img)
+{
+    return img->backing != NULL;
+}
+
 int ic_image_writable(const struct ic_image *img)
 {
     return (img->open_flags & IC_OPEN_RDWR) != 0;

@@ -63,6 +63,8 @@ struct ic_create_options {
     int compat_v2;         /* qcow2 version 2 ("compat=0.10") */
     int prealloc_metadata; /* allocate every cluster up front, unwritten */
     int compress;          /* store data clusters zlib-compressed */
+    const char *backing_file;   /* qcow2 overlay: its backing file, as stored */
+    const char *backing_format; /* NULL: probe it */
 };
 
 /* Create (or, for a block device, reuse) a writable image of `size`
@@ -82,6 +84,7 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+int ic_image_has_backing_file(const struct ic_image *img);
 
 /* The extent starting at `offset`, at most `length` bytes long.
  * offset + length must lie inside the image and length must be > 0. */

@@ -57,7 +57,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="qcow2 creation options: cluster_size=SIZE,compat=1.1|0.10,"
                         "preallocation=off|metadata")
     c.add_argument("-B", dest="backing_file", default=None, metavar="FILE",
-                   help="backing file of the new image (not supported yet)")
+                   help="make the new qcow2 image an overlay of FILE (relative to the "
+                        "destination's directory); ranges the source's backing chain holds "
+                        "are left unwritten")
     c.add_argument("-F", dest="backing_format", default=None, metavar="FMT",
                    help="format of the backing file")
     c.add_argument("-S", dest="sparse_threshold", type=parse_size, default=4096, metavar="SIZE",
@@ -144,8 +146,6 @@ def _creation_options(specs: List[str]) -> dict:
 def _cmd_convert(args: argparse.Namespace) -> int:
     if args.target_is_zero and args.create:
         raise ValueError("--target-is-zero needs -n (an existing destination)")
-    if args.backing_file is not None:
-        raise ValueError("-B (a backing file for the destination) is not supported yet")
     bar = TextProgress() if args.progress else None
     try:
         result = _convert(args, bar)
@@ -165,7 +165,8 @@ def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
         out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        progress=bar, compress=args.compress, **_creation_options(args.options))
+        progress=bar, compress=args.compress, backing_file=args.backing_file,
+        backing_format=args.backing_format, **_creation_options(args.options))
 
 
 def _cmd_map(args: argparse.Namespace) -> int:

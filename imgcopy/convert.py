@@ -104,7 +104,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             direct: Union[bool, Tuple[bool, bool]] = False, flush: bool = True,
             offload: bool = False, progress: Progress = None,
             cluster_size: Optional[int] = None, compat: str = "1.1",
-            preallocation: str = "off", compress: bool = False) -> CopyResult:
+            preallocation: str = "off", compress: bool = False,
+            backing_file: Optional[str] = None,
+            backing_format: Optional[str] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters.
 
     ``dst`` may be a path, a block device or ``"null:"`` (discard).
@@ -116,7 +118,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     qcow2 destinations (new images only): ``cluster_size`` [64 KiB],
     ``compat`` "1.1" (v3) or "0.10" (v2), ``preallocation`` "off" or
     "metadata", ``compress`` (zlib, per cluster, in the worker threads).
-    Host clusters are allocated in guest order whatever the concurrency."""
+    Host clusters are allocated in guest order whatever the concurrency.
+    ``backing_file`` (relative to dst's directory, as stored in the image)
+    makes a qcow2 overlay: what the source's own backing chain holds is left
+    unwritten, like ``qemu-img convert -B``."""
     _check_format(src_format)
     if dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
@@ -128,10 +133,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if preallocation not in PREALLOCATIONS:
         raise ValueError(f"preallocation must be 'off' or 'metadata', not {preallocation!r}")
     qcow2_only = cluster_size is not None or compress or preallocation != "off" or \
-        compat != "1.1"
+        compat != "1.1" or backing_file is not None
     if qcow2_only and dst_format != "qcow2":
-        raise ValueError("cluster_size, compat, preallocation and compress need "
-                         "dst_format='qcow2'")
+        raise ValueError("cluster_size, compat, preallocation, compress and backing_file "
+                         "need dst_format='qcow2'")
+    if backing_file is not None and not create:
+        raise ValueError("backing_file makes a new image: it needs create=True")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
     dst_name = os.fsdecode(os.fspath(dst))
     is_null = dst_format == "null" or dst_name == NULL_TARGET
@@ -150,7 +157,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                                        cluster_size=cluster_size or 0,
                                        compat_v2=COMPATS[compat],
                                        prealloc_metadata=preallocation == "metadata",
-                                       compress=compress)
+                                       compress=compress,
+                                       backing_file=None if backing_file is None
+                                       else os.fsdecode(backing_file),
+                                       backing_format=backing_format)
         else:
             core = _core.Image(dst, dst_format, True, bool(dst_direct))
             fresh = False

@@ -207,6 +207,25 @@ int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
     return ret;
 }
 
+static int read_below(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
+                      struct ic_error *err);
+
+int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
+                            struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    uint64_t csz = s->h.cluster_size, off = gc * csz;
+    uint64_t n = s->h.size - off < csz ? s->h.size - off : csz;
+    uint8_t *buf = malloc(csz);
+    if (!buf)
+        return ic_error_nomem(err);
+    int ret = read_below(img, buf, n, off, err);
+    if (ret == 0)
+        ret = ic_image_pwrite(s->file, buf, n, host, err);
+    free(buf);
+    return ret;
+}
+
 /* Guest bytes of [off, off+len) that this image does not hold. */
 static int read_below(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
                       struct ic_error *err)
@@ -573,8 +592,8 @@ static void qcow2_close(struct ic_image *img)
 }
 
 /* Backing file names are relative to the overlay's directory. */
-static int backing_path(const struct ic_image *img, const char *name, char *out, size_t cap,
-                        struct ic_error *err)
+int qcow2_backing_path(const struct ic_image *img, const char *name, char *out, size_t cap,
+                       struct ic_error *err)
 {
     const char *slash = strrchr(img->path, '/');
     int n;
@@ -650,7 +669,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
         if (fmt && strcmp(fmt, "raw") != 0 && strcmp(fmt, "qcow2") != 0)
             return ic_error_format(err, img->path, "backing file format '%s' is not supported",
                                    fmt);
-        if (backing_path(img, s->h.backing_name, path, sizeof path, err) < 0 ||
+        if (qcow2_backing_path(img, s->h.backing_name, path, sizeof path, err) < 0 ||
             ic_image_open_backing(img, path, fmt, &s->backing, err) < 0)
             return -1;
         img->backing = s->backing;

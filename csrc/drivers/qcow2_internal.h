@@ -64,6 +64,11 @@ int qcow2_write(struct ic_image *img, const void *buf, size_t len, uint64_t off,
 int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct ic_error *err);
 int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 int qcow2_open_writer(struct ic_image *img, struct ic_error *err);
+/* qcow2.c: the backing's data of guest cluster gc, into host cluster `host`. */
+int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
+                            struct ic_error *err);
+int qcow2_backing_path(const struct ic_image *img, const char *name, char *out, size_t cap,
+                       struct ic_error *err);
 /* qcow2.c: inflate the compressed cluster `entry` into host cluster `host`. */
 int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
                           struct ic_error *err);

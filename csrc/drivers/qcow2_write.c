@@ -6,6 +6,7 @@
  * dirty and corrupt (v3) or without its magic (v2), never an image that
  * looks complete. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -222,18 +223,38 @@ static int ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end, str
         if ((old_entry & QCOW2_OFLAG_COMPRESSED) && !whole &&
             qcow2_copy_compressed(img, old_entry, fresh, err) < 0)
             return -1;
+        /* an overlay's cluster written in part: the rest from the backing */
+        if (!old_entry && !whole && s->backing &&
+            qcow2_copy_from_backing(img, gc, fresh, err) < 0)
+            return -1;
     }
     return 0;
 }
 
 /* ---- creating ----------------------------------------------------------- */
 
+/* Room for the header, a backing format extension, the end marker and
+ * a backing file name. */
+#define HEADER_MAX (HEADER_V3_LEN + 8 + 64 + 8 + QCOW2_MAX_BACKING_NAME + 1)
+
 static void header_bytes(const struct qcow2_state *s, int complete, uint8_t *h, size_t *len)
 {
     const struct qcow2_header *q = &s->h;
     int v2 = q->version == 2;
     *len = v2 ? QCOW2_HEADER_V2_LEN : HEADER_V3_LEN;
-    memset(h, 0, *len);
+    memset(h, 0, HEADER_MAX);
+    if (q->backing_name[0]) {
+        size_t flen = strlen(q->backing_format), nlen = strlen(q->backing_name);
+        uint8_t *ext = h + *len;
+        put_be32(ext, QCOW2_EXT_BACKING_FORMAT);
+        put_be32(ext + 4, (uint32_t)flen);
+        memcpy(ext + 8, q->backing_format, flen);
+        size_t name_off = *len + 8 + (flen + 7) / 8 * 8 + 8; /* after the end marker */
+        memcpy(h + name_off, q->backing_name, nlen);
+        put_be64(h + 8, name_off);
+        put_be32(h + 16, (uint32_t)nlen);
+        *len = name_off + nlen;
+    }
     /* an incomplete v2 image has no magic: nothing takes it for qcow2 */
     if (complete || !v2)
         memcpy(h, QCOW2_MAGIC, 4);
@@ -273,7 +294,7 @@ static void patch_header(const struct qcow2_state *s, int complete, uint8_t *h, 
 
 static int write_header(struct ic_image *img, int complete, struct ic_error *err)
 {
-    uint8_t h[QCOW2_HEADER_READ > HEADER_V3_LEN ? QCOW2_HEADER_READ : HEADER_V3_LEN];
+    uint8_t h[HEADER_MAX];
     size_t len;
     if (state(img)->w->existing)
         patch_header(state(img), complete, h, &len);
@@ -285,6 +306,34 @@ static int write_header(struct ic_image *img, int complete, struct ic_error *err
 static int valid_cluster_size(uint64_t c)
 {
     return c >= 512 && c <= (2u << 20) && (c & (c - 1)) == 0;
+}
+
+/* A new overlay: its backing file must open (relative to the overlay's
+ * directory, as readers will resolve it) and its name fit the header
+ * cluster. */
+static int open_backing(struct ic_image *img, const struct ic_create_options *o,
+                        struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    size_t nlen = strlen(o->backing_file);
+    const char *fmt = o->backing_format;
+    if (nlen == 0 || nlen > QCOW2_MAX_BACKING_NAME)
+        return ic_error_value(err, "backing file name must be 1 to 1023 bytes");
+    if (fmt && strcmp(fmt, "raw") != 0 && strcmp(fmt, "qcow2") != 0)
+        return ic_error_value(err, "backing format must be raw or qcow2, not '%s'", fmt);
+    char path[IC_ERROR_PATH_MAX];
+    if (qcow2_backing_path(img, o->backing_file, path, sizeof path, err) < 0 ||
+        ic_image_open_backing(img, path, fmt, &s->backing, err) < 0)
+        return -1;
+    img->backing = s->backing;
+    snprintf(s->h.backing_name, sizeof s->h.backing_name, "%s", o->backing_file);
+    snprintf(s->h.backing_format, sizeof s->h.backing_format, "%s",
+             ic_image_format(s->backing));
+    size_t need = HEADER_V3_LEN + 8 + 64 + 8 + nlen;
+    if (need > s->h.cluster_size)
+        return ic_error_value(err, "backing file name too long for %llu-byte clusters",
+                              (unsigned long long)s->h.cluster_size);
+    return 0;
 }
 
 /* Every cluster allocated now, in guest order, L2 tables first in each
@@ -359,15 +408,20 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
         w->rc[1 + i] = 1;
     w->host_end = (1 + l1_clusters) * csz;
     h->l1_table_offset = csz;
+    if (o->backing_file && open_backing(img, o, err) < 0)
+        goto fail;
     if (o->prealloc_metadata && preallocate(img, err) < 0)
         goto fail;
     if (write_header(img, 0, err) < 0)
         goto fail;
-    *fresh = 1;
+    *fresh = s->backing == NULL; /* an overlay reads its backing file */
     return 0;
 fail:
     qcow2_writer_free(w, s->h.l1_size);
     s->w = NULL;
+    if (s->backing)
+        ic_image_close(s->backing);
+    img->backing = NULL;
     if (s->file)
         ic_image_close(s->file);
     else
@@ -423,7 +477,9 @@ int qcow2_writer_has_table(struct qcow2_state *s, uint64_t l1_index)
 uint64_t qcow2_write_alignment(const struct ic_image *img)
 {
     const struct qcow2_state *s = img->drv_state;
-    return s->w && s->w->compress ? s->h.cluster_size : 1;
+    /* compressed clusters are written whole; an overlay's too, so that
+     * no cluster mixes new data with what the backing file holds */
+    return s->w && (s->w->compress || s->backing) ? s->h.cluster_size : 1;
 }
 
 /* ---- staged writes ------------------------------------------------------ */
@@ -643,6 +699,7 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
         uint64_t gc = pos / csz;
         int whole = n == csz || (pos % csz == 0 && pos + n == s->h.size);
         uint64_t zero_host = 0; /* bytes to zero in the host file, if any */
+        int write_zeros = 0;    /* as data, not as a hole: what qemu does */
         pthread_mutex_lock(&w->lock);
         uint64_t *l2 = l2_table(img, gc, err);
         if (!l2) {
@@ -666,11 +723,30 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
                     *e |= QCOW2_OFLAG_ZERO;
                 else
                     zero_host = host + pos % csz;
+            } else if (!*e && s->backing) {
+                /* an overlay must hide what its backing file holds here */
+                if (s->h.version >= 3 && whole) {
+                    *e = QCOW2_OFLAG_ZERO;
+                } else {
+                    uint64_t first_new = w->host_end;
+                    ret = ensure_clusters(img, pos, pos + n, err);
+                    if (ret == 0) {
+                        ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+                        zero_host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
+                        write_zeros = 1;
+                    }
+                }
             }
         }
         pthread_mutex_unlock(&w->lock);
-        if (ret == 0 && zero_host)
+        if (ret == 0 && zero_host && write_zeros) {
+            uint8_t *zeros = calloc(1, (size_t)n);
+            ret = zeros ? ic_image_pwrite(s->file, zeros, (size_t)n, zero_host, err)
+                        : ic_error_nomem(err);
+            free(zeros);
+        } else if (ret == 0 && zero_host) {
             ret = ic_image_zero(s->file, zero_host, n, 0, err);
+        }
         pos += n;
     }
     ic_cache_forget(img, off, off + len);

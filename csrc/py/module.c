@@ -491,16 +491,18 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
 {
     (void)m;
     static char *kwlist[] = {"path", "format", "size", "direct", "writeback", "cluster_size",
-                             "compat_v2", "prealloc_metadata", "compress", NULL};
+                             "compat_v2", "prealloc_metadata", "compress", "backing_file",
+                             "backing_format", NULL};
     PyObject *path_bytes = NULL, *o_size, *o_cluster = NULL;
     const char *format = NULL;
     int direct = 0, writeback = 0;
     struct ic_create_options copts = {0};
     uint64_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOppp", kwlist, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOpppzz", kwlist, PyUnicode_FSConverter,
                                      &path_bytes, &format, &o_size, &direct, &writeback,
                                      &o_cluster, &copts.compat_v2, &copts.prealloc_metadata,
-                                     &copts.compress))
+                                     &copts.compress, &copts.backing_file,
+                                     &copts.backing_format))
         return NULL;
     if (parse_u64(o_size, "size", &size) < 0 ||
         (o_cluster && parse_u64(o_cluster, "cluster_size", &copts.cluster_size) < 0)) {
@@ -779,7 +781,9 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *args)
 
 static PyMethodDef module_methods[] = {
     {"create", (PyCFunction)(void (*)(void))mod_create, METH_VARARGS | METH_KEYWORDS,
-     "create(path, format, size, direct=False, writeback=False) -> (Image, fresh)"},
+     "create(path, format, size, direct=False, writeback=False, cluster_size=0, compat_v2=False, "
+     "prealloc_metadata=False, compress=False, backing_file=None, backing_format=None) "
+     "-> (Image, fresh)"},
     {"copy", (PyCFunction)(void (*)(void))mod_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order, "
      "target_is_zero, offload, flush, progress) -> dict"},
