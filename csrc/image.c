@@ -249,6 +249,14 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         return ic_error_value(err, "unknown image format '%s'", format);
     if (!drv->create)
         return ic_error_value(err, "cannot write %s images", drv->name);
+    /* refuse bad options before the destination is touched */
+    if (opts) {
+        uint64_t c = opts->cluster_size;
+        if (c && (c < 512 || c > (2u << 20) || (c & (c - 1))))
+            return ic_error_value(err, "cluster_size must be a power of two from 512 to 2 MiB");
+        if (opts->compress && opts->prealloc_metadata)
+            return ic_error_value(err, "compression and preallocation exclude each other");
+    }
     int fd = drv == &ic_driver_null ? -1 : open_for_create(path, err);
     if (fd < 0 && drv != &ic_driver_null)
         return -1;

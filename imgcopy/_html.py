@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from html import escape
-from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from .extents import KINDS, human_size
 
@@ -61,13 +61,16 @@ def _heights(col: Dict[str, int], total: int, height: int) -> Dict[str, int]:
     return h
 
 
-def svg_strip(emap: "ExtentMap", width: int = STRIP_WIDTH, height: int = STRIP_HEIGHT) -> str:
+def svg_strip(emap: "ExtentMap", width: int = STRIP_WIDTH, height: int = STRIP_HEIGHT,
+              runs: Optional[Sequence[Tuple[str, int, int]]] = None) -> str:
     """An inline SVG allocation strip of ``emap``: one column per
     ``(end - start) / width`` bytes, filled from the bottom in proportion to
     its data, backing data and allocated zeros (holes are the background).
     Neighbouring columns that look the same are drawn as one rectangle
     (``class`` is the kind), so the SVG stays small whatever the map."""
-    bounds, columns = strip_columns(emap.runs(), emap.start, emap.end, width)
+    if runs is None:
+        runs = emap.runs()
+    bounds, columns = strip_columns(runs, emap.start, emap.end, width)
     ncol = max(len(columns), 1)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="imgcopy-strip" width="{width}" '
              f'height="{height}" viewBox="0 0 {ncol} {height}" preserveAspectRatio="none" '
@@ -127,14 +130,15 @@ def extent_map_html(emap: "ExtentMap", width: int = STRIP_WIDTH) -> str:
             rows.append((f"{what} runs", f"{s[what + '_runs']:,}: largest "
                                          f"{human_size(s['largest_' + what + '_run'])}, median "
                                          f"{human_size(s['median_' + what + '_run'])}"))
-    kinds_present = {k for k, _, _ in emap.runs()}
+    runs = emap.runs()
+    kinds_present = {k for k, _, _ in runs}
     legend = "".join(
         f'<span style="margin-right:1em"><span style="display:inline-block;width:10px;'
         f'height:10px;background:{COLORS[k]};border:1px solid #aaa;margin-right:4px"></span>'
         f'{LABELS[k]}</span>' for k in KINDS if k in kinds_present)
     table = "".join(f'<tr><th style="text-align:left;padding-right:1em">{escape(k)}</th>'
                     f'<td style="text-align:left">{v}</td></tr>' for k, v in rows)
-    strip = svg_strip(emap, width) if span else "<i>(empty range)</i>"
+    strip = svg_strip(emap, width, runs=runs) if span else "<i>(empty range)</i>"
     return (f'<div class="imgcopy-extent-map" style="font-family:sans-serif;font-size:12px">'
             f'<div style="margin-bottom:4px"><b>ExtentMap</b> <code>{escape(s["filename"])}'
             f'</code> ({escape(s["format"])})</div>'

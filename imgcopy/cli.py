@@ -134,7 +134,10 @@ def _creation_options(specs: List[str]) -> dict:
             if not sep:
                 raise ValueError(f"-o {item}: expected KEY=VALUE")
             if key == "cluster_size":
-                out["cluster_size"] = parse_size(value)
+                try:
+                    out["cluster_size"] = parse_size(value)
+                except argparse.ArgumentTypeError as exc:
+                    raise ValueError(f"-o cluster_size: {exc}") from None
             elif key in ("compat", "preallocation"):
                 out[key] = value
             else:

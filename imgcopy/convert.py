@@ -137,6 +137,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if qcow2_only and dst_format != "qcow2":
         raise ValueError("cluster_size, compat, preallocation, compress and backing_file "
                          "need dst_format='qcow2'")
+    if cluster_size is not None and (not isinstance(cluster_size, int) or
+                                     not 512 <= cluster_size <= 2 << 20 or
+                                     cluster_size & (cluster_size - 1)):
+        raise ValueError("cluster_size must be a power of two from 512 to 2 MiB")
+    if compress and preallocation != "off":
+        raise ValueError("compression and preallocation exclude each other")
     if backing_file is not None and not create:
         raise ValueError("backing_file makes a new image: it needs create=True")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)

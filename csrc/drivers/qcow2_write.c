@@ -378,7 +378,10 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
     h->cluster_size = csz;
     for (h->cluster_bits = 9; (1ull << h->cluster_bits) < csz; h->cluster_bits++)
         ;
-    h->size = img->size;
+    /* qemu reads a qcow2 size in whole sectors: round up, as qemu-img
+     * convert does (the tail past the source reads as zeros) */
+    h->size = (img->size + 511) / 512 * 512;
+    img->size = h->size;
     h->refcount_order = REFCOUNT_ORDER;
     s->l2_entries = csz / 8;
     uint64_t clusters = (h->size + csz - 1) / csz;
@@ -399,15 +402,17 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
     }
     /* header cluster, then the L1 table; everything else is appended */
     uint64_t l1_clusters = (l1 * 8 + csz - 1) / csz;
-    if (l1_clusters == 0)
-        l1_clusters = 1;
     if (ic_raw_resize(s->file, 0, err) < 0 || cover(img, (1 + l1_clusters) * csz, err) < 0)
         goto fail;
     w->rc[0] = 1;
     for (uint64_t i = 0; i < l1_clusters; i++)
         w->rc[1 + i] = 1;
     w->host_end = (1 + l1_clusters) * csz;
-    h->l1_table_offset = csz;
+    h->l1_table_offset = l1 ? csz : 0;
+    /* metadata clusters own their whole disk space, as qemu's do: qemu-img
+     * takes an image whose file holds fewer blocks than its refcounts say
+     * for a metadata-preallocated one, and maps it differently */
+    ic_raw_allocate(s->file, 0, w->host_end);
     if (o->backing_file && open_backing(img, o, err) < 0)
         goto fail;
     if (o->prealloc_metadata && preallocate(img, err) < 0)
@@ -906,13 +911,14 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
     }
     free(be);
     if (ret == 0 && s->h.l1_size) {
-        uint8_t *l1 = malloc(s->h.l1_size * 8ull);
+        uint8_t *l1 = calloc(1, (s->h.l1_size * 8ull + csz - 1) / csz * csz);
         if (!l1)
             ret = ic_error_nomem(err);
         for (uint64_t i = 0; ret == 0 && i < s->h.l1_size; i++)
             put_be64(l1 + i * 8, s->l1[i]);
         if (ret == 0)
-            ret = ic_image_pwrite(s->file, l1, s->h.l1_size * 8ull, s->h.l1_table_offset, err);
+            ret = ic_image_pwrite(s->file, l1, (s->h.l1_size * 8ull + csz - 1) / csz * csz,
+                                  s->h.l1_table_offset, err);
         free(l1);
     }
     if (ret == 0)
