@@ -54,6 +54,9 @@ struct ic_driver {
      * the cache lock and records everything appended. */
     int (*block_status)(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                         struct ic_extent_list *out, struct ic_error *err);
+    /* block_status is as cheap at any offset as after the last answer:
+     * the cache asks from the query, not from the start of the gap. */
+    int random_access_status;
 };
 
 extern const struct ic_driver ic_driver_raw;

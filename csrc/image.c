@@ -122,6 +122,7 @@ static struct ic_image *new_image(const char *path, const struct ic_driver *drv,
     img->drv = drv;
     img->open_flags = flags;
     img->size = size;
+    img->meta_budget = IC_CHAIN_META_BUDGET;
     return img;
 }
 
@@ -175,6 +176,7 @@ static int open_link(const char *path, const char *format, unsigned flags,
         close(fd);
         return ic_error_nomem(err);
     }
+    img->meta_budget = above ? above->meta_budget : IC_CHAIN_META_BUDGET;
     if (above) {
         memcpy(img->chain, above->chain, above->chain_len * sizeof *img->chain);
         img->chain_len = above->chain_len;
@@ -200,7 +202,24 @@ int ic_image_open_backing(const struct ic_image *overlay, const char *path, cons
                           struct ic_image **out, struct ic_error *err)
 {
     unsigned flags = overlay->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE);
-    return open_link(path, format, flags, overlay, out, err);
+    /* a backing file named "null:" is a file of that name */
+    if (strcmp(path, NULL_PATH) == 0)
+        return ic_error_format(err, overlay->path, "backing file '%s' is not an image", path);
+    if (open_link(path, format, flags, overlay, out, err) == 0)
+        return 0;
+    /* what the overlay names is part of the overlay's (possibly hostile)
+     * content: an unusable backing file is a format error, I/O stays I/O */
+    if (err && err->kind == IC_ERR_VALUE)
+        ic_error_format(err, path, "unusable backing file: %s", err->msg);
+    return -1;
+}
+
+int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes)
+{
+    if (bytes > img->meta_budget)
+        return -1;
+    img->meta_budget -= bytes;
+    return 0;
 }
 
 int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out,

@@ -13,6 +13,8 @@
 
 /* Deep enough for any real chain; a loop is caught long before. */
 #define IC_CHAIN_MAX 64
+/* Metadata a whole backing chain may hold in memory (qcow2 L1 tables). */
+#define IC_CHAIN_META_BUDGET (256u << 20)
 
 struct ic_image {
     const struct ic_driver *drv;
@@ -26,6 +28,7 @@ struct ic_image {
         ino_t ino;
     } chain[IC_CHAIN_MAX];
     unsigned chain_len;
+    uint64_t meta_budget; /* left for the images from here down the chain */
     struct ic_image *backing; /* owned by the driver; set by it */
     const struct ic_create_options *create_opts; /* during create() only */
 
@@ -44,6 +47,9 @@ int ic_image_open_backing(const struct ic_image *overlay, const char *path, cons
                           struct ic_image **out, struct ic_error *err);
 int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out,
                      struct ic_error *err);
+
+/* Reserve metadata memory from the chain's budget; -1 when it is spent. */
+int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);
 
 int ic_cache_init(struct ic_image *img);
 void ic_cache_destroy(struct ic_image *img);

@@ -78,9 +78,11 @@ enum splice_mode { SPLICE_ASSIGN, SPLICE_UPDATE_KNOWN, SPLICE_FORGET };
 /* Rewrite the intervals touching [iv->start, iv->end) in one pass: build the
  * replacement pieces (merged with their neighbours) in a scratch array, then
  * move the tail once.  One memmove per call keeps batch inserts cheap. */
-static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum splice_mode mode)
+static int splice(struct ic_interval_map *m, const struct ic_interval *iv, size_t niv,
+                  enum splice_mode mode)
 {
-    uint64_t a = iv->start, b = iv->end;
+    /* ASSIGN takes niv contiguous intervals; the others one range */
+    uint64_t a = iv[0].start, b = iv[niv - 1].end;
     if (a >= b)
         return 0;
     size_t i = first_ending_after(m, a);
@@ -91,7 +93,7 @@ static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum 
     size_t lo = i > 0 ? i - 1 : 0;
     size_t hi = j < m->n ? j + 1 : j;
 
-    size_t cap = (hi - lo) + 3;
+    size_t cap = (hi - lo) + 2 + niv;
     struct ic_interval *piece = malloc(cap * sizeof *piece);
     if (!piece)
         return -1;
@@ -113,7 +115,8 @@ static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum 
     if (i < j && m->v[i].start < a)
         EMIT(slice(&m->v[i], m->v[i].start, a));
     if (mode == SPLICE_ASSIGN)
-        EMIT(*iv);
+        for (size_t k = 0; k < niv; k++)
+            EMIT(iv[k]);
     if (mode == SPLICE_UPDATE_KNOWN) {
         for (size_t k = i; k < j; k++) {
             uint64_t s = m->v[k].start > a ? m->v[k].start : a;
@@ -156,16 +159,21 @@ static int splice(struct ic_interval_map *m, const struct ic_interval *iv, enum 
 
 int ic_imap_assign(struct ic_interval_map *m, const struct ic_interval *iv)
 {
-    return splice(m, iv, SPLICE_ASSIGN);
+    return splice(m, iv, 1, SPLICE_ASSIGN);
+}
+
+int ic_imap_assign_run(struct ic_interval_map *m, const struct ic_interval *ivs, size_t n)
+{
+    return n ? splice(m, ivs, n, SPLICE_ASSIGN) : 0;
 }
 
 int ic_imap_update_known(struct ic_interval_map *m, const struct ic_interval *iv)
 {
-    return splice(m, iv, SPLICE_UPDATE_KNOWN);
+    return splice(m, iv, 1, SPLICE_UPDATE_KNOWN);
 }
 
 int ic_imap_forget(struct ic_interval_map *m, uint64_t start, uint64_t end)
 {
     struct ic_interval iv = {.start = start, .end = end};
-    return splice(m, &iv, SPLICE_FORGET);
+    return splice(m, &iv, 1, SPLICE_FORGET);
 }

@@ -35,6 +35,9 @@ void ic_imap_gap(const struct ic_interval_map *m, uint64_t off, uint64_t limit,
 
 /* Record `iv` over whatever was known there.  -1 on ENOMEM (map unchanged). */
 int ic_imap_assign(struct ic_interval_map *m, const struct ic_interval *iv);
+/* Record n contiguous intervals at once (a driver's walk): one move of
+ * the map's tail, however many there are. */
+int ic_imap_assign_run(struct ic_interval_map *m, const struct ic_interval *ivs, size_t n);
 /* Record `iv` only where something is already known; gaps stay gaps. */
 int ic_imap_update_known(struct ic_interval_map *m, const struct ic_interval *iv);
 /* Forget [start, end). */

@@ -11,6 +11,7 @@ from typing import List, Optional
 from . import _core
 from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
 from .image import FORMATS, open as open_image
+from .info import chain_to_human, chain_to_json, info, info_chain
 
 _SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
              "p": 1 << 50, "e": 1 << 60}
@@ -44,6 +45,16 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("-l", "--max-length", type=parse_size, default=None, metavar="N")
     m.add_argument("filename")
     m.set_defaults(func=_cmd_map)
+
+    i = sub.add_parser("info", help="show an image's format, sizes, cluster size and backing "
+                                    "file (like qemu-img info)")
+    i.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
+                   help="image format (default: probe)")
+    i.add_argument("--output", choices=("human", "json"), default="human")
+    i.add_argument("--backing-chain", action="store_true",
+                   help="show every image of the backing chain")
+    i.add_argument("filename")
+    i.set_defaults(func=_cmd_info)
 
     c = sub.add_parser("convert", help="copy an image, moving only what matters "
                                        "(like qemu-img convert)")
@@ -176,6 +187,17 @@ def _cmd_map(args: argparse.Namespace) -> int:
     with open_image(args.filename, args.format) as img:
         emap = img.extents(args.start_offset, args.max_length)
     text = emap.to_json() if args.output == "json" else emap.to_human(args.filename)
+    sys.stdout.write(text)
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    if args.backing_chain:
+        infos = info_chain(args.filename, args.format)
+        text = chain_to_json(infos) if args.output == "json" else chain_to_human(infos)
+    else:
+        one = info(args.filename, args.format)
+        text = one.to_json() if args.output == "json" else one.to_human()
     sys.stdout.write(text)
     return 0
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _core
 from .image import FORMATS, Image, PathArg, _check_format
+from .progress import close_progress, make_progress
 
 # Chosen by measurement (benchmarks/bench_convert.py, README): with 2 MiB
 # requests, 4 threads keep a 2-core machine's disk busy without queueing
@@ -118,6 +119,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     qcow2 destinations (new images only): ``cluster_size`` [64 KiB],
     ``compat`` "1.1" (v3) or "0.10" (v2), ``preallocation`` "off" or
     "metadata", ``compress`` (zlib, per cluster, in the worker threads).
+    ``progress``: True shows a bar (tqdm when installed, else text on
+    stderr); or a callable ``(done, total)``, or an object with ``update(n)``.
     Host clusters are allocated in guest order whatever the concurrency.
     ``backing_file`` (relative to dst's directory, as stored in the image)
     makes a qcow2 overlay: what the source's own backing chain holds is left
@@ -174,10 +177,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                 core.close()
                 raise ValueError(f"{dst_name}: the destination ({core.size} bytes) is smaller "
                                  f"than the source ({source.size} bytes)")
+        bar = None
         try:
+            bar = make_progress(progress, source.size, os.path.basename(source.filename))
             zero_target = fresh if target_is_zero is None else bool(target_is_zero)
             options["target_is_zero"] = zero_target
-            report = _progress_adapter(progress)
+            report = _progress_adapter(bar)
             t0 = time.monotonic()
             counters = _core.copy(source._img, core, sparse_threshold, request_size,
                                   concurrency, out_of_order, zero_target, offload,
@@ -185,6 +190,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             # only a complete copy marks a new qcow2 image complete
             core.finish(flush and not is_null)
             elapsed = time.monotonic() - t0
+        except BaseException:
+            close_progress(bar, progress)  # a bar made here ends its line
+            raise
         finally:
             core.close()
         if report is not None:

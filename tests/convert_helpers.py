@@ -283,6 +283,7 @@ def pairwise_combos(factors: Sequence[Tuple[str, Sequence]], seed=2024, extra=0,
             g = _gain(row, uncovered)
             if g > best_gain:
                 best, best_gain = list(row), g
+        assert best is not None
         rows.append(best)
         uncovered -= _pairs(best)
     for _ in range(extra):

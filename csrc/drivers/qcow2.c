@@ -80,6 +80,11 @@ static int l2_entries(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *o
     if (!slot) {
         slot = victim;
         slot->offset = 0;
+        /* slots get memory as they are first used */
+        if (!slot->entries && !(slot->entries = malloc(s->h.cluster_size))) {
+            pthread_mutex_unlock(&s->l2_lock);
+            return ic_error_nomem(err);
+        }
         if (read_meta(img, slot->entries, s->h.cluster_size, l2_offset, "L2 table beyond the "
                       "end of the file", err) < 0) {
             pthread_mutex_unlock(&s->l2_lock);
@@ -642,6 +647,9 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
     if (s->h.l1_size) {
         if (s->h.l1_table_offset % s->h.cluster_size || s->h.l1_table_offset == 0)
             return corrupt(img, err, "misplaced L1 table", s->h.l1_table_offset);
+        if (ic_image_take_meta_budget(img, l1_bytes) < 0)
+            return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
+                                   "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
         s->l1 = malloc(l1_bytes);
         if (!s->l1)
             return ic_error_nomem(err);
@@ -659,9 +667,6 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
     s->slots = calloc(s->nslots, sizeof *s->slots);
     if (!s->slots)
         return ic_error_nomem(err);
-    for (unsigned i = 0; i < s->nslots; i++)
-        if (!(s->slots[i].entries = malloc(s->h.cluster_size)))
-            return ic_error_nomem(err);
 
     if (s->h.backing_name[0]) {
         char path[IC_ERROR_PATH_MAX];
@@ -712,6 +717,7 @@ const struct ic_driver ic_driver_qcow2 = {
     .zero = qcow2_zero,
     .flush = qcow2_flush,
     .block_status = qcow2_block_status,
+    .random_access_status = 1,
     .stage = qcow2_stage,
     .place = qcow2_place,
     .commit = qcow2_commit,

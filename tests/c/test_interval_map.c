@@ -82,16 +82,37 @@ int main(void)
             model[u].known = 0;
         for (unsigned step = 0; step < 400; step++) {
             struct ic_interval iv = random_interval();
-            int op = rand() % 3;
+            int op = rand() % 4;
             int r;
-            if (op == 0)
+            struct ic_interval run[3];
+            size_t nrun = 0;
+            if (op == 3) {
+                /* a run of contiguous pieces, like a driver's walk */
+                for (uint64_t a = iv.start; a < iv.end && nrun < 3; nrun++) {
+                    uint64_t b = nrun == 2 ? iv.end : a + 1 + (uint64_t)rand() % (iv.end - a);
+                    run[nrun] = random_interval();
+                    run[nrun].start = a;
+                    run[nrun].end = b;
+                    run[nrun].host = rand() % 2 ? a : a + 7;
+                    a = b;
+                }
+                iv.end = run[nrun - 1].end;
+                r = ic_imap_assign_run(&m, run, nrun);
+            } else if (op == 0)
                 r = ic_imap_assign(&m, &iv);
             else if (op == 1)
                 r = ic_imap_update_known(&m, &iv);
             else
                 r = ic_imap_forget(&m, iv.start, iv.end);
             CHECK(r == 0, "op failed");
-            for (uint64_t u = iv.start; u < iv.end; u++) {
+            for (size_t k = 0; k < nrun; k++)
+                for (uint64_t u = run[k].start; u < run[k].end; u++) {
+                    model[u].known = 1;
+                    model[u].flags = run[k].flags;
+                    model[u].depth = run[k].depth;
+                    model[u].host = run[k].host + (u - run[k].start);
+                }
+            for (uint64_t u = iv.start; op != 3 && u < iv.end; u++) {
                 if (op == 2) {
                     model[u].known = 0;
                 } else if (op == 0 || model[u].known) {

@@ -1,0 +1,606 @@
+"""Hand-made hostile qcow2 files, built byte by byte (no qemu needed).
+
+`base_image()` lays out a small, valid v3 image (qemu-img check finds no
+error in it; tests/test_qcow2_hostile.py checks that when qemu-img is
+there); every hostile case is that image, or another small one, with
+fields overwritten.  Each case says what a reader must do with it:
+
+    "error"  opening, mapping or reading must raise ImageFormatError or
+             OSError (imgcopy must notice the damage)
+    "any"    any outcome but a crash, a hang or a runaway allocation
+             (the damage is legal to read, or qemu reads it too)
+
+Run as a script to (re)write the cases into tests/fuzz/regressions/:
+
+    python3 tests/fuzz/hostile.py [OUTDIR]
+
+Files are named hostile-<case>.qcow2.  Backing file names in them follow
+the fuzz harness's private directory: "input.qcow2" is the image itself,
+"base.qcow2" a copy of it, "base.raw" a small raw file.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import sys
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+MAGIC = b"QFI\xfb"
+COPIED = 1 << 63
+COMPRESSED = 1 << 62
+ZERO = 1
+FEATURE_TABLE = 0x6803F857
+BACKING_FORMAT = 0xE2792ACA
+
+# header field offsets (docs/interop/qcow2.txt)
+OFF_VERSION = 4
+OFF_BACKING_OFFSET = 8
+OFF_BACKING_SIZE = 16
+OFF_CLUSTER_BITS = 20
+OFF_SIZE = 24
+OFF_CRYPT = 32
+OFF_L1_SIZE = 36
+OFF_L1_OFFSET = 40
+OFF_REFTABLE_OFFSET = 48
+OFF_REFTABLE_CLUSTERS = 56
+OFF_NB_SNAPSHOTS = 60
+OFF_SNAPSHOTS_OFFSET = 64
+OFF_INCOMPAT = 72
+OFF_COMPAT = 80
+OFF_AUTOCLEAR = 88
+OFF_REFCOUNT_ORDER = 96
+OFF_HEADER_LENGTH = 100
+OFF_COMPRESSION_TYPE = 104
+HEADER_LENGTH = 112
+
+
+def deflate_raw(data: bytes) -> bytes:
+    """zlib without header or trailer, window 4 KiB: what qemu writes."""
+    c = zlib.compressobj(9, zlib.DEFLATED, -12)
+    return c.compress(data) + c.flush()
+
+
+def compressed_entry(host: int, nbytes: int, cluster_bits: int) -> int:
+    """An L2 entry for `nbytes` of compressed data at host offset `host`."""
+    x = 62 - (cluster_bits - 8)
+    sectors = (host + nbytes - 1) // 512 - host // 512 + 1
+    return COMPRESSED | (sectors - 1) << x | host
+
+
+@dataclass
+class Layout:
+    """Where base_image() put things, for the cases that patch them."""
+    cluster_bits: int
+    cluster_size: int
+    size: int
+    l1_offset: int
+    l1_size: int
+    l2_offset: int
+    reftable_offset: int
+    refblock_offset: int
+    data_offset: int        # guest cluster 0
+    compressed_offset: int  # guest cluster 2
+    compressed_len: int
+    ext_offset: int         # first header extension
+
+
+# what base_image() stores: guest cluster -> fill byte (None: zero cluster)
+BASE_PATTERN: Dict[int, Any] = {0: 0x5A, 1: None, 2: 0x33, 3: 0xC3}
+
+
+def base_image(cluster_bits: int = 9, size: int = 256 << 10, version: int = 3,
+               backing: Optional[bytes] = None, backing_fmt: Optional[bytes] = None):
+    """A valid image: guest cluster 0 data (0x5a), 1 a zero cluster (v3; v2:
+    unallocated), 2 compressed (0x33), 3 data (0xc3); the rest unallocated.
+    Returns (bytearray, Layout)."""
+    cs = 1 << cluster_bits
+    l2_entries = cs // 8
+    clusters = -(-size // cs)
+    l1_size = max(1, -(-clusters // l2_entries))
+    l1_clusters = -(-l1_size * 8 // cs)
+    # cluster 0 header, 1 refcount table, 2 refcount block, 3.. L1, then
+    # L2, data, compressed, data
+    reftable = 1 * cs
+    refblock = 2 * cs
+    l1_off = 3 * cs
+    l2_off = l1_off + l1_clusters * cs
+    data0 = l2_off + cs
+    comp = data0 + cs
+    data3 = comp + cs
+    nclusters = data3 // cs + 1
+    buf = bytearray(nclusters * cs)
+
+    # header
+    h = buf
+    h[0:4] = MAGIC
+    struct.pack_into(">I", h, OFF_VERSION, version)
+    struct.pack_into(">I", h, OFF_CLUSTER_BITS, cluster_bits)
+    struct.pack_into(">Q", h, OFF_SIZE, size)
+    struct.pack_into(">I", h, OFF_L1_SIZE, l1_size)
+    struct.pack_into(">Q", h, OFF_L1_OFFSET, l1_off)
+    struct.pack_into(">Q", h, OFF_REFTABLE_OFFSET, reftable)
+    struct.pack_into(">I", h, OFF_REFTABLE_CLUSTERS, 1)
+    if version == 3:
+        struct.pack_into(">I", h, OFF_REFCOUNT_ORDER, 4)
+        struct.pack_into(">I", h, OFF_HEADER_LENGTH, HEADER_LENGTH)
+        pos = HEADER_LENGTH
+    else:
+        pos = 72
+    ext_offset = pos
+    if backing_fmt is not None:
+        struct.pack_into(">II", h, pos, BACKING_FORMAT, len(backing_fmt))
+        h[pos + 8:pos + 8 + len(backing_fmt)] = backing_fmt
+        pos += 8 + (len(backing_fmt) + 7) // 8 * 8
+    if version == 3:
+        # the incompatible features only: 512-byte header clusters must
+        # hold it, a backing format and a backing file name
+        names = [(0, 0, b"dirty bit"), (0, 1, b"corrupt bit"), (0, 2, b"external data file"),
+                 (0, 3, b"compression type"), (0, 4, b"extended L2 entries")]
+        table = b"".join(struct.pack(">BB46s", t, b, n) for t, b, n in names)
+        struct.pack_into(">II", h, pos, FEATURE_TABLE, len(table))
+        h[pos + 8:pos + 8 + len(table)] = table
+        pos += 8 + len(table)
+    struct.pack_into(">II", h, pos, 0, 0)  # end of extensions
+    pos += 8
+    if backing is not None:
+        struct.pack_into(">Q", h, OFF_BACKING_OFFSET, pos)
+        struct.pack_into(">I", h, OFF_BACKING_SIZE, len(backing))
+        h[pos:pos + len(backing)] = backing
+
+    # refcounts: every cluster of the file once
+    struct.pack_into(">Q", buf, reftable, refblock)
+    for c in range(nclusters):
+        struct.pack_into(">H", buf, refblock + 2 * c, 1)
+
+    # L1 -> one L2 table
+    struct.pack_into(">Q", buf, l1_off, COPIED | l2_off)
+    struct.pack_into(">Q", buf, l2_off + 0, COPIED | data0)
+    if version == 3:
+        struct.pack_into(">Q", buf, l2_off + 8, ZERO)
+    payload = deflate_raw(bytes([BASE_PATTERN[2]]) * cs)
+    buf[comp:comp + len(payload)] = payload
+    struct.pack_into(">Q", buf, l2_off + 16, compressed_entry(comp, len(payload), cluster_bits))
+    struct.pack_into(">Q", buf, l2_off + 24, COPIED | data3)
+    buf[data0:data0 + cs] = bytes([BASE_PATTERN[0]]) * cs
+    buf[data3:data3 + cs] = bytes([BASE_PATTERN[3]]) * cs
+    # the compressed cluster's own refcount is 1 as well: it is allocated
+    # like the others, and the rest of its host cluster stays zeros
+    return buf, Layout(cluster_bits, cs, size, l1_off, l1_size, l2_off, reftable, refblock,
+                       data0, comp, len(payload), ext_offset)
+
+
+def put(buf: bytearray, fmt: str, off: int, value: int) -> bytearray:
+    struct.pack_into(fmt, buf, off, value)
+    return buf
+
+
+@dataclass
+class Case:
+    name: str
+    expect: str  # "error" or "any"
+    build: Callable[[], bytes]
+    why: str = ""
+    format: Optional[str] = "qcow2"  # what to open it as; None probes
+
+
+def _truncated(n: int) -> Callable[[], bytes]:
+    return lambda: bytes(base_image()[0][:n])
+
+
+def _patched(fmt: str, field: int, value: int, **kw) -> Callable[[], bytes]:
+    def build():
+        buf, _ = base_image(**kw)
+        return bytes(put(buf, fmt, field, value))
+    return build
+
+
+def _l1_entry(value, **kw) -> Callable[[], bytes]:
+    """value: an int, or a function of the Layout."""
+    def build():
+        buf, lay = base_image(**kw)
+        v = value(lay) if callable(value) else value
+        return bytes(put(buf, ">Q", lay.l1_offset, v))
+    return build
+
+
+def _l2_entry(index: int, value, **kw) -> Callable[[], bytes]:
+    """value: an int, or a function of the Layout."""
+    def build():
+        buf, lay = base_image(**kw)
+        v = value(lay) if callable(value) else value
+        return bytes(put(buf, ">Q", lay.l2_offset + 8 * index, v))
+    return build
+
+
+def _backing_size(n: int) -> Callable[[], bytes]:
+    def build():
+        buf, _ = base_image(backing=b"base.raw", backing_fmt=b"raw")
+        return bytes(put(buf, ">I", OFF_BACKING_SIZE, n))
+    return build
+
+
+def _extension_length(n: int) -> Callable[[], bytes]:
+    def build():
+        buf, lay = base_image()
+        return bytes(put(buf, ">I", lay.ext_offset + 4, n))
+    return build
+
+
+def _garbage_compressed(cluster_bits: int = 9) -> bytes:
+    """A compressed cluster descriptor over bytes that are no deflate stream."""
+    buf, lay = base_image(cluster_bits=cluster_bits)
+    junk = bytes((i * 167 + 13) & 0xFF for i in range(lay.cluster_size))
+    buf[lay.compressed_offset:lay.compressed_offset + lay.cluster_size] = junk
+    return bytes(buf)
+
+
+def _short_compressed() -> bytes:
+    """A valid deflate stream that inflates to half a cluster."""
+    buf, lay = base_image()
+    payload = deflate_raw(b"\x44" * (lay.cluster_size // 2))
+    c = lay.compressed_offset
+    buf[c:c + lay.cluster_size] = bytes(lay.cluster_size)
+    buf[c:c + len(payload)] = payload
+    put(buf, ">Q", lay.l2_offset + 16, compressed_entry(c, len(payload), lay.cluster_bits))
+    return bytes(buf)
+
+
+def _compressed_max_sectors() -> bytes:
+    """The sector count field all ones: the descriptor claims more compressed
+    bytes than two clusters, reaching past the end of the file."""
+    buf, lay = base_image()
+    x = 62 - (lay.cluster_bits - 8)
+    entry = COMPRESSED | ((1 << (lay.cluster_bits - 8)) - 1) << x | lay.compressed_offset
+    return bytes(put(buf, ">Q", lay.l2_offset + 16, entry))
+
+
+def _compressed_beyond_eof() -> bytes:
+    buf, lay = base_image()
+    return bytes(put(buf, ">Q", lay.l2_offset + 16,
+                     compressed_entry(1 << 40, 600, lay.cluster_bits)))
+
+
+def _l1_in_header() -> bytes:
+    buf, _ = base_image()
+    return bytes(put(buf, ">Q", OFF_L1_OFFSET, 0))
+
+
+def _prealloc_reftable_beyond_eof() -> bytes:
+    """Looks metadata-preallocated (every guest cluster has a data cluster,
+    most of them past the end of the file) with the refcount table past
+    the end of the file: the preallocation detector must give up cleanly."""
+    buf, lay = base_image(cluster_bits=9, size=64 << 10)
+    cs = lay.cluster_size
+    end = len(buf)
+    for i in range(lay.size // cs):
+        put(buf, ">Q", lay.l2_offset + 8 * i, COPIED | (end + i * cs))
+    put(buf, ">Q", OFF_REFTABLE_OFFSET, 1 << 40)
+    return bytes(buf)
+
+
+def _prealloc_refblock_beyond_eof() -> bytes:
+    buf, lay = base_image(cluster_bits=9, size=64 << 10)
+    cs = lay.cluster_size
+    end = len(buf)
+    for i in range(lay.size // cs):
+        put(buf, ">Q", lay.l2_offset + 8 * i, COPIED | (end + i * cs))
+    put(buf, ">Q", lay.reftable_offset, 1 << 40)
+    return bytes(buf)
+
+
+def _prealloc_refcount_order(order: int) -> Callable[[], bytes]:
+    """Every refcount entry set, of an unusual width: the detector reads the
+    refcount block at that width (1 bit .. 64 bits)."""
+    def build():
+        buf, lay = base_image(cluster_bits=9, size=64 << 10)
+        cs = lay.cluster_size
+        end = len(buf)
+        for i in range(lay.size // cs):
+            put(buf, ">Q", lay.l2_offset + 8 * i, COPIED | (end + i * cs))
+        buf[lay.refblock_offset:lay.refblock_offset + cs] = b"\xff" * cs
+        return bytes(put(buf, ">I", OFF_REFCOUNT_ORDER, order))
+    return build
+
+
+def _all_l1_same_l2(cluster_bits: int, l1_size: int) -> Callable[[], bytes]:
+    """Extent amplification: every L1 entry points at the same L2 table,
+    whose entries alternate zero and data clusters (all data at one host
+    cluster past the end of the file, so no two extents merge).  A file of
+    three parts (header cluster, L1, L2) describes a disk of
+    l1_size * (cluster_size/8) alternating clusters.  Block status at the
+    end of the disk, or a map of its last 64 MiB, must cost work and memory
+    about the clusters asked for, not about everything before them.  The
+    refcount table (one cluster) is empty: qemu opens the image, nothing
+    looks preallocated."""
+    def build():
+        cs = 1 << cluster_bits
+        l2_entries = cs // 8
+        size = l1_size * l2_entries * cs
+        hdr = bytearray(cs)
+        hdr[0:4] = MAGIC
+        l1_off = cs
+        l1_clusters = -(-l1_size * 8 // cs)
+        l2_off = l1_off + l1_clusters * cs
+        reftable = l2_off + cs
+        data = reftable + 16 * cs
+        for fmt, off, v in ((">I", OFF_VERSION, 3), (">I", OFF_CLUSTER_BITS, cluster_bits),
+                            (">Q", OFF_SIZE, size), (">I", OFF_L1_SIZE, l1_size),
+                            (">Q", OFF_L1_OFFSET, l1_off), (">Q", OFF_REFTABLE_OFFSET, reftable),
+                            (">I", OFF_REFTABLE_CLUSTERS, 1), (">I", OFF_REFCOUNT_ORDER, 4),
+                            (">I", OFF_HEADER_LENGTH, HEADER_LENGTH)):
+            put(hdr, fmt, off, v)
+        l1 = b"".join(struct.pack(">Q", COPIED | l2_off) for _ in range(l1_size))
+        l1 += bytes(l1_clusters * cs - len(l1))
+        l2 = b"".join(struct.pack(">Q", ZERO if i % 2 else COPIED | data)
+                      for i in range(l2_entries))
+        return bytes(hdr) + l1 + l2 + bytes(cs)
+    return build
+
+
+def _feature_bit(bit: int, named: bool) -> Callable[[], bytes]:
+    def build():
+        buf, lay = base_image()
+        if named:
+            # rename the last entry of the feature table to name this bit
+            entry = lay.ext_offset + 8 + 4 * 48
+            struct.pack_into(">BB46s", buf, entry, 0, bit, b"frobnicated clusters")
+        return bytes(put(buf, ">Q", OFF_INCOMPAT, 1 << bit))
+    return build
+
+
+def _backing_name(name: bytes, fmt: Optional[bytes] = b"raw") -> Callable[[], bytes]:
+    return lambda: bytes(base_image(backing=name, backing_fmt=fmt)[0])
+
+
+def _backing_fmt_too_long() -> bytes:
+    buf, lay = base_image(backing=b"base.raw", backing_fmt=b"raw")
+    return bytes(put(buf, ">I", lay.ext_offset + 4, 64))
+
+
+def _backing_name_with_nul() -> bytes:
+    return bytes(base_image(backing=b"base\0raw", backing_fmt=b"raw")[0])
+
+
+def _backing_overlapping_header() -> bytes:
+    buf, _ = base_image(backing=b"base.raw", backing_fmt=b"raw")
+    put(buf, ">Q", OFF_BACKING_OFFSET, 8)  # the name is the header itself
+    return bytes(put(buf, ">I", OFF_BACKING_SIZE, 16))
+
+
+def _backing_offset_past_cluster() -> bytes:
+    buf, lay = base_image(backing=b"base.raw", backing_fmt=b"raw")
+    return bytes(put(buf, ">Q", OFF_BACKING_OFFSET, lay.cluster_size - 4))
+
+
+def _v2_header_only() -> bytes:
+    """72 bytes of v2 header, an empty disk: legal (no L1 needed)."""
+    buf, _ = base_image(version=2)
+    put(buf, ">Q", OFF_SIZE, 0)
+    put(buf, ">I", OFF_L1_SIZE, 0)
+    return bytes(buf[:72])
+
+
+def _size_and_l1(size: int, l1_size: int, cluster_bits: int = 16) -> Callable[[], bytes]:
+    """Only the header cluster's first 4 KiB: the header must be refused
+    before anything else is read."""
+    def build():
+        buf, _ = base_image(cluster_bits=cluster_bits)
+        put(buf, ">Q", OFF_SIZE, size)
+        return bytes(put(buf, ">I", OFF_L1_SIZE, l1_size)[:4096])
+    return build
+
+
+def _empty_l1_huge_disk() -> bytes:
+    """A 1 PiB-ish disk (2 MiB clusters, L1 of 4096 entries, all empty) in a
+    file of a few clusters' worth of header: must open and map at once."""
+    buf = bytearray(4096)
+    buf[0:4] = MAGIC
+    cb = 21
+    l2_entries = (1 << cb) // 8
+    l1_size = 4096
+    for fmt, off, v in ((">I", OFF_VERSION, 3), (">I", OFF_CLUSTER_BITS, cb),
+                        (">Q", OFF_SIZE, l1_size * l2_entries << cb), (">I", OFF_L1_SIZE, l1_size),
+                        (">Q", OFF_L1_OFFSET, 1 << cb), (">Q", OFF_REFTABLE_OFFSET, 2 << cb),
+                        (">I", OFF_REFTABLE_CLUSTERS, 1), (">I", OFF_REFCOUNT_ORDER, 4),
+                        (">I", OFF_HEADER_LENGTH, HEADER_LENGTH)):
+        put(buf, fmt, off, v)
+    # the L1 table sits in a hole of the file: it must still be inside it
+    return bytes(buf) + bytes((1 << cb) - 4096) + bytes(l1_size * 8)
+
+
+CASES: List[Case] = []
+
+
+def case(name, expect, build, why="", format="qcow2"):
+    CASES.append(Case(name, expect, build, why, format))
+
+
+# -- the header itself --------------------------------------------------
+for n in (0, 1, 3, 4, 8, 20, 48, 71, 72, 73, 100, 103):
+    case(f"truncated-{n}", "error", _truncated(n), f"the first {n} bytes of a v3 header")
+case("truncated-one-cluster", "error", lambda: bytes(base_image()[0][:512]),
+     "the header cluster alone: L1 table past the end of the file")
+case("version-0", "error", _patched(">I", OFF_VERSION, 0))
+case("version-4", "error", _patched(">I", OFF_VERSION, 4))
+case("version-ffffffff", "error", _patched(">I", OFF_VERSION, 0xFFFFFFFF))
+for cb in (0, 8, 22, 31, 32, 63, 64, 0xFFFFFFFF):
+    case(f"cluster-bits-{cb}", "error", _patched(">I", OFF_CLUSTER_BITS, cb))
+case("cluster-bits-9-l1-too-small", "error", _patched(">I", OFF_CLUSTER_BITS, 9, cluster_bits=12),
+     "4 KiB clusters read as 512-byte ones: one L2 table no longer covers the disk")
+for hl in (0, 7, 72, 103, 105, 4097, 0xFFFFFFF8, 0xFFFFFFFF):
+    case(f"header-length-{hl}", "error", _patched(">I", OFF_HEADER_LENGTH, hl))
+case("refcount-order-7", "error", _patched(">I", OFF_REFCOUNT_ORDER, 7))
+case("refcount-order-ffffffff", "error", _patched(">I", OFF_REFCOUNT_ORDER, 0xFFFFFFFF))
+case("crypt-aes", "error", _patched(">I", OFF_CRYPT, 1))
+case("crypt-luks", "error", _patched(">I", OFF_CRYPT, 2))
+case("crypt-ffffffff", "error", _patched(">I", OFF_CRYPT, 0xFFFFFFFF))
+case("compression-type-without-bit", "error", _patched(">B", OFF_COMPRESSION_TYPE, 1))
+case("compression-type-zstd", "error",
+     lambda: bytes(put(put(base_image()[0], ">Q", OFF_INCOMPAT, 1 << 3),
+                       ">B", OFF_COMPRESSION_TYPE, 1)))
+case("compression-type-ff", "error",
+     lambda: bytes(put(put(base_image()[0], ">Q", OFF_INCOMPAT, 1 << 3),
+                       ">B", OFF_COMPRESSION_TYPE, 0xFF)))
+case("incompat-dirty", "error", _patched(">Q", OFF_INCOMPAT, 1))
+case("incompat-corrupt", "error", _patched(">Q", OFF_INCOMPAT, 2))
+case("incompat-data-file", "error", _patched(">Q", OFF_INCOMPAT, 4))
+case("incompat-extl2", "error", _patched(">Q", OFF_INCOMPAT, 16))
+case("incompat-bit-63-named", "error", _feature_bit(63, True))
+case("incompat-bit-5-unnamed", "error", _feature_bit(5, False))
+case("incompat-all-bits", "error", _patched(">Q", OFF_INCOMPAT, 0xFFFFFFFFFFFFFFFF))
+case("compat-autoclear-all-bits", "any",
+     lambda: bytes(put(put(base_image()[0], ">Q", OFF_COMPAT, 0xFFFFFFFFFFFFFFFF),
+                       ">Q", OFF_AUTOCLEAR, 0xFFFFFFFFFFFFFFFF)),
+     "unknown compatible/autoclear bits are ignorable by definition")
+case("v2-header-only-empty-disk", "any", _v2_header_only, "72 bytes: a legal empty v2 image")
+case("snapshots-garbage", "any",
+     lambda: bytes(put(put(base_image()[0], ">I", OFF_NB_SNAPSHOTS, 0xFFFFFFFF),
+                       ">Q", OFF_SNAPSHOTS_OFFSET, 0xFFFFFFFFFFFFFFFF)),
+     "imgcopy does not read snapshots")
+
+# -- sizes and the L1 table ---------------------------------------------
+case("l1-size-ffffffff", "error", _patched(">I", OFF_L1_SIZE, 0xFFFFFFFF))
+case("l1-size-32MiB-plus-1", "error", _patched(">I", OFF_L1_SIZE, (32 << 20) // 8 + 1))
+case("l1-size-32MiB-beyond-eof", "error", _patched(">I", OFF_L1_SIZE, (32 << 20) // 8),
+     "the largest L1 qemu allows, mostly past the end of the file")
+case("l1-size-0-with-disk", "error", _patched(">I", OFF_L1_SIZE, 0))
+case("l1-offset-beyond-eof", "error", _patched(">Q", OFF_L1_OFFSET, 1 << 40))
+case("l1-offset-far-beyond-eof", "error", _patched(">Q", OFF_L1_OFFSET, 0xFFFFFFFFFFFFF000))
+case("l1-offset-0", "error", _l1_in_header, "the L1 table would be the header")
+case("l1-offset-misaligned", "error", _patched(">Q", OFF_L1_OFFSET, 3 * 4096 + 8, cluster_bits=12))
+case("l1-straddles-eof", "error", _patched(">I", OFF_L1_SIZE, 4096),
+     "the L1 table starts inside the file and ends past it")
+case("virtual-size-2^63-1", "error", _patched(">Q", OFF_SIZE, (1 << 63) - 1))
+case("virtual-size-2^64-1", "error", _patched(">Q", OFF_SIZE, (1 << 64) - 1))
+case("virtual-size-2^63-1-max-l1", "error",
+     _size_and_l1((1 << 63) - 1, (32 << 20) // 8, cluster_bits=21))
+case("virtual-size-2^64-1-max-l1-2M", "error",
+     _size_and_l1((1 << 64) - 1, 0xFFFFFFFF, cluster_bits=21))
+case("virtual-size-larger-than-l1", "error", _patched(">Q", OFF_SIZE, 4 << 30),
+     "one L1 entry cannot map 4 GiB of 4 KiB clusters")
+case("virtual-size-0", "any", _patched(">Q", OFF_SIZE, 0))
+case("virtual-size-odd", "any", _patched(">Q", OFF_SIZE, (256 << 10) - 1))
+case("huge-disk-empty-l1", "any", _empty_l1_huge_disk,
+     "1 PiB of 2 MiB clusters with an empty L1: opens and maps at once")
+
+# -- L1 and L2 entries --------------------------------------------------
+case("l2-offset-header", "any", _l1_entry(COPIED | 0),
+     "an L1 entry of offset 0 (the header cluster) means unallocated, as in qemu")
+case("l2-offset-in-header-cluster", "error", _l1_entry(COPIED | 2048, cluster_bits=12),
+     "512-aligned (what the L1 offset mask keeps) but inside the 4 KiB header cluster")
+case("l2-offset-misaligned", "error", _l1_entry(COPIED | (4 * 4096 + 512), cluster_bits=12))
+case("l2-offset-beyond-eof", "error", _l1_entry(COPIED | 1 << 40))
+case("l2-offset-max", "error", _l1_entry(0xFFFFFFFFFFFFFFFF))
+case("l2-is-the-l1-table", "any", _l1_entry(lambda lay: COPIED | lay.l1_offset),
+     "metadata aliasing: legal to read, the L2 table is garbage")
+case("l2-is-the-refcount-table", "any", _l1_entry(lambda lay: COPIED | lay.reftable_offset))
+case("data-cluster-in-header", "error", _l2_entry(0, COPIED | 2048, cluster_bits=12))
+case("data-cluster-is-header", "error", _l2_entry(0, COPIED),
+     "COPIED with offset 0: qemu calls it corrupt too")
+case("data-cluster-misaligned", "error", _l2_entry(0, COPIED | (5 * 4096 + 1024),
+                                                  cluster_bits=12))
+case("data-cluster-beyond-eof", "any", _l2_entry(0, COPIED | 1 << 40),
+     "data past the end of the file reads as zeros, as in qemu")
+case("data-cluster-max-offset", "any", _l2_entry(0, COPIED | 0x00FFFFFFFFFFF000 & ~0xFFF))
+case("data-cluster-is-l2-table", "any", _l2_entry(0, lambda lay: COPIED | lay.l2_offset))
+case("data-cluster-reserved-bits", "any", _l2_entry(0, lambda lay: 0x3F00000000000000
+                                                    | lay.data_offset))
+case("zero-cluster-misaligned", "error", _l2_entry(1, ZERO | (5 * 4096 + 512), cluster_bits=12))
+case("zero-cluster-v2", "any", _l2_entry(1, ZERO, version=2),
+     "v2 has no zero flag: an entry of 1 is unallocated")
+
+# -- compressed clusters ------------------------------------------------
+case("compressed-garbage", "error", _garbage_compressed,
+     "a compressed descriptor over bytes that do not inflate")
+case("compressed-short", "error", _short_compressed,
+     "a deflate stream that ends after half a cluster")
+case("compressed-in-header", "error",
+     _l2_entry(2, lambda lay: compressed_entry(100, 600, lay.cluster_bits)))
+case("compressed-beyond-eof", "error", _compressed_beyond_eof,
+     "zeros past the end of the file are no deflate stream")
+case("compressed-max-sectors", "any", _compressed_max_sectors,
+     "the data is valid, only its claimed length runs past the end of the file")
+case("compressed-all-ones", "error", _l2_entry(2, 0xFFFFFFFFFFFFFFFF))
+case("compressed-garbage-4k", "error", lambda: _garbage_compressed(cluster_bits=12))
+
+# -- the refcount structures (only the preallocation detector reads them)
+case("reftable-offset-beyond-eof", "any", _patched(">Q", OFF_REFTABLE_OFFSET, 1 << 40))
+case("reftable-clusters-ffffffff", "error", _patched(">I", OFF_REFTABLE_CLUSTERS, 0xFFFFFFFF))
+case("reftable-misaligned", "error", _patched(">Q", OFF_REFTABLE_OFFSET, 512 + 8))
+case("prealloc-reftable-beyond-eof", "any", _prealloc_reftable_beyond_eof,
+     "looks metadata-preallocated, refcount table past the end of the file")
+case("prealloc-refblock-beyond-eof", "any", _prealloc_refblock_beyond_eof)
+for order in (0, 1, 2, 3, 5, 6):
+    case(f"prealloc-refcount-order-{order}", "any", _prealloc_refcount_order(order))
+
+# -- header extensions and the backing file name ------------------------
+case("extension-length-ffffffff", "error", _extension_length(0xFFFFFFFF))
+case("extension-length-past-cluster", "error", _extension_length(512))
+case("extension-length-unaligned-end", "any", _extension_length(512 - HEADER_LENGTH - 8 - 1),
+     "an extension filling the header cluster, no end marker")
+case("backing-file-size-5000", "error", _backing_size(5000))
+case("backing-file-size-ffffffff", "error", _backing_size(0xFFFFFFFF))
+case("backing-file-size-0", "error", _backing_size(0))
+case("backing-file-size-1023-past-cluster", "error",
+     lambda: bytes(put(put(base_image(backing=b"base.raw", backing_fmt=b"raw")[0], ">I",
+                           OFF_BACKING_SIZE, 1023), ">Q", OFF_BACKING_OFFSET, 512 - 100)))
+case("backing-offset-past-cluster", "error", _backing_offset_past_cluster)
+case("backing-offset-max", "error", _patched(">Q", OFF_BACKING_OFFSET, 0xFFFFFFFFFFFFFFFF))
+case("backing-name-overlaps-header", "error", _backing_overlapping_header,
+     "the name would be header bytes, with NULs in them")
+case("backing-name-with-nul", "error", _backing_name_with_nul)
+case("backing-format-too-long", "error", _backing_fmt_too_long)
+case("backing-format-vmdk", "error", _backing_name(b"base.raw", b"vmdk"))
+case("backing-missing", "error", _backing_name(b"no-such-file.qcow2", b"qcow2"))
+case("backing-is-a-directory", "error", _backing_name(b".", b"raw"))
+case("backing-is-a-char-device", "error", _backing_name(b"/dev/zero", b"raw"))
+case("backing-is-null-protocol", "error", _backing_name(b"null:", b"raw"),
+     "imgcopy's own null: target name, read relative to the image (in the harness:"
+     " a missing file; opened by a relative path from its directory: the null image)")
+case("backing-self-loop", "error", _backing_name(b"input.qcow2", b"qcow2"),
+     "the image is its own backing file")
+case("backing-copy-loop", "error", _backing_name(b"base.qcow2", b"qcow2"),
+     "input -> base.qcow2 (a copy of input) -> base.qcow2: a loop one level down")
+case("backing-self-probed", "error", _backing_name(b"input.qcow2", None),
+     "no backing format: the loop must be caught when probing too")
+case("backing-raw", "any", _backing_name(b"base.raw", b"raw"),
+     "a legal chain (the harness's base.raw), for coverage")
+
+# -- amplification: small files describing huge numbers of extents ------
+case("amplify-512-l1-8k", "any", _all_l1_same_l2(9, 8192),
+     "512 B clusters, 8192 L1 entries -> one L2 table: 512 Ki alternating clusters")
+case("amplify-64k-l1-8k", "any", _all_l1_same_l2(16, 8192),
+     "64 KiB clusters, 8192 L1 entries -> one L2 table: 64 Mi alternating clusters, 4 TiB")
+
+CASES_BY_NAME: Dict[str, Case] = {c.name: c for c in CASES}
+assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"
+
+
+# the fuzzer's -max_len: larger inputs would be cut, so they stay out of
+# the corpus (tests/test_qcow2_hostile.py still runs them)
+CORPUS_MAX = 262144
+
+
+def write_all(outdir: str) -> List[str]:
+    os.makedirs(outdir, exist_ok=True)
+    paths = []
+    for c in CASES:
+        data = c.build()
+        if len(data) > CORPUS_MAX:
+            print(f"hostile-{c.name}: {len(data)} bytes, left out of the corpus")
+            continue
+        p = os.path.join(outdir, f"hostile-{c.name}.qcow2")
+        with open(p, "wb") as f:
+            f.write(data)
+        paths.append(p)
+    return paths
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "regressions")
+    paths = write_all(out)
+    total = sum(os.path.getsize(p) for p in paths)
+    print(f"{len(paths)} hostile inputs, {total} bytes in {out}")

@@ -1,0 +1,238 @@
+"""imgcopy.info() against ``qemu-img info`` (and ``qemu-img check`` for the
+compressed-cluster count), on raw and qcow2 images of every shape."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import imgcopy
+import qcow2gen
+from imagegen import QEMU_IMG, make_image, make_sparse
+from imgcopy.extents import human_size
+from imgcopy.info import (ImageInfo, chain_to_human, chain_to_json, info_chain,
+                          read_qcow2_header)
+
+pytestmark = pytest.mark.skipif(not qcow2gen.HAVE_QEMU, reason=qcow2gen.NO_QEMU_REASON)
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+def qemu(*args, cwd=None) -> str:
+    p = subprocess.run([QEMU_IMG] + list(args), cwd=cwd, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def without_compressed(i: ImageInfo):
+    d = i.to_dict()
+    d.pop("compressed-clusters", None)
+    human = i.to_human()
+    if i.compressed_clusters is not None:
+        line = "compressed clusters: %d\n" % i.compressed_clusters
+        assert line in human
+        human = human.replace(line, "")
+    return d, human
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return qcow2gen.store(tmp_path_factory)
+
+
+# --------------------------------------------------------------------------
+# qemu's size strings
+
+@pytest.mark.parametrize("n,text", [
+    (0, "0 B"), (1, "1 B"), (999, "999 B"), (1000, "0.977 KiB"), (1023, "0.999 KiB"),
+    (1024, "1 KiB"), (1376256, "1.31 MiB"), (1000448, "977 KiB"), (1023999, "1e+03 KiB"),
+    (1 << 30, "1 GiB"), (6 << 40, "6 TiB"), (1 << 62, "4 EiB")])
+def test_human_size_is_qemus(n, text):
+    assert human_size(n) == text
+
+
+# --------------------------------------------------------------------------
+# raw: the whole output is qemu's, byte for byte
+
+RAW_KINDS = [("holes_and_data", 1), ("odd_size", 2), ("empty", 0), ("tiny", 3), ("all_data", 4),
+             ("big_sparse", 5), ("last_byte", 6)]
+
+
+@pytest.mark.parametrize("kind,seed", RAW_KINDS, ids=["%s-%d" % k for k in RAW_KINDS])
+def test_raw_matches_qemu_img_info(tmp_path, kind, seed):
+    path = str(tmp_path / ("%s.img" % kind))
+    size = make_image(path, kind, seed)
+    i = imgcopy.info(path)
+    assert i.format == "raw" and i.virtual_size == size    # exact, unlike qemu's
+    assert i.to_json() == qemu("info", "--output=json", path)
+    assert i.to_human() == qemu("info", path)
+    assert i.cluster_size is None and i.compressed_clusters is None
+    assert i.backing_filename is None and i.backing_chain == []
+    assert i.qemu_virtual_size == -(-size // 512) * 512
+
+
+def test_raw_forced_on_qcow2_file(store):
+    b = store.get("conv-64k")
+    i = imgcopy.info(b.path, format="raw")
+    assert i.format == "raw" and i.virtual_size == os.path.getsize(b.path)
+    assert i.to_json() == qemu("info", "-f", "raw", "--output=json", b.path)
+
+
+# --------------------------------------------------------------------------
+# qcow2: every field qemu prints; compressed clusters as qemu-img check counts them
+
+QCOW2_NAMES = ["uni-c512-v2", "uni-c4096-v3", "uni-c2097152-v2", "uni-c2097152-v3", "odd-64k",
+               "odd-64k-v2", "conv-2m", "convc-4k", "convc-64k-v2", "convc-2m", "chain-mid",
+               "chain-top", "chain-small", "chain-probe", "tree-over", "prealloc-metadata",
+               "frag-backward"]
+
+
+@pytest.mark.parametrize("name", QCOW2_NAMES)
+def test_qcow2_matches_qemu_img_info(store, name):
+    b = store.get(name)
+    i = imgcopy.info(b.path)
+    d, human = without_compressed(i)
+    assert d == json.loads(qemu("info", "--output=json", b.path))
+    # key order too: the JSON text is qemu's but for our extra key
+    assert json.dumps(d, indent=4) + "\n" == qemu("info", "--output=json", b.path)
+    assert human == qemu("info", b.path)
+    check = json.loads(qemu("check", "--output=json", b.path))
+    assert i.compressed_clusters == check.get("compressed-clusters", 0)
+    assert i.cluster_size == b.cluster_size
+    assert i.virtual_size == b.size
+    assert [p for p, _ in i.backing_chain] == [p for p, _ in imgcopy.open(b.path).backing_chain]
+
+
+def test_compressed_counts_are_not_zero(store):
+    # the images above do hold compressed clusters: the comparison means something
+    for name in ("convc-4k", "convc-2m", "chain-top", "chain-mid"):
+        assert imgcopy.info(store.get(name).path).compressed_clusters > 0, name
+
+
+def test_probed_backing_format_is_not_reported(store):
+    i = imgcopy.info(store.get("chain-probe").path)
+    assert i.backing_filename is not None and i.backing_filename_format is None
+    assert i.backing_chain[0][1] == "qcow2"     # probed, as qemu does
+
+
+def test_relative_names_from_another_directory(store, monkeypatch):
+    top = store.get("tree-over")
+    cwd = os.path.dirname(os.path.dirname(top.path))
+    rel = os.path.relpath(top.path, cwd)
+    monkeypatch.chdir(cwd)
+    i = imgcopy.info(rel)
+    assert i.filename == rel
+    assert i.backing_filename is not None and i.full_backing_filename != i.backing_filename
+    assert without_compressed(i)[0] == json.loads(qemu("info", "--output=json", rel, cwd=cwd))
+    assert without_compressed(i)[1] == qemu("info", rel, cwd=cwd)
+
+
+def test_backing_chain_like_qemu(store):
+    b = store.get("chain-top")
+    infos = info_chain(b.path)
+    assert [i.filename for i in infos] == [b.path] + [p for p, _ in b.chain]
+    q = json.loads(qemu("info", "--backing-chain", "--output=json", b.path))
+    ours = json.loads(chain_to_json(infos))
+    for d in ours:
+        d.pop("compressed-clusters", None)
+    assert ours == q
+    human = chain_to_human(infos)
+    for i in infos:
+        if i.compressed_clusters is not None:
+            human = human.replace("compressed clusters: %d\n" % i.compressed_clusters, "", 1)
+    assert human == qemu("info", "--backing-chain", b.path)
+
+
+@pytest.mark.parametrize("bits,dirty,corrupt", [([0], True, False), ([1], False, True),
+                                                ([0, 1], True, True)])
+def test_dirty_and_corrupt_images(store, tmp_path, bits, dirty, corrupt):
+    p = str(tmp_path / "flagged.qcow2")
+    qcow2gen.header_patch(store.get("convc-4k").path, p, incompatible_set=bits)
+    with pytest.raises(imgcopy.ImageFormatError):
+        imgcopy.open(p)           # info reads what open refuses without force
+    i = imgcopy.info(p)
+    assert i.dirty_flag is dirty
+    assert i.format_specific is not None and i.format_specific["data"]["corrupt"] is corrupt
+    d, human = without_compressed(i)
+    assert d == json.loads(qemu("info", "--output=json", p))
+    assert human == qemu("info", p)
+    assert ("cleanly shut down: no" in human) is dirty
+
+
+def test_header_parser(store):
+    b = store.get("uni-c4096-v3")
+    with open(b.path, "rb") as f:
+        h = read_qcow2_header(f)
+    assert (h.version, h.cluster_size, h.size, h.compat) == (3, 4096, b.size, "1.1")
+    assert h.refcount_order == 4 and h.header_length >= 104
+    with open(qcow2gen.__file__, "rb") as f:
+        with pytest.raises(ValueError):
+            read_qcow2_header(f)
+
+
+def test_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        imgcopy.info(str(tmp_path / "missing.img"))
+    with pytest.raises(IsADirectoryError):
+        imgcopy.info(str(tmp_path))
+    make_sparse(str(tmp_path / "x.raw"), 4096)
+    with pytest.raises(ValueError):
+        imgcopy.info(str(tmp_path / "x.raw"), format="vmdk")
+
+
+def test_pathlike_and_bytes(tmp_path):
+    p = tmp_path / "p.raw"
+    make_sparse(str(p), 3 * MiB, [(MiB, b"x" * 4096)])
+    a, b = imgcopy.info(p), imgcopy.info(os.fsencode(str(p)))
+    assert a == b and a.filename == str(p)
+    assert a.to_dict()["actual-size"] == os.stat(p).st_blocks * 512
+
+
+# --------------------------------------------------------------------------
+# the command line (once cli.py has an info subcommand)
+
+def _cli_has_info() -> bool:
+    from imgcopy import cli
+
+    parser = cli._build_parser()
+    sub = [a for a in parser._actions if a.dest == "command"][0]
+    return sub.choices is not None and "info" in sub.choices
+
+
+@pytest.mark.parametrize("extra", [[], ["--output=json"], ["--backing-chain"],
+                                   ["--backing-chain", "--output=json"]])
+def test_cli_info(store, imgcopy_env, extra, tmp_path):
+    if not _cli_has_info():
+        pytest.skip("imgcopy/cli.py has no info subcommand yet")
+    b = store.get("chain-top")
+    # not from the source tree, whose imgcopy/ has no compiled core
+    p = subprocess.run([sys.executable, "-m", "imgcopy", "info"] + extra + [b.path],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=imgcopy_env, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    infos = info_chain(b.path) if "--backing-chain" in extra else [imgcopy.info(b.path)]
+    if "--output=json" in extra:
+        want = chain_to_json(infos) if "--backing-chain" in extra else infos[0].to_json()
+    else:
+        want = chain_to_human(infos) if "--backing-chain" in extra else infos[0].to_human()
+    assert p.stdout == want
+
+
+def test_cli_info_errors(tmp_path, imgcopy_env):
+    if not _cli_has_info():
+        pytest.skip("imgcopy/cli.py has no info subcommand yet")
+    p = subprocess.run([sys.executable, "-m", "imgcopy", "info", str(tmp_path / "nope")],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=imgcopy_env, cwd=str(tmp_path))
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr.startswith("imgcopy: ") and "nope" in p.stderr
+
+
+def test_notebook_view(tmp_path):
+    p = str(tmp_path / "n.raw")
+    make_sparse(p, 3 * MiB, [(0, b"x" * 4096)])
+    html = imgcopy.info(p)._repr_html_()
+    assert html.startswith("<table>") and "virtual-size" in html and "3145728" in html
