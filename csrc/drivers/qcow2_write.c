@@ -506,22 +506,56 @@ static int writable(struct ic_image *img, struct ic_error *err)
     return ret;
 }
 
-/* Deflate one cluster the way qemu does (raw deflate, 4 KiB window); a
- * cluster that does not shrink is stored as it is. */
+/* Each thread keeps one deflate stream: setting one up costs more than
+ * compressing a small cluster.  Freed when the thread exits. */
+static pthread_key_t deflate_key;
+static pthread_once_t deflate_once = PTHREAD_ONCE_INIT;
+
+static void free_deflate(void *p)
+{
+    deflateEnd(p);
+    free(p);
+}
+
+static void make_deflate_key(void)
+{
+    (void)pthread_key_create(&deflate_key, free_deflate);
+}
+
+static z_stream *thread_deflate(void)
+{
+    pthread_once(&deflate_once, make_deflate_key);
+    z_stream *z = pthread_getspecific(deflate_key);
+    if (z)
+        return deflateReset(z) == Z_OK ? z : NULL;
+    z = calloc(1, sizeof *z);
+    if (!z)
+        return NULL;
+    if (deflateInit2(z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
+        free(z);
+        return NULL;
+    }
+    if (pthread_setspecific(deflate_key, z) != 0) {
+        free_deflate(z);
+        return NULL;
+    }
+    return z;
+}
+
+/* Deflate one cluster the way qemu does (raw deflate, 4 KiB window); 1
+ * when it does not shrink (stored as it is), -1 without memory. */
 static int deflate_cluster(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
                            size_t *out_len)
 {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) != Z_OK)
+    z_stream *z = thread_deflate();
+    if (!z)
         return -1;
-    z.next_in = (Bytef *)in;
-    z.avail_in = (uInt)len;
-    z.next_out = out;
-    z.avail_out = (uInt)cap;
-    int r = deflate(&z, Z_FINISH);
-    *out_len = cap - z.avail_out;
-    deflateEnd(&z);
+    z->next_in = (Bytef *)in;
+    z->avail_in = (uInt)len;
+    z->next_out = out;
+    z->avail_out = (uInt)cap;
+    int r = deflate(z, Z_FINISH);
+    *out_len = cap - z->avail_out;
     return r == Z_STREAM_END ? 0 : 1;
 }
 
