@@ -45,6 +45,14 @@ class Image:
     def closed(self) -> bool:
         return self._img.closed
 
+    def __del__(self) -> None:
+        # an image opened "r+" and dropped unclosed is still finished
+        try:
+            if not self._img.closed:
+                self.close()
+        except Exception:
+            pass
+
     def __enter__(self) -> "Image":
         return self
 

@@ -126,11 +126,34 @@ def test_image_r_plus_writes_and_zeroes(tmp_path):
 
 
 def test_failed_copy_leaves_image_marked(tmp_path):
-    """A -n copy that fails half way (the source has a corrupt L2 entry in
-    its second half) leaves the v3 image flagged, not looking complete."""
+    """A -n copy stopped half way (the progress callback raises once some
+    data is written) leaves the v3 image flagged, not looking complete."""
     raw = str(tmp_path / "src.raw")
     with open(raw, "wb") as f:
-        f.write(random.Random(6).randbytes(8 * MiB))
+        f.write(random.Random(6).randbytes(32 * MiB))
+    dst = str(tmp_path / "dst.qcow2")
+    qemu_img("create", "-f", "qcow2", dst, str(32 * MiB))
+
+    def stop(done, total):
+        if done:
+            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        imgcopy.convert(raw, dst, dst_format="qcow2", create=False, request_size=4096,
+                        concurrency=1, progress=stop)
+    info = subprocess.run(["qemu-img", "info", "--output=json", dst], capture_output=True,
+                          text=True)
+    assert '"corrupt": true' in info.stdout
+    with pytest.raises(imgcopy.ImageFormatError):
+        imgcopy.open(dst)
+    imgcopy.open(dst, force=True).close()
+
+
+def test_failed_source_leaves_target_alone(tmp_path):
+    """A source that fails before anything is written (a corrupt L2 entry
+    the planner meets first) leaves an existing target as it was."""
+    raw = str(tmp_path / "src.raw")
+    with open(raw, "wb") as f:
+        f.write(random.Random(7).randbytes(4 * MiB))
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
     with open(src, "r+b") as f:
@@ -138,20 +161,26 @@ def test_failed_copy_leaves_image_marked(tmp_path):
         l1 = int.from_bytes(hdr[40:48], "big")
         f.seek(l1)
         l2 = int.from_bytes(f.read(8), "big") & 0x00fffffffffffe00
-        f.seek(l2 + 8 * 100)  # cluster 100 of 128: host offset made misaligned
+        f.seek(l2 + 8 * 40)
         e = int.from_bytes(f.read(8), "big")
-        f.seek(l2 + 8 * 100)
+        f.seek(l2 + 8 * 40)
         f.write((e | 0x200).to_bytes(8, "big"))
     dst = str(tmp_path / "dst.qcow2")
-    qemu_img("create", "-f", "qcow2", dst, str(8 * MiB))
+    qemu_img("create", "-f", "qcow2", dst, str(4 * MiB))
+    before = open(dst, "rb").read()
     with pytest.raises(imgcopy.ImageFormatError):
-        imgcopy.convert(src, dst, dst_format="qcow2", create=False, request_size=65536)
-    info = subprocess.run(["qemu-img", "info", "--output=json", dst], capture_output=True,
-                          text=True)
-    assert '"corrupt": true' in info.stdout
-    with pytest.raises(imgcopy.ImageFormatError):
-        imgcopy.open(dst)
-    imgcopy.open(dst, force=True).close()
+        imgcopy.convert(src, dst, dst_format="qcow2", create=False)
+    assert open(dst, "rb").read() == before
+
+
+def test_untouched_when_nothing_was_written(tmp_path):
+    """Opened for writing and closed without a write: not a byte changes."""
+    dst = str(tmp_path / "d.qcow2")
+    qemu_img("create", "-f", "qcow2", dst, str(MiB))
+    before = open(dst, "rb").read()
+    with imgcopy.open(dst, mode="r+") as img:
+        img.read(0, 4096)
+    assert open(dst, "rb").read() == before
 
 
 @pytest.mark.parametrize("why", ["backing", "snapshot"])

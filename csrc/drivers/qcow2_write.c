@@ -33,7 +33,7 @@ struct qcow2_writer {
     uint16_t *rc;         /* refcount per host cluster */
     uint64_t rc_len;
     int compress;
-    int finished;
+    int marked; /* the header says incomplete: written to since finish() */
 };
 
 /* One guest cluster of a compressed write. */
@@ -419,6 +419,7 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
         goto fail;
     if (write_header(img, 0, err) < 0)
         goto fail;
+    w->marked = 1;
     *fresh = s->backing == NULL; /* an overlay reads its backing file */
     return 0;
 fail:
@@ -489,7 +490,8 @@ uint64_t qcow2_write_alignment(const struct ic_image *img)
 
 /* ---- staged writes ------------------------------------------------------ */
 
-/* Writes after finish() mark the image incomplete again until the next. */
+/* The first write after opening or after finish() marks the image
+ * incomplete until the next finish(). */
 static int writable(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
@@ -497,10 +499,10 @@ static int writable(struct ic_image *img, struct ic_error *err)
         return ic_error_readonly(err, img->path);
     pthread_mutex_lock(&s->w->lock);
     int ret = 0;
-    if (s->w->finished) {
+    if (!s->w->marked) {
         ret = write_header(img, 0, err);
         if (ret == 0)
-            s->w->finished = 0;
+            s->w->marked = 1;
     }
     pthread_mutex_unlock(&s->w->lock);
     return ret;
@@ -863,10 +865,9 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
     free(block);
     if (ret < 0)
         return -1;
-    w->host_end = w->file_size = file_clusters * csz;
-    if (ic_raw_resize(s->file, w->host_end, err) < 0)
-        return -1;
-    return write_header(img, 0, err);
+    w->host_end = file_clusters * csz;
+    w->file_size = fsize; /* grown by the first allocation */
+    return 0; /* marked incomplete at the first write */
 }
 
 /* ---- finishing ---------------------------------------------------------- */
@@ -918,8 +919,8 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     struct qcow2_writer *w = s->w;
-    if (!w || w->finished)
-        return 0;
+    if (!w || !w->marked)
+        return 0; /* nothing written since it was last complete */
     uint64_t csz = s->h.cluster_size;
     int ret = 0;
     pthread_mutex_lock(&w->lock);
@@ -967,7 +968,7 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
     if (ret == 0 && sync)
         ret = ic_image_flush(s->file, err);
     if (ret == 0)
-        w->finished = 1;
+        w->marked = 0;
     pthread_mutex_unlock(&w->lock);
     return ret;
 }
