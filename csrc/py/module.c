@@ -138,6 +138,16 @@ static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
     return 0;
 }
 
+/* (offset, length)-style arguments: two non-negative integers. */
+static int parse_pair(PyObject *args, const char *n1, uint64_t *a, const char *n2, uint64_t *b)
+{
+    PyObject *x, *y;
+    if (!PyArg_ParseTuple(args, "OO", &x, &y) || parse_u64(x, n1, a) < 0 ||
+        parse_u64(y, n2, b) < 0)
+        return -1;
+    return 0;
+}
+
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", NULL};
@@ -257,10 +267,8 @@ static PyObject *extent_tuple(const struct ic_extent *e)
 
 static PyObject *image_block_status(ImageObject *self, PyObject *args)
 {
-    PyObject *o_off, *o_len;
     uint64_t off, len;
-    if (!PyArg_ParseTuple(args, "OO", &o_off, &o_len) || parse_u64(o_off, "offset", &off) < 0 ||
-        parse_u64(o_len, "length", &len) < 0)
+    if (parse_pair(args, "offset", &off, "length", &len) < 0)
         return NULL;
     struct ic_image *img = usable(self);
     if (!img)
@@ -280,10 +288,8 @@ static PyObject *image_block_status(ImageObject *self, PyObject *args)
  * million extents stays one bytes object until someone looks inside. */
 static PyObject *image_map(ImageObject *self, PyObject *args)
 {
-    PyObject *o_start, *o_end;
     uint64_t start, end;
-    if (!PyArg_ParseTuple(args, "OO", &o_start, &o_end) ||
-        parse_u64(o_start, "start", &start) < 0 || parse_u64(o_end, "end", &end) < 0)
+    if (parse_pair(args, "start", &start, "end", &end) < 0)
         return NULL;
     struct ic_image *img = usable(self);
     if (!img)
@@ -305,10 +311,8 @@ static PyObject *image_map(ImageObject *self, PyObject *args)
 
 static PyObject *image_read(ImageObject *self, PyObject *args)
 {
-    PyObject *o_off, *o_len;
     uint64_t off, len;
-    if (!PyArg_ParseTuple(args, "OO", &o_off, &o_len) || parse_u64(o_off, "offset", &off) < 0 ||
-        parse_u64(o_len, "length", &len) < 0)
+    if (parse_pair(args, "offset", &off, "length", &len) < 0)
         return NULL;
     struct ic_image *img = usable(self);
     if (!img)
