@@ -15,15 +15,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+sys.path.insert(0, HERE)
+from bench_convert import evict  # noqa: E402  (same directory)
 
 
 def timed_copy(src, dst, concurrency, request_size):
