@@ -1,63 +1,81 @@
 # Set-up and checks that work on a fresh Debian machine:
-#   make demo   - map a generated sample image (installs what it needs)
+#   make demo   - copy a generated OS-like image with imgcopy and qemu-img side
+#                 by side and check the copies (installs what it needs)
 #   make test   - the whole test suite, C unit tests included (CI runs this)
 #   make bench  - benchmarks against qemu-img (and nbdcopy)
 #   make test-sanitize - the suite with the core built under ASan/UBSan
+#
+# The package is installed editable: the extension is built in place
+# (imgcopy/_core*.so), so Python started anywhere, the checkout's root
+# included, imports exactly what was built.
 PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python
 SAMPLE_DIR ?= .corpus/sample
 SAMPLE_SCALE ?= 0.0625
 
-.PHONY: deps venv build demo test test-c test-sanitize bench clean
+.PHONY: deps deps-demo venv build build-test demo test test-c test-sanitize bench clean
 
-# Debian's qemu-utils and nbdkit are the oracles and the anchors; clang
-# and its libFuzzer runtime fuzz the qcow2 parser.
-deps:
+# Debian packages, installed when missing: $(call apt,command-or-file:package ...)
+define apt
 	@missing=""; \
-	command -v qemu-img >/dev/null || missing="$$missing qemu-utils"; \
-	command -v nbdkit >/dev/null || missing="$$missing nbdkit"; \
-	command -v nbdcopy >/dev/null || missing="$$missing libnbd-bin"; \
-	command -v cc >/dev/null || missing="$$missing gcc"; \
-	[ -f /usr/include/zlib.h ] || missing="$$missing zlib1g-dev"; \
-	command -v clang >/dev/null || missing="$$missing clang"; \
-	ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 \
-		|| missing="$$missing libclang-rt-14-dev"; \
+	for pair in $(1); do \
+		what=$${pair%%:*}; pkg=$${pair#*:}; \
+		case $$what in \
+			/*) ls $$what >/dev/null 2>&1 || missing="$$missing $$pkg" ;; \
+			*) command -v $$what >/dev/null || missing="$$missing $$pkg" ;; \
+		esac; \
+	done; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+endef
 
-$(VPY):
+# What building and the demo need: a compiler, zlib, qemu-img (the anchor
+# and oracle) and strace (counts qemu-img's requests).
+DEMO_PACKAGES := cc:gcc /usr/include/zlib.h:zlib1g-dev qemu-img:qemu-utils strace:strace
+# The suite adds nbdkit and nbdcopy (servers and anchors), and clang with
+# its libFuzzer runtime (the header fuzzers).
+TEST_PACKAGES := $(DEMO_PACKAGES) nbdkit:nbdkit nbdcopy:libnbd-bin clang:clang \
+	/usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-*.a:libclang-rt-14-dev
+
+deps-demo:
+	$(call apt,$(DEMO_PACKAGES))
+
+deps:
+	$(call apt,$(TEST_PACKAGES))
+
+# setuptools>=64 builds editable installs; wheel, for setuptools < 70.1
+$(VENV)/.base:
 	$(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip setuptools wheel
-	$(VPY) -m pip install -q -r requirements-test.txt
+	$(VPY) -m pip install -q "setuptools>=64" wheel
+	touch $@
 
-venv: $(VPY)
+venv: $(VENV)/.base
 
 # -Werror here: a warning in the core fails the build, as in CI.
 build: venv
-	IMGCOPY_WERROR=1 $(VPY) -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+	IMGCOPY_WERROR=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 
-demo: deps build
-	$(VPY) benchmarks/make_corpus.py $(SAMPLE_DIR) --scale $(SAMPLE_SCALE) --only sparse-6g.raw
-	$(VPY) -m imgcopy map --output=json $(SAMPLE_DIR)/sparse-6g.raw > $(SAMPLE_DIR)/map.json
-	$(VPY) -c "import imgcopy, json; m = imgcopy.map('$(SAMPLE_DIR)/sparse-6g.raw'); \
-	print(m); print(json.dumps(m.summary(), indent=1))"
-	@qemu-img map -f raw --output=json $(SAMPLE_DIR)/sparse-6g.raw | cmp - $(SAMPLE_DIR)/map.json \
-		&& echo "imgcopy map == qemu-img map ($$(wc -l < $(SAMPLE_DIR)/map.json) extents)"
+# The same, with the `test` extra (what tests/ imports and runs).
+build-test: venv
+	IMGCOPY_WERROR=1 $(VPY) -m pip install -q --no-build-isolation -e '.[test]'
+
+demo: deps-demo build
+	$(VPY) benchmarks/demo.py $(SAMPLE_DIR) --scale $(SAMPLE_SCALE)
 
 test-c:
 	$(MAKE) -C tests/c check
 
-test: deps build
+test: deps build-test
 	$(VENV)/bin/pytest -q -ra tests
 
 # Python itself is not built with ASan: preload the runtime, ignore its leaks.
-test-sanitize: deps venv
-	IMGCOPY_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+test-sanitize: deps build-test
+	IMGCOPY_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	LD_PRELOAD="$$(cc -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0 \
 		$(VENV)/bin/pytest -q -ra -p no:cacheprovider tests; \
 	status=$$?; $(MAKE) build; exit $$status
@@ -66,5 +84,5 @@ bench: deps build
 	$(VPY) benchmarks/bench_map.py
 
 clean:
-	rm -rf build *.egg-info $(VENV) .corpus
+	rm -rf build *.egg-info $(VENV) .corpus imgcopy/_core*.so
 	$(MAKE) -C tests/c clean

@@ -9,6 +9,7 @@ import time
 from typing import List, Optional
 
 from . import _core
+from ._version import __version__
 from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
@@ -34,6 +35,7 @@ def parse_size(text: str) -> int:
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="imgcopy", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"imgcopy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -122,8 +124,11 @@ class TextProgress:
         self.last = now
         pct = 100.0 * done / total if total else 100.0
         bar = "#" * int(pct / 2.5)
-        self.stream.write(f"\r    ({pct:6.2f}/100%) [{bar:<40}]")
+        # Ctrl-C raises KeyboardInterrupt between any two steps here: the
+        # line counts as open before it is drawn and as open until its end
+        # is written, so close() may end an empty line, never miss one.
         self.open_line = True
+        self.stream.write(f"\r    ({pct:6.2f}/100%) [{bar:<40}]")
         if done >= total:
             self.close()
         self.stream.flush()

@@ -61,9 +61,10 @@ class TextBar:
         """Draw the final state and end the line (once)."""
         if self.closed:
             return
-        self.closed = True
+        # closed once its line is ended: Ctrl-C in between leaves it open
         self.stream.write("\r" + self.line() + "\n")
         self.stream.flush()
+        self.closed = True
 
     def __enter__(self) -> "TextBar":
         return self

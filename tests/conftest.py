@@ -9,17 +9,12 @@ is harmless for test modules that do not need qemu (tests/test_c_units.py).
 """
 
 import os
-import sys
 import types
 
 import pytest
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
-
-import imagegen  # noqa: E402
-from imagegen import (  # noqa: E402,F401  (re-exported)
+from . import imagegen
+from .imagegen import (  # noqa: F401  (re-exported)
     NO_QEMU_IO_REASON,
     NO_QEMU_REASON,
     QEMU_IMG,
@@ -143,12 +138,9 @@ def shared_images(tmp_path_factory):
 
 @pytest.fixture
 def imgcopy_env():
-    """Environment for subprocesses that must import the same imgcopy as we do."""
-    import imgcopy  # imported lazily: only CLI tests need it
-
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(imgcopy.__file__)))
+    """Environment for child processes that run imgcopy (the venv's
+    editable install: the same build as ours)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("PYTHONSTARTUP", None)
     env["LC_ALL"] = "C"
     return env

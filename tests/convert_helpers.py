@@ -15,7 +15,7 @@ from typing import Dict, List, NamedTuple, Sequence, Tuple
 
 import pytest
 
-from imagegen import (QEMU_IMG, NO_QEMU_REASON, GenImage, clip_entries, make_image,
+from .imagegen import (QEMU_IMG, NO_QEMU_REASON, GenImage, clip_entries, make_image,
                       make_sparse, qemu_img, qemu_map)
 
 KiB = 1024

@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-import imagegen
-from imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering
+from . import imagegen
+from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering
 
 import imgcopy
 

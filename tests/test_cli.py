@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from imagegen import NO_QEMU_REASON, qemu_img
+from .imagegen import NO_QEMU_REASON, qemu_img
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
 

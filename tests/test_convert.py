@@ -17,12 +17,12 @@ import sys
 
 import pytest
 
-from convert_helpers import (FACTORS, GiB, KiB, MATRIX_IMAGES, MiB, UNSTABLE_MAP_KINDS,
+from .convert_helpers import (FACTORS, GiB, KiB, MATRIX_IMAGES, MiB, UNSTABLE_MAP_KINDS,
                              SourceSet, assert_identical, assert_prefix_equal, check_bytes_read,
                              check_result, combo_id, corpus_script, map_json,
                              pairwise_combos, require_qemu_img, sha256_range, source_layout,
                              task_count, wait_task_count)
-from imagegen import clip_entries, make_sparse, qemu_img, sha256_file
+from .imagegen import clip_entries, make_sparse, qemu_img, sha256_file
 
 imgcopy = pytest.importorskip("imgcopy")
 

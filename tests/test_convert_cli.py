@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from convert_helpers import (GiB, STATS_KEYS, SourceSet, assert_identical, assert_prefix_equal,
+from .convert_helpers import (GiB, STATS_KEYS, SourceSet, assert_identical, assert_prefix_equal,
                              imgcopy_cmd, map_json, require_qemu_img, sha256_range)
-from imagegen import make_sparse, sha256_file
+from .imagegen import make_sparse, sha256_file
 
 imgcopy = pytest.importorskip("imgcopy")
 

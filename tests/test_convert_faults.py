@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from convert_helpers import GiB, MiB, task_count, wait_task_count
-from imagegen import make_sparse
+from .convert_helpers import GiB, MiB, task_count, wait_task_count
+from .imagegen import make_sparse
 
 imgcopy = pytest.importorskip("imgcopy")
 

@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import imgcopy
-import qcow2gen
-from imagegen import make_image, make_sparse
+from . import qcow2gen
+from .imagegen import make_image, make_sparse
 from imgcopy._html import STACKED, strip_columns, svg_strip
 from imgcopy.extents import KINDS, Extent, extent_kind, human_size
 

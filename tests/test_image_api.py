@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-import imagegen
-from imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering, qemu_map, sha256_file
+from . import imagegen
+from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering, qemu_map, sha256_file
 
 import imgcopy
 
@@ -501,11 +501,8 @@ def test_fifo_is_rejected_without_hanging(tmp_path):
             "try:\n    imgcopy.open(sys.argv[1])\n"
             "except (OSError, ValueError) as e:\n    print(type(e).__name__)\n    sys.exit(0)\n"
             "sys.exit(3)\n")
-    env = dict(os.environ)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(imgcopy.__file__)))
-    env["PYTHONPATH"] = pkg_parent
     p = subprocess.run([sys.executable, "-c", code, fifo], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, timeout=20, cwd=str(tmp_path), env=env)
+                       text=True, timeout=20, cwd=str(tmp_path))
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
 
 

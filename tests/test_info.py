@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import imgcopy
-import qcow2gen
-from imagegen import QEMU_IMG, make_image, make_sparse
+from . import qcow2gen
+from .imagegen import QEMU_IMG, make_image, make_sparse
 from imgcopy.extents import human_size
 from imgcopy.info import (ImageInfo, chain_to_human, chain_to_json, info_chain,
                           read_qcow2_header)

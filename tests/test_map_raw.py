@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-import imagegen
-from imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, qemu_map, qemu_map_human
+from . import imagegen
+from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, qemu_map, qemu_map_human
 
 import imgcopy
 

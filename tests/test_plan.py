@@ -10,9 +10,9 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import imgcopy
-import qcow2gen
-from convert_helpers import build_odd_1000001
-from imagegen import make_image, make_sparse
+from . import qcow2gen
+from .convert_helpers import build_odd_1000001
+from .imagegen import make_image, make_sparse
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -6,7 +6,7 @@ import io
 import pytest
 
 import imgcopy
-from imagegen import make_sparse
+from .imagegen import make_sparse
 from imgcopy import progress as P
 
 MiB = 1 << 20
@@ -143,3 +143,43 @@ def test_convert_failure_closes_the_bar(tmp_path, capsys, monkeypatch):
         imgcopy.convert(src, str(tmp_path / "d.raw"), progress=True, flush=False)
     assert made and made[0].closed
     assert capsys.readouterr().err.endswith("\n")
+
+
+class _InterruptedStream(io.StringIO):
+    """A stream whose next write lands, then raises KeyboardInterrupt: Ctrl-C
+    arriving right after a bar was drawn (the race that glued the CLI's
+    "imgcopy: interrupted" to its progress bar one run in five)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        return n
+
+
+def test_cli_bar_ends_its_line_after_ctrl_c_during_a_draw():
+    from imgcopy.cli import TextProgress
+
+    stream = _InterruptedStream()
+    bar = TextProgress(stream)
+    stream.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        bar(1, 100)
+    bar.close()
+    assert stream.getvalue().endswith("\n"), repr(stream.getvalue())
+
+
+@pytest.mark.parametrize("at", ["draw", "last update"])
+def test_text_bar_ends_its_line_after_ctrl_c(at):
+    stream = _InterruptedStream()
+    bar = P.TextBar(100, stream=stream, min_interval=0)
+    stream.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        bar.update(10 if at == "draw" else 100)
+    P.close_progress(bar, None)
+    assert stream.getvalue().endswith("\n"), repr(stream.getvalue())

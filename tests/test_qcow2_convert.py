@@ -14,8 +14,8 @@ import subprocess
 
 import pytest
 
-import qcow2gen
-from qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json, qemu_img
+from . import qcow2gen
+from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json, qemu_img
 
 import imgcopy
 

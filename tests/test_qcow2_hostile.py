@@ -24,10 +24,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUZZ_DIR = os.path.join(HERE, "fuzz")
-if FUZZ_DIR not in sys.path:
-    sys.path.insert(0, FUZZ_DIR)
 
-import hostile  # noqa: E402  (tests/fuzz/hostile.py)
+from .fuzz import hostile
 
 # Under `make test-sanitize` the children run with the ASan runtime
 # preloaded: slower, and with a quarantine and shadow memory in their RSS.
@@ -138,13 +136,9 @@ for line in sys.stdin:
 
 
 def _child_env():
-    """Environment for children that must import the imgcopy under test."""
-    import imgcopy
-
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(imgcopy.__file__)))
+    """Environment for children that import imgcopy (the venv's editable
+    install: the same build as ours)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([pkg_parent] + ([env["PYTHONPATH"]]
-                                                        if env.get("PYTHONPATH") else []))
     env.pop("PYTHONSTARTUP", None)
     env["LC_ALL"] = "C"
     return env

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-import qcow2gen
-from qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, PiB, parse_json
+from . import qcow2gen
+from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, PiB, parse_json
 
 import imgcopy
 

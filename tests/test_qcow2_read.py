@@ -16,8 +16,8 @@ import shutil
 
 import pytest
 
-import qcow2gen
-from qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json
+from . import qcow2gen
+from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json
 
 import imgcopy
 

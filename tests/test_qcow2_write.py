@@ -26,10 +26,10 @@ import sys
 
 import pytest
 
-import imagegen
-import qcow2gen
-from convert_helpers import corpus_script, imgcopy_cmd
-from qcow2write_helpers import (KiB, MiB, QEMU_IMG, NO_QEMU_REASON, Tmpfs,
+from . import imagegen
+from . import qcow2gen
+from .convert_helpers import corpus_script, imgcopy_cmd
+from .qcow2write_helpers import (KiB, MiB, QEMU_IMG, NO_QEMU_REASON, Tmpfs,
                                 assert_same_content, build_dense,
                                 build_many_extents, build_partial_clusters, cluster_layout,
                                 diff_layouts, host_order_violations, layout, pad_to_sector,

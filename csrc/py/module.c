@@ -9,6 +9,25 @@
 
 #include "../imgcopy.h"
 
+/* CPython 3.9 (the oldest supported) lacks these 3.10 conveniences. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *Py_NewRef(PyObject *obj)
+{
+    Py_INCREF(obj);
+    return obj;
+}
+
+static int PyModule_AddObjectRef(PyObject *module, const char *name, PyObject *value)
+{
+    Py_INCREF(value);
+    if (PyModule_AddObject(module, name, value) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    return 0;
+}
+#endif
+
 static PyObject *Error;
 static PyObject *ImageFormatError;
 static PyObject *UnsupportedOperation;

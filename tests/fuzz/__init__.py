@@ -1,0 +1,1 @@
+"""Fuzz harnesses and hand-made hostile inputs (hostile.py)."""
