@@ -362,24 +362,76 @@ static int pop_item(struct ic_copy *c, struct work_item *item)
     return ok;
 }
 
-/* Turns keep a step in guest order across workers: every item takes and
- * passes each turn it is subject to, in sequence. */
-static int take_turn(struct ic_copy *c, const uint64_t *counter, uint64_t seq)
+/* Turns keep a step in guest order across workers: host allocation
+ * (place) for formats that allocate in guest order, and the writes of an
+ * in-order copy.  Every item takes part in each turn that applies, in
+ * sequence.  An item records which turns it holds and has passed; its one
+ * exit path, end_turns(), passes every turn it has not passed, so no path
+ * through an item (fallbacks, errors, skipped ranges) can keep a turn or
+ * pass one twice. */
+enum { TURN_PLACE, TURN_WRITE, NTURNS };
+
+struct turns {
+    uint64_t seq;       /* the item's place in guest order */
+    unsigned held;      /* bit per turn: taken, not yet passed */
+    unsigned passed;    /* bit per turn: passed */
+};
+
+static uint64_t *turn_counter(struct ic_copy *c, int which)
 {
+    return which == TURN_PLACE ? &c->next_place_seq : &c->next_write_seq;
+}
+
+static int turn_applies(const struct ic_copy *c, int which)
+{
+    return which == TURN_PLACE ? c->ordered_place : !c->opt.out_of_order;
+}
+
+/* Wait for the item's turn (no wait if it holds it already); -1 when
+ * the copy is cancelled. */
+static int take_turn(struct ic_copy *c, struct turns *t, int which)
+{
+    unsigned bit = 1u << which;
+    if (!turn_applies(c, which) || (t->held & bit))
+        return 0;
+    if (t->passed & bit) /* a turn comes once: taking it again is a bug */
+        return -1;
+    uint64_t *counter = turn_counter(c, which);
     pthread_mutex_lock(&c->lock);
-    while (*counter != seq && !c->cancelled)
+    while (*counter != t->seq && !c->cancelled)
         pthread_cond_wait(&c->changed, &c->lock);
     int ok = !c->cancelled;
     pthread_mutex_unlock(&c->lock);
-    return ok ? 0 : -1;
+    if (!ok)
+        return -1;
+    t->held |= bit;
+    return 0;
 }
 
-static void pass_turn(struct ic_copy *c, uint64_t *counter)
+static void pass_turn(struct ic_copy *c, struct turns *t, int which)
 {
+    unsigned bit = 1u << which;
+    if (!(t->held & bit))
+        return;
+    uint64_t *counter = turn_counter(c, which);
     pthread_mutex_lock(&c->lock);
     (*counter)++;
     pthread_cond_broadcast(&c->changed);
     pthread_mutex_unlock(&c->lock);
+    t->held &= ~bit;
+    t->passed |= bit;
+}
+
+/* The item is done (or failed, after fail() cancelled the copy): pass
+ * every turn it has not passed yet, taking it first if need be. */
+static void end_turns(struct ic_copy *c, struct turns *t)
+{
+    for (int which = 0; which < NTURNS; which++) {
+        if (!turn_applies(c, which) || (t->passed & (1u << which)))
+            continue;
+        if (take_turn(c, t, which) == 0)
+            pass_turn(c, t, which);
+    }
 }
 
 static int read_source(struct worker *w, void *buf, uint64_t off, uint64_t len)
@@ -537,12 +589,13 @@ static int plan_sparse(struct worker *w, const struct work_item *it)
     return 0;
 }
 
-/* Kernel copy for a whole data item; 1 when the kernel refused. */
-static int offload_item(struct worker *w, const struct work_item *it)
+/* Kernel copy for a whole data item; 1 when the kernel refused (the item
+ * keeps its write turn for the ordinary copy that follows). */
+static int offload_item(struct worker *w, const struct work_item *it, struct turns *t)
 {
     struct ic_copy *c = w->c;
     uint64_t len = it->end - it->start;
-    if (!c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) < 0)
+    if (take_turn(c, t, TURN_WRITE) < 0)
         return 0;
     if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
         log_request(c->opt.log, it->start, len, IC_REQ_WRITE);
@@ -550,12 +603,9 @@ static int offload_item(struct worker *w, const struct work_item *it)
         atomic_fetch_add(&c->read_requests, 1);
         atomic_fetch_add(&c->bytes_written, len);
         atomic_fetch_add(&c->write_requests, 1);
-        if (!c->opt.out_of_order)
-            pass_turn(c, &c->next_write_seq);
+        pass_turn(c, t, TURN_WRITE);
         return 0;
     }
-    if (!c->opt.out_of_order)
-        pass_turn(c, &c->next_write_seq);
     if (w->err.errnum != ENOTSUP)
         return -1;
     atomic_store(&c->offload_refused, 1);
@@ -564,7 +614,7 @@ static int offload_item(struct worker *w, const struct work_item *it)
 
 /* Stage every data run (compression happens here, in parallel), place
  * them in guest order (host allocation), then commit and make holes. */
-static int execute(struct worker *w, const struct work_item *it)
+static int execute(struct worker *w, struct turns *t)
 {
     struct ic_copy *c = w->c;
     size_t nstaged = 0;
@@ -581,15 +631,16 @@ static int execute(struct worker *w, const struct work_item *it)
             nstaged++;
     }
     if (ret == 0 && c->ordered_place) {
-        if (take_turn(c, &c->next_place_seq, it->seq) < 0) {
+        if (take_turn(c, t, TURN_PLACE) < 0) {
             ret = -1;
         } else {
             for (size_t k = 0; k < nstaged && ret == 0; k++)
                 ret = ic_image_place(c->dst, &w->staged[k], &w->err);
-            pass_turn(c, &c->next_place_seq);
+            if (ret == 0)
+                pass_turn(c, t, TURN_PLACE);
         }
     }
-    if (ret == 0 && !c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) < 0)
+    if (ret == 0 && take_turn(c, t, TURN_WRITE) < 0)
         ret = -1;
     size_t committed = 0;
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
@@ -605,15 +656,15 @@ static int execute(struct worker *w, const struct work_item *it)
             atomic_fetch_add(&c->write_requests, 1);
         }
     }
-    if (ret == 0 && !c->opt.out_of_order)
-        pass_turn(c, &c->next_write_seq);
+    if (ret == 0)
+        pass_turn(c, t, TURN_WRITE);
     for (size_t k = committed; k < nstaged; k++)
         ic_image_unstage(c->dst, &w->staged[k]);
     /* a failure of ours was recorded; one caused by cancellation was not */
     return ret < 0 && !cancelled(c) ? -1 : 0;
 }
 
-static int copy_item(struct worker *w, const struct work_item *it)
+static int copy_item(struct worker *w, const struct work_item *it, struct turns *t)
 {
     struct ic_copy *c = w->c;
     uint64_t len = it->end - it->start;
@@ -621,10 +672,6 @@ static int copy_item(struct worker *w, const struct work_item *it)
     if (it->kind == RUN_BACKING) {
         atomic_fetch_add(&c->bytes_skipped, len);
         log_request(c->opt.log, it->start, len, IC_REQ_SKIP);
-        if (c->ordered_place && take_turn(c, &c->next_place_seq, it->seq) == 0)
-            pass_turn(c, &c->next_place_seq);
-        if (!c->opt.out_of_order && take_turn(c, &c->next_write_seq, it->seq) == 0)
-            pass_turn(c, &c->next_write_seq);
         return 0;
     }
     if (it->kind == RUN_ZERO) {
@@ -632,10 +679,10 @@ static int copy_item(struct worker *w, const struct work_item *it)
             add_action(w, it->start, len, c->zeros, 1);
         else
             add_action(w, it->start, len, NULL, 0);
-        return execute(w, it);
+        return execute(w, t);
     }
     if (c->opt.offload && !atomic_load(&c->offload_refused)) {
-        int r = offload_item(w, it);
+        int r = offload_item(w, it, t);
         if (r <= 0)
             return r;
     }
@@ -645,7 +692,7 @@ static int copy_item(struct worker *w, const struct work_item *it)
         add_action(w, it->start, len, w->buf, 1);
     else if (plan_sparse(w, it) < 0)
         return cancelled(c) ? 0 : -1;
-    return execute(w, it);
+    return execute(w, t);
 }
 
 /* Remember a written range; settle the oldest when the ring is full. */
@@ -672,10 +719,13 @@ static void *worker_main(void *arg)
     struct ic_copy *c = w->c;
     struct work_item it;
     while (pop_item(c, &it)) {
-        if (copy_item(w, &it) < 0) {
-            fail(c, &w->err);
+        struct turns t = {.seq = it.seq};
+        int r = copy_item(w, &it, &t);
+        if (r < 0)
+            fail(c, &w->err); /* cancels first: end_turns waits for nobody */
+        end_turns(c, &t);
+        if (r < 0)
             break;
-        }
         if (it.kind == RUN_DATA) {
             ic_image_settle_read(c->src, it.start, it.end - it.start);
             write_behind(w, it.start, it.end - it.start);
