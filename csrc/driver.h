@@ -11,9 +11,7 @@
 struct ic_image;
 
 struct ic_driver {
-    const char *name;
-    /* Nonzero if the first bytes of a file look like this format. */
-    int (*probe)(const uint8_t *head, size_t len);
+    const char *name; /* probe.c recognises the format's files */
     /* Fill img->drv_state and img->size.  `fd` becomes the driver's, which
      * closes it on failure too. */
     int (*open)(struct ic_image *img, int fd, struct ic_error *err);

@@ -8,10 +8,23 @@
 static void set(struct ic_error *err, enum ic_error_kind kind, int errnum, const char *path,
                 const char *fmt, va_list ap)
 {
+    /* the message may quote the error it replaces: format it aside */
+    char msg[sizeof err->msg];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    char where[sizeof err->path];
+    snprintf(where, sizeof where, "%s", path ? path : "");
     err->kind = kind;
     err->errnum = errnum;
-    snprintf(err->path, sizeof err->path, "%s", path ? path : "");
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    err->remedy = IC_REMEDY_NONE;
+    memcpy(err->path, where, sizeof where);
+    memcpy(err->msg, msg, sizeof msg);
+}
+
+int ic_error_remedy(struct ic_error *err, enum ic_remedy remedy)
+{
+    if (err)
+        err->remedy = remedy;
+    return -1;
 }
 
 int ic_error_os(struct ic_error *err, int errnum, const char *path, const char *fmt, ...)
@@ -52,6 +65,7 @@ int ic_error_nomem(struct ic_error *err)
     if (err) {
         err->kind = IC_ERR_NOMEM;
         err->errnum = ENOMEM;
+        err->remedy = IC_REMEDY_NONE;
         err->path[0] = '\0';
         snprintf(err->msg, sizeof err->msg, "out of memory");
     }
@@ -63,6 +77,7 @@ void ic_error_clear(struct ic_error *err)
     if (err) {
         err->kind = IC_ERR_NONE;
         err->errnum = 0;
+        err->remedy = IC_REMEDY_NONE;
         err->path[0] = '\0';
         err->msg[0] = '\0';
     }
@@ -73,6 +88,7 @@ int ic_error_readonly(struct ic_error *err, const char *path)
     if (err) {
         err->kind = IC_ERR_READONLY;
         err->errnum = EBADF;
+        err->remedy = IC_REMEDY_NONE;
         snprintf(err->path, sizeof err->path, "%s", path ? path : "");
         snprintf(err->msg, sizeof err->msg, "image is open read-only");
     }

@@ -11,12 +11,21 @@ enum ic_error_kind {
     IC_ERR_READONLY,    /* a write to an image opened read-only          */
 };
 
+/* What the caller can do about an error: front ends spell it their way
+ * (format="raw" in Python, -f raw on the command line). */
+enum ic_remedy {
+    IC_REMEDY_NONE = 0,
+    IC_REMEDY_AS_RAW, /* open the file as raw bytes (an image format we lack) */
+    IC_REMEDY_FORCE,  /* read a dirty or corrupt-flagged image read-only      */
+};
+
 #define IC_ERROR_PATH_MAX 4096
 #define IC_ERROR_MSG_MAX 512
 
 struct ic_error {
     enum ic_error_kind kind;
     int errnum;
+    enum ic_remedy remedy;
     char path[IC_ERROR_PATH_MAX];
     char msg[IC_ERROR_MSG_MAX];
 };
@@ -29,6 +38,8 @@ int ic_error_value(struct ic_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 int ic_error_format(struct ic_error *err, const char *path, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Set err->remedy (after one of the above); returns -1 too. */
+int ic_error_remedy(struct ic_error *err, enum ic_remedy remedy);
 int ic_error_nomem(struct ic_error *err);
 int ic_error_readonly(struct ic_error *err, const char *path);
 void ic_error_clear(struct ic_error *err);

@@ -2,12 +2,16 @@
  * built on the extent cache. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "image.h"
+#include "probe.h"
 
 static const struct ic_driver *const drivers[] = {
     &ic_driver_raw,
@@ -18,17 +22,6 @@ static const struct ic_driver *const drivers[] = {
 /* The null image has no file: "null:" names it. */
 #define NULL_PATH "null:"
 
-/* Formats we recognise but cannot open yet: refusing beats reading a
- * qcow2 file's metadata as guest data. */
-static const struct {
-    const char *name;
-    const char *magic;
-    size_t len;
-} known_magic[] = {
-    {"vmdk", "KDMV", 4},
-    {"vdi", "<<< ", 4},
-};
-
 static const struct ic_driver *driver_by_name(const char *name)
 {
     for (size_t i = 0; i < sizeof drivers / sizeof drivers[0]; i++)
@@ -37,32 +30,71 @@ static const struct ic_driver *driver_by_name(const char *name)
     return NULL;
 }
 
+int ic_format_readable(const char *format)
+{
+    return driver_by_name(format) != NULL && strcmp(format, "null") != 0;
+}
+
+static int read_fully(int fd, uint8_t *buf, size_t len, uint64_t off, size_t *got)
+{
+    *got = 0;
+    while (*got < len) {
+        ssize_t n = pread(fd, buf + *got, len - *got, (off_t)(off + *got));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        *got += (size_t)n;
+    }
+    return 0;
+}
+
+/* Whether [off, end) of a file reads as zeros without holding data: a
+ * hole, or an unwritten extent.  Such a range is never read: reading an
+ * unwritten extent leaves zero pages in the page cache, which ext4's
+ * SEEK_DATA then reports as data, and probing must not change the map. */
+static int reads_as_hole(int fd, off_t off, off_t end)
+{
+    off_t data = lseek(fd, off, SEEK_DATA);
+    if (data < 0)
+        return errno == ENXIO; /* EINVAL: no SEEK_DATA here, read it */
+    return data >= end;
+}
+
+/* The format name the file's first and last bytes look like. */
+static int probe_fd(int fd, const char *path, const char **format, struct ic_error *err)
+{
+    uint8_t head[IC_PROBE_HEAD], tail[IC_PROBE_TAIL];
+    size_t hlen = 0, tlen = 0;
+    off_t end = lseek(fd, 0, SEEK_END);
+    if (end < 0)
+        return ic_error_os(err, errno, path, "seek to the end");
+    size_t want = (uint64_t)end < sizeof head ? (size_t)end : sizeof head;
+    if (reads_as_hole(fd, 0, (off_t)want)) {
+        memset(head, 0, want);
+        hlen = want;
+    } else if (read_fully(fd, head, want, 0, &hlen) < 0) {
+        return ic_error_os(err, errno, path, "read header");
+    }
+    if ((uint64_t)end >= sizeof tail && !reads_as_hole(fd, end - (off_t)sizeof tail, end) &&
+        read_fully(fd, tail, sizeof tail, (uint64_t)end - sizeof tail, &tlen) < 0)
+        return ic_error_os(err, errno, path, "read the last sector");
+    *format = ic_probe_format(head, hlen, tail, tlen);
+    return 0;
+}
+
 static int probe(int fd, const char *path, const struct ic_driver **out, struct ic_error *err)
 {
-    uint8_t head[512];
-    ssize_t n;
-    do
-        n = pread(fd, head, sizeof head, 0);
-    while (n < 0 && errno == EINTR);
-    if (n < 0)
-        return ic_error_os(err, errno, path, "read header");
-    for (size_t i = 0; i < sizeof known_magic / sizeof known_magic[0]; i++) {
-        if ((size_t)n >= known_magic[i].len &&
-            memcmp(head, known_magic[i].magic, known_magic[i].len) == 0 &&
-            !driver_by_name(known_magic[i].name))
-            return ic_error_format(err, path, "%s images are not supported yet (pass "
-                                   "format=\"raw\" to read the file as raw bytes)",
-                                   known_magic[i].name);
+    const char *name;
+    if (probe_fd(fd, path, &name, err) < 0)
+        return -1;
+    if (!ic_format_readable(name)) {
+        ic_error_format(err, path, "this is a %s image, a format imgcopy cannot read yet", name);
+        return ic_error_remedy(err, IC_REMEDY_AS_RAW);
     }
-    /* raw accepts anything, so it is asked last */
-    size_t nd = sizeof drivers / sizeof drivers[0];
-    for (size_t i = 0; i < nd; i++) {
-        if (drivers[i] != &ic_driver_raw && drivers[i]->probe(head, (size_t)n)) {
-            *out = drivers[i];
-            return 0;
-        }
-    }
-    *out = &ic_driver_raw;
+    *out = driver_by_name(name);
     return 0;
 }
 
@@ -98,7 +130,7 @@ static int open_file(const char *path, unsigned flags, struct ic_error *err)
     }
     if (S_ISDIR(st.st_mode)) {
         close(fd);
-        return ic_error_os(err, EISDIR, path, "is a directory");
+        return ic_error_os(err, EISDIR, path, "open");
     }
     return disk_or_file(fd, &st, path, err);
 }
@@ -129,6 +161,10 @@ static struct ic_image *new_image(const char *path, const struct ic_driver *drv,
 static void free_image(struct ic_image *img)
 {
     ic_cache_destroy(img);
+    if (img->tmp_path) /* never finished: the copy is incomplete */
+        unlink(img->tmp_path);
+    free(img->tmp_path);
+    free(img->rename_to);
     free(img->path);
     free(img);
 }
@@ -198,6 +234,16 @@ int ic_image_open(const char *path, const char *format, unsigned flags, struct i
     return open_link(path, format, flags, NULL, out, err);
 }
 
+int ic_image_probe(const char *path, const char **format, struct ic_error *err)
+{
+    int fd = open_file(path, 0, err);
+    if (fd < 0)
+        return -1;
+    int r = probe_fd(fd, path, format, err);
+    close(fd);
+    return r;
+}
+
 int ic_image_open_backing(const struct ic_image *overlay, const char *path, const char *format,
                           struct ic_image **out, struct ic_error *err)
 {
@@ -207,10 +253,19 @@ int ic_image_open_backing(const struct ic_image *overlay, const char *path, cons
         return ic_error_format(err, overlay->path, "backing file '%s' is not an image", path);
     if (open_link(path, format, flags, overlay, out, err) == 0)
         return 0;
+    /* the overlay names its backing format: no caller option changes it */
+    if (err && err->remedy == IC_REMEDY_AS_RAW)
+        err->remedy = IC_REMEDY_NONE;
     /* what the overlay names is part of the overlay's (possibly hostile)
      * content: an unusable backing file is a format error, I/O stays I/O */
-    if (err && err->kind == IC_ERR_VALUE)
-        ic_error_format(err, path, "unusable backing file: %s", err->msg);
+    if (err && err->kind == IC_ERR_VALUE) {
+        /* "PATH: reason" says PATH once, in our own words */
+        const char *reason = err->msg;
+        size_t n = strlen(path);
+        if (strncmp(reason, path, n) == 0 && strncmp(reason + n, ": ", 2) == 0)
+            reason += n + 2;
+        ic_error_format(err, overlay->path, "unusable backing file %s: %s", path, reason);
+    }
     return -1;
 }
 
@@ -238,10 +293,74 @@ int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out
     return 0;
 }
 
-/* A regular file is emptied (its old blocks must not show through); a
- * block device is used as it is and never replaced by a file. */
-static int open_for_create(const char *path, struct ic_error *err)
+/* A temporary file beside `path` (same directory, so the final rename
+ * stays in one file system and relative backing names resolve alike):
+ * ".NAME.imgcopy-XXXXXX", created exclusively; *tmp gets its name. */
+static int create_temporary(const char *path, mode_t mode, char **tmp, struct ic_error *err)
 {
+    const char *slash = strrchr(path, '/');
+    int dirlen = slash ? (int)(slash - path + 1) : 0;
+    const char *base = slash ? slash + 1 : path;
+    size_t cap = strlen(path) + 32;
+    char *name = malloc(cap);
+    if (!name)
+        return ic_error_nomem(err);
+    static atomic_uint counter;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        unsigned long salt = ((unsigned long)now.tv_nsec ^ ((unsigned long)getpid() << 20) ^
+                              atomic_fetch_add(&counter, 1) * 2654435761u) % 1000000ul;
+        snprintf(name, cap, "%.*s.%s.imgcopy-%06lu", dirlen, path, base, salt);
+        int fd = open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, mode);
+        if (fd >= 0) {
+            *tmp = name;
+            return fd;
+        }
+        if (errno != EEXIST) {
+            int e = errno;
+            free(name);
+            return ic_error_os(err, e, path, "create a temporary file beside it");
+        }
+    }
+    free(name);
+    return ic_error_os(err, EEXIST, path, "create a temporary file beside it");
+}
+
+/* Open the destination of a new image.  A block device is used as it is
+ * and never replaced by a file.  A regular file is written under a
+ * temporary name when `atomic` (the old file, if any, stays whole until
+ * the rename; its permissions carry over), else emptied in place (its old
+ * blocks must not show through). */
+static int open_for_create(const char *path, int atomic, char **tmp, char **target,
+                           struct ic_error *err)
+{
+    *tmp = *target = NULL;
+    struct stat old;
+    int exists = stat(path, &old) == 0;
+    if (!exists && errno != ENOENT)
+        return ic_error_os(err, errno, path, "create");
+    if (exists && S_ISDIR(old.st_mode))
+        return ic_error_os(err, EISDIR, path, "create");
+    if (atomic && (!exists || S_ISREG(old.st_mode))) {
+        /* through a symbolic link, the file it names is replaced */
+        *target = exists ? realpath(path, NULL) : strdup(path);
+        if (!*target)
+            return exists ? ic_error_os(err, errno, path, "resolve") : ic_error_nomem(err);
+        int fd = create_temporary(*target, exists ? old.st_mode & 07777 : 0644, tmp, err);
+        int e = fd >= 0 && exists && fchmod(fd, old.st_mode & 07777) < 0 ? errno : 0;
+        if (fd < 0 || e) {
+            if (fd >= 0) {
+                close(fd);
+                unlink(*tmp);
+            }
+            free(*tmp);
+            free(*target);
+            *tmp = *target = NULL;
+            return e ? ic_error_os(err, e, path, "copy the permissions of the old file") : -1;
+        }
+        return fd;
+    }
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
     if (fd < 0)
         return ic_error_os(err, errno, path, "create");
@@ -276,15 +395,24 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         if (opts->compress && opts->prealloc_metadata)
             return ic_error_value(err, "compression and preallocation exclude each other");
     }
-    int fd = drv == &ic_driver_null ? -1 : open_for_create(path, err);
-    if (fd < 0 && drv != &ic_driver_null)
+    char *tmp = NULL, *target = NULL;
+    int fd = -1;
+    if (drv != &ic_driver_null &&
+        (fd = open_for_create(path, (flags & IC_CREATE_ATOMIC) != 0, &tmp, &target, err)) < 0)
         return -1;
-    struct ic_image *img = new_image(path, drv, flags | IC_OPEN_RDWR, size);
+    struct ic_image *img = new_image(path, drv, (flags & ~IC_CREATE_ATOMIC) | IC_OPEN_RDWR,
+                                     size);
     if (!img) {
         if (fd >= 0)
             close(fd);
+        if (tmp)
+            unlink(tmp);
+        free(tmp);
+        free(target);
         return ic_error_nomem(err);
     }
+    img->tmp_path = tmp;
+    img->rename_to = target;
     static const struct ic_create_options defaults = {0};
     img->create_opts = opts ? opts : &defaults;
     int r = drv->create(img, fd, fresh, err);
@@ -294,6 +422,33 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         return -1;
     }
     *out = img;
+    return 0;
+}
+
+/* The finished image takes the place of `path`. */
+static int rename_into_place(struct ic_image *img, int sync, struct ic_error *err)
+{
+    const char *target = img->rename_to;
+    if (rename(img->tmp_path, target) < 0)
+        return ic_error_os(err, errno, img->path, "rename %s over it", img->tmp_path);
+    free(img->tmp_path);
+    img->tmp_path = NULL;
+    if (!sync)
+        return 0;
+    /* the rename is durable once the directory is */
+    const char *slash = strrchr(target, '/');
+    char *dir = slash ? strndup(target, slash == target ? 1 : (size_t)(slash - target))
+                      : strdup(".");
+    if (!dir)
+        return ic_error_nomem(err);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int e = fd < 0 || fsync(fd) < 0 ? errno : 0;
+    if (fd >= 0)
+        close(fd);
+    free(dir);
+    /* some file systems cannot sync a directory: the rename stands */
+    if (e && e != EINVAL && e != EBADF)
+        return ic_error_os(err, e, img->path, "sync its directory");
     return 0;
 }
 
@@ -467,9 +622,11 @@ uint64_t ic_image_write_alignment(const struct ic_image *img)
 
 int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err)
 {
-    if (!ic_image_writable(img) || !img->drv->finish)
+    if (!ic_image_writable(img))
         return 0;
-    return img->drv->finish(img, sync, err);
+    if (img->drv->finish && img->drv->finish(img, sync, err) < 0)
+        return -1;
+    return img->tmp_path ? rename_into_place(img, sync, err) : 0;
 }
 
 void ic_image_settle_written(struct ic_image *img, uint64_t off, uint64_t len)

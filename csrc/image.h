@@ -20,6 +20,8 @@ struct ic_image {
     const struct ic_driver *drv;
     void *drv_state;
     char *path;
+    char *tmp_path;  /* IC_CREATE_ATOMIC: written here until finished, */
+    char *rename_to; /* then renamed over this (`path`, through symlinks) */
     unsigned open_flags;
     uint64_t size;
     /* the files of the backing chain from the top down to this one */

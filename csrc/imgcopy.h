@@ -43,6 +43,11 @@ enum {
     IC_OPEN_DIRECT = 1u << 1,    /* O_DIRECT where requests are aligned */
     IC_OPEN_WRITEBACK = 1u << 2, /* start writeback behind each write  */
     IC_OPEN_FORCE = 1u << 3,     /* read a dirty or corrupt-flagged image */
+    /* ic_image_create of a regular file: write it under a temporary name
+     * in the same directory, renamed over `path` by ic_image_finish() and
+     * removed by ic_image_close() without it, so that `path` never holds an
+     * incomplete copy (block devices are written in place) */
+    IC_CREATE_ATOMIC = 1u << 4,
 };
 
 struct ic_image;
@@ -53,6 +58,13 @@ struct ic_cache_stats {
     uint64_t lseek_calls; /* SEEK_DATA / SEEK_HOLE system calls made    */
     uint64_t intervals;   /* known intervals currently held             */
 };
+
+/* The format the file at `path` looks like: a readable format ("raw",
+ * "qcow2") or one imgcopy recognises but cannot read ("vmdk", "vpc", ...);
+ * "raw" when nothing else matches.  A static string. */
+int ic_image_probe(const char *path, const char **format, struct ic_error *err);
+/* Whether imgcopy can open images of this format. */
+int ic_format_readable(const char *format);
 
 /* format: NULL probes; otherwise a driver name ("raw"). */
 int ic_image_open(const char *path, const char *format, unsigned flags,
@@ -74,7 +86,9 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
                     const struct ic_create_options *opts, struct ic_image **out, int *fresh,
                     struct ic_error *err);
 /* Write what the format keeps in memory (qcow2 metadata) and mark the
- * image complete; `sync` makes it durable first.  Raw: nothing to do. */
+ * image complete; `sync` makes it durable first.  An image created with
+ * IC_CREATE_ATOMIC is then renamed into place (and, with `sync`, the
+ * rename made durable). */
 int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err);
 void ic_image_close(struct ic_image *img);
 

@@ -1,5 +1,5 @@
 """imgcopy: copy and convert virtual-disk images fast, moving only what matters."""
-from ._core import Error, ImageFormatError
+from .errors import Error, ImageFormatError
 from ._version import __version__
 from .convert import CopyResult, convert
 from .extents import Extent, ExtentMap

@@ -6,31 +6,30 @@ import json
 import os
 import sys
 import time
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
-from . import _core
+from . import sizes
 from ._version import __version__
 from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
+from .errors import Error, ImageFormatError
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
 
-_SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-             "p": 1 << 50, "e": 1 << 60}
-
-
 def parse_size(text: str) -> int:
     """A byte count with an optional k/M/G/T/P/E suffix (powers of 1024)."""
-    t = text.strip().lower()
-    unit = t[-1:] if t[-1:] in _SUFFIXES and not t[-1:].isdigit() else ""
-    number = t[: len(t) - len(unit)]
     try:
-        value = float(number) if "." in number else int(number, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}") from None
-    result = int(value * _SUFFIXES[unit])
-    if result < 0:
-        raise argparse.ArgumentTypeError(f"size must not be negative: {text!r}")
-    return result
+        return sizes.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# How the CLI spells the options an error's remedies name.
+_FLAGS = {"format": "-f {}", "src_format": "-f {}", "dst_format": "-O {}", "force": "--force"}
+
+
+def cli_spelling(options: Dict[str, Any]) -> str:
+    return " ".join(_FLAGS[k].format(v) if k in _FLAGS else f"--{k}={v}"
+                    for k, v in options.items())
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -45,8 +44,10 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("--output", choices=("human", "json"), default="human")
     m.add_argument("-s", "--start-offset", type=parse_size, default=0, metavar="N")
     m.add_argument("-l", "--max-length", type=parse_size, default=None, metavar="N")
+    m.add_argument("--force", action="store_true",
+                   help="read a qcow2 image marked dirty or corrupt")
     m.add_argument("filename")
-    m.set_defaults(func=_cmd_map)
+    m.set_defaults(func=_cmd_map, parser=m)
 
     i = sub.add_parser("info", help="show an image's format, sizes, cluster size and backing "
                                     "file (like qemu-img info)")
@@ -56,14 +57,17 @@ def _build_parser() -> argparse.ArgumentParser:
     i.add_argument("--backing-chain", action="store_true",
                    help="show every image of the backing chain")
     i.add_argument("filename")
-    i.set_defaults(func=_cmd_info)
+    i.set_defaults(func=_cmd_info, parser=i)
 
     c = sub.add_parser("convert", help="copy an image, moving only what matters "
                                        "(like qemu-img convert)")
     c.add_argument("-f", dest="src_format", choices=FORMATS, default=None,
                    help="source format (default: probe)")
-    c.add_argument("-O", dest="dst_format", choices=DEST_FORMATS, default="raw",
-                   help="destination format (default: raw)")
+    c.add_argument("-O", dest="dst_format", choices=DEST_FORMATS, default=None,
+                   help="destination format (default: raw; with -n, an existing destination "
+                        "that is not raw must be named)")
+    c.add_argument("--force", action="store_true",
+                   help="read a qcow2 source marked dirty or corrupt")
     c.add_argument("-c", dest="compress", action="store_true",
                    help="compress the qcow2 destination's clusters")
     c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
@@ -105,7 +109,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="print what the copy did")
     c.add_argument("source")
     c.add_argument("destination")
-    c.set_defaults(func=_cmd_convert)
+    c.set_defaults(func=_cmd_convert, parser=c)
     return parser
 
 
@@ -179,7 +183,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
-        create=args.create, sparse_threshold=args.sparse_threshold,
+        create=args.create, force=args.force, sparse_threshold=args.sparse_threshold,
         concurrency=args.concurrency, request_size=args.request_size,
         out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
@@ -189,7 +193,7 @@ def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
-    with open_image(args.filename, args.format) as img:
+    with open_image(args.filename, args.format, force=args.force) as img:
         emap = img.extents(args.start_offset, args.max_length)
     text = emap.to_json() if args.output == "json" else emap.to_human(args.filename)
     sys.stdout.write(text)
@@ -210,14 +214,18 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
         return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
+    if isinstance(exc, ImageFormatError):
+        return exc.describe(cli_spelling)
     return str(exc)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _build_parser().parse_args(argv)
+    args, extra = _build_parser().parse_known_args(argv)
+    if extra:  # the command's own usage, not the top level's
+        args.parser.error("unrecognized arguments: " + " ".join(extra))
     try:
         return args.func(args)
-    except (OSError, ValueError, _core.Error) as exc:
+    except (OSError, ValueError, Error) as exc:
         print(f"imgcopy: {_describe(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

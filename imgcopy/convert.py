@@ -7,8 +7,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, Tuple, Union
 
 from . import _core
-from .image import FORMATS, Image, PathArg, _check_format
+from .errors import ImageFormatError, Remedy
+from .image import Image, PathArg, _check_format
 from .progress import close_progress, make_progress
+from .sizes import Size, parse_size
 
 # Chosen by measurement (benchmarks/bench_convert.py, README): with 2 MiB
 # requests, 4 threads keep a 2-core machine's disk busy without queueing
@@ -77,11 +79,9 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
 
 
 def check_copy_options(sparse_threshold: int, concurrency: int, request_size: int) -> None:
-    for name, value in (("sparse_threshold", sparse_threshold), ("concurrency", concurrency),
-                        ("request_size", request_size)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"{name} must be an int")
-    if sparse_threshold < 0 or sparse_threshold % 512 or sparse_threshold > 16 << 20:
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool):
+        raise TypeError("concurrency must be an int")
+    if sparse_threshold % 512 or sparse_threshold > 16 << 20:
         raise ValueError("sparse_threshold must be a multiple of 512 from 0 to 16 MiB")
     if not 1 <= concurrency <= 1024:
         raise ValueError("concurrency must be between 1 and 1024")
@@ -96,40 +96,103 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def _existing_format(path: str) -> str:
+    """The format to write into an existing destination when none was
+    given: raw, if it looks like raw; anything else is refused, since
+    writing raw bytes over an image's metadata destroys it."""
+    found = _core.probe(path)
+    if found == "raw":
+        return found
+    remedies = []
+    if found in DEST_FORMATS:
+        remedies.append(Remedy({"dst_format": found}, f"to write into it as a {found} image"))
+    remedies.append(Remedy({"dst_format": "raw"}, "to overwrite it with raw bytes"))
+    raise ImageFormatError(f"the destination is a {found} image and no destination format "
+                           "was given", filename=path, remedies=remedies)
+
+
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
-            dst_format: str = "raw", create: bool = True,
-            sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
+            dst_format: Optional[str] = None, create: bool = True, force: bool = False,
+            sparse_threshold: Size = DEFAULT_SPARSE_THRESHOLD,
             concurrency: int = DEFAULT_CONCURRENCY,
-            request_size: int = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
+            request_size: Size = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
             target_is_zero: Optional[bool] = None,
             direct: Union[bool, Tuple[bool, bool]] = False, flush: bool = True,
             offload: bool = False, progress: Progress = None,
-            cluster_size: Optional[int] = None, compat: str = "1.1",
+            cluster_size: Optional[Size] = None, compat: str = "1.1",
             preallocation: str = "off", compress: bool = False,
             backing_file: Optional[str] = None,
             backing_format: Optional[str] = None) -> CopyResult:
-    """Copy ``src`` to ``dst``, moving only what matters.
+    """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
-    ``dst`` may be a path, a block device or ``"null:"`` (discard).
-    ``create=False`` writes into an existing image at least as large as the
-    source and leaves its tail alone.  ``sparse_threshold``: zero runs at
-    least this long inside data become holes (0: fully allocated).
-    ``target_is_zero``: None decides (True only for a file created here).
-    ``direct``: O_DIRECT on both ends, or a (source, destination) pair.
-    qcow2 destinations (new images only): ``cluster_size`` [64 KiB],
-    ``compat`` "1.1" (v3) or "0.10" (v2), ``preallocation`` "off" or
-    "metadata", ``compress`` (zlib, per cluster, in the worker threads).
-    ``progress``: True shows a bar (tqdm when installed, else text on
-    stderr); or a callable ``(done, total)``, or an object with ``update(n)``.
-    Host clusters are allocated in guest order whatever the concurrency.
-    ``backing_file`` (relative to dst's directory, as stored in the image)
-    makes a qcow2 overlay: what the source's own backing chain holds is left
-    unwritten, like ``qemu-img convert -B``."""
+    Source:
+      ``src``: a path (str, bytes or os.PathLike) of a raw or qcow2 image,
+      a block device included; qcow2 backing chains are followed.
+      ``src_format``: "raw" or "qcow2"; None probes (an image of another
+      format is refused, not read as raw). ``force``: read a qcow2 source
+      marked dirty or corrupt.
+
+    Destination:
+      ``dst``: a path, a block device, or ``"null:"`` (discard everything;
+      for measuring). ``dst_format``: "raw", "qcow2" or "null"; None means
+      "raw" for a new file, and for an existing one (``create=False``) the
+      format it has if that is raw (another format must be named).
+      ``create``: True makes a new image: a regular file is written under a
+      temporary name beside ``dst`` and renamed over it only when the copy
+      and its flush succeeded (on failure or Ctrl-C nothing appears at
+      ``dst`` and an old file there is untouched); a block device is
+      written in place. False (``qemu-img convert -n``) writes into an
+      existing image at least as large as the source, in place, and leaves
+      its tail alone: a failed copy leaves it half written (a qcow2 image is
+      then flagged corrupt).
+
+    Copy options (sizes take ints or strings such as "64k", "4M"):
+      ``sparse_threshold`` [4k]: zero runs at least this long inside data
+      become holes (qemu-img -S); 0 writes every byte (fully allocated).
+      ``concurrency`` [4]: worker threads (-m). ``request_size`` [2M]: bytes
+      per read or write request. ``out_of_order`` [True]: writes may complete
+      in any order (-W); False writes in guest order.
+      ``target_is_zero``: the destination already reads as zeros, so zero
+      ranges are skipped; None decides (True only for a new regular file).
+      ``direct``: O_DIRECT on both ends, or a (source, destination) pair
+      (-T none / -t none). ``flush`` [True]: make the destination durable
+      before returning (False: -t unsafe). ``offload``: copy data in the
+      kernel (copy_file_range, -C) where the pair allows it.
+      ``progress``: True shows a bar (tqdm when installed, else text on
+      stderr); a callable ``(done, total)``; or an object with ``update(n)``.
+
+    qcow2 destinations (new images):
+      ``cluster_size`` [64k], ``compat`` "1.1" (v3) or "0.10" (v2),
+      ``preallocation`` "off" or "metadata", ``compress`` (zlib, per
+      cluster, in the worker threads; -c), ``backing_file`` (stored as
+      given, relative to dst's directory) and ``backing_format``: a qcow2
+      overlay in which what the source's own backing chain holds is left
+      unwritten (-B/-F). Host clusters are allocated in guest order
+      whatever the concurrency.
+
+    Returns a CopyResult: bytes read, written, zeroed and skipped (written
+    + zeroed + skipped is the source's size), requests of each kind, source
+    extents, elapsed seconds and the source's extent-cache counters.
+
+    Raises: ``ImageFormatError`` for a corrupt or unsupported source or
+    destination image (its message says which option would help);
+    ``ValueError`` / ``TypeError`` for invalid options, checked before the
+    destination is touched; ``OSError`` (with ``errno`` and ``filename``) for
+    I/O errors, e.g. ENOSPC; ``KeyboardInterrupt`` or the progress
+    callback's exception, which cancel the copy."""
     _check_format(src_format)
-    if dst_format not in DEST_FORMATS:
+    if dst_format is not None and dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
                          f"(known: {', '.join(DEST_FORMATS)})")
+    sparse_threshold = parse_size(sparse_threshold, "sparse_threshold")
+    request_size = parse_size(request_size, "request_size")
     check_copy_options(sparse_threshold, concurrency, request_size)
+    dst_name = os.fsdecode(os.fspath(dst))
+    is_null = dst_format == "null" or dst_name == NULL_TARGET
+    if is_null:
+        dst_format = "null"
+    elif dst_format is None:
+        dst_format = "raw" if create else _existing_format(dst_name)
 
     if compat not in COMPATS:
         raise ValueError(f"compat must be one of {', '.join(COMPATS)}, not {compat!r}")
@@ -140,22 +203,24 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if qcow2_only and dst_format != "qcow2":
         raise ValueError("cluster_size, compat, preallocation, compress and backing_file "
                          "need dst_format='qcow2'")
-    if cluster_size is not None and (not isinstance(cluster_size, int) or
-                                     not 512 <= cluster_size <= 2 << 20 or
-                                     cluster_size & (cluster_size - 1)):
-        raise ValueError("cluster_size must be a power of two from 512 to 2 MiB")
+    if cluster_size is not None:
+        cluster_size = parse_size(cluster_size, "cluster_size")
+        if not 512 <= cluster_size <= 2 << 20 or cluster_size & (cluster_size - 1):
+            raise ValueError("cluster_size must be a power of two from 512 to 2 MiB")
     if compress and preallocation != "off":
         raise ValueError("compression and preallocation exclude each other")
     if backing_file is not None and not create:
         raise ValueError("backing_file makes a new image: it needs create=True")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
-    dst_name = os.fsdecode(os.fspath(dst))
-    is_null = dst_format == "null" or dst_name == NULL_TARGET
     options = dict(sparse_threshold=sparse_threshold, concurrency=concurrency,
                    request_size=request_size, out_of_order=out_of_order, direct=direct,
                    flush=flush, offload=offload)
 
-    with Image(src, src_format, direct=bool(src_direct)) as source:
+    try:
+        source = Image(src, src_format, direct=bool(src_direct), force=force)
+    except ImageFormatError as exc:
+        raise exc.renamed({"format": "src_format"})
+    with source:
         if not is_null and _same_file(source.filename, dst_name):
             raise ValueError(f"{dst_name}: the destination is the source")
         if is_null:
@@ -169,13 +234,14 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                                        compress=compress,
                                        backing_file=None if backing_file is None
                                        else os.fsdecode(backing_file),
-                                       backing_format=backing_format)
+                                       backing_format=backing_format, atomic=True)
         else:
             core = _core.Image(dst, dst_format, True, bool(dst_direct))
             fresh = False
-            if core.size < source.size:
+            dst_size = core.size
+            if dst_size < source.size:
                 core.close()
-                raise ValueError(f"{dst_name}: the destination ({core.size} bytes) is smaller "
+                raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
                                  f"than the source ({source.size} bytes)")
         bar = None
         try:
@@ -187,7 +253,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             counters = _core.copy(source._img, core, sparse_threshold, request_size,
                                   concurrency, out_of_order, zero_target, offload,
                                   flush and not is_null, report)
-            # only a complete copy marks a new qcow2 image complete
+            # only a complete copy marks a new qcow2 image complete, and
+            # puts a new file in place
             core.finish(flush and not is_null)
             elapsed = time.monotonic() - t0
         except BaseException:

@@ -8,6 +8,7 @@ from . import _core
 from .convert import (DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEFAULT_SPARSE_THRESHOLD,
                       NULL_TARGET, check_copy_options)
 from .image import Image, PathArg
+from .sizes import Size, parse_size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
 _REQUEST = struct.Struct("=QQII")
@@ -72,12 +73,14 @@ class CopyPlan:
 
 
 def plan(src: PathArg, *, src_format: Optional[str] = None,
-         sparse_threshold: int = DEFAULT_SPARSE_THRESHOLD,
-         request_size: int = DEFAULT_REQUEST_SIZE, concurrency: int = DEFAULT_CONCURRENCY,
+         sparse_threshold: Size = DEFAULT_SPARSE_THRESHOLD,
+         request_size: Size = DEFAULT_REQUEST_SIZE, concurrency: int = DEFAULT_CONCURRENCY,
          target_is_zero: bool = True) -> CopyPlan:
     """The requests ``convert(src, dst, ...)`` with the same options makes
     into a raw destination, found by the same C engine: the source is read
     (zero runs are found in its data) but nothing is written."""
+    sparse_threshold = parse_size(sparse_threshold, "sparse_threshold")
+    request_size = parse_size(request_size, "request_size")
     check_copy_options(sparse_threshold, concurrency, request_size)
     options = dict(sparse_threshold=sparse_threshold, request_size=request_size,
                    concurrency=concurrency, target_is_zero=target_is_zero)

@@ -5,13 +5,6 @@
 
 #include "../image.h"
 
-static int probe(const uint8_t *head, size_t len)
-{
-    (void)head;
-    (void)len;
-    return 0;
-}
-
 static int open_null(struct ic_image *img, int fd, struct ic_error *err)
 {
     (void)img;
@@ -84,7 +77,6 @@ static int null_block_status(struct ic_image *img, uint64_t start, uint64_t end,
 
 const struct ic_driver ic_driver_null = {
     .name = "null",
-    .probe = probe,
     .open = open_null,
     .create = create_null,
     .close = close_null,

@@ -17,11 +17,6 @@ static struct qcow2_state *state(struct ic_image *img)
     return qcow2_state_of(img);
 }
 
-static int probe(const uint8_t *head, size_t len)
-{
-    return len >= 4 && memcmp(head, QCOW2_MAGIC, 4) == 0;
-}
-
 /* ---- metadata reads ---------------------------------------------------- */
 
 static int corrupt(struct ic_image *img, struct ic_error *err, const char *what, uint64_t value)
@@ -708,7 +703,6 @@ static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
 
 const struct ic_driver ic_driver_qcow2 = {
     .name = "qcow2",
-    .probe = probe,
     .open = qcow2_open,
     .create = qcow2_create,
     .close = qcow2_close,

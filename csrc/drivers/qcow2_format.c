@@ -142,13 +142,17 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
         return ic_error_format(err, path, "encrypted qcow2 images are not supported "
                                "(crypt_method %u)", h->crypt_method);
     uint64_t in = h->incompatible;
-    if (in & QCOW2_INCOMPAT_CORRUPT && (!force || writable))
-        return ic_error_format(err, path, "the image is marked corrupt; open it read-only "
-                               "with force=True to read it anyway");
-    if (in & QCOW2_INCOMPAT_DIRTY && (!force || writable))
-        return ic_error_format(err, path, "the image is marked dirty (not closed cleanly); "
-                               "repair it with qemu-img check -r all, or open it read-only "
-                               "with force=True");
+    /* read-only, the caller may read such an image anyway */
+    enum ic_remedy remedy = writable ? IC_REMEDY_NONE : IC_REMEDY_FORCE;
+    if (in & QCOW2_INCOMPAT_CORRUPT && (!force || writable)) {
+        ic_error_format(err, path, "the image is marked corrupt");
+        return ic_error_remedy(err, remedy);
+    }
+    if (in & QCOW2_INCOMPAT_DIRTY && (!force || writable)) {
+        ic_error_format(err, path, "the image is marked dirty (not closed cleanly); "
+                        "qemu-img check -r all repairs it");
+        return ic_error_remedy(err, remedy);
+    }
     if (in & QCOW2_INCOMPAT_DATA_FILE)
         return ic_error_format(err, path, "qcow2 external data files are not supported");
     if (in & QCOW2_INCOMPAT_EXTL2)

@@ -1,5 +1,6 @@
 /* raw: a regular file or a block device, guest offset == host offset. */
 #include <errno.h>
+#include <stdio.h>
 #include <fcntl.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
@@ -38,13 +39,6 @@ static struct raw_state *state(struct ic_image *img)
     return img->drv_state;
 }
 
-static int probe(const uint8_t *head, size_t len)
-{
-    (void)head;
-    (void)len;
-    return 1; /* anything is a raw image */
-}
-
 /* O_DIRECT wants this alignment of offsets, lengths and buffers; 4096
  * satisfies every logical block size in use. */
 #define DIRECT_ALIGN 4096u
@@ -76,8 +70,12 @@ static int open_raw_state(struct ic_image *img, int fd, struct ic_error *err)
         img->size = (uint64_t)st.st_size;
     }
     if (img->open_flags & IC_OPEN_DIRECT) {
+        /* the same file as fd, whatever its name is now (a new image is
+         * written under a temporary name) */
         int mode = (img->open_flags & IC_OPEN_RDWR) ? O_RDWR : O_RDONLY;
-        s->fd_direct = open(img->path, mode | O_DIRECT | O_CLOEXEC);
+        char self[64];
+        snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+        s->fd_direct = open(self, mode | O_DIRECT | O_CLOEXEC);
         if (s->fd_direct < 0) {
             int e = errno;
             free(s);
@@ -478,7 +476,6 @@ static int raw_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
 
 const struct ic_driver ic_driver_raw = {
     .name = "raw",
-    .probe = probe,
     .open = open_raw,
     .create = create_raw,
     .close = close_raw,

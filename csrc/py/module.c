@@ -51,12 +51,27 @@ static PyObject *raise_error(const struct ic_error *err)
         Py_XDECREF(path);
         return NULL;
     }
-    case IC_ERR_FORMAT:
-        if (err->path[0])
-            PyErr_Format(ImageFormatError, "%s: %s", err->path, err->msg);
-        else
-            PyErr_SetString(ImageFormatError, err->msg);
+    case IC_ERR_FORMAT: {
+        static const char *const remedies[] = {
+            [IC_REMEDY_NONE] = NULL,
+            [IC_REMEDY_AS_RAW] = "as_raw",
+            [IC_REMEDY_FORCE] = "force",
+        };
+        const char *remedy = (unsigned)err->remedy < sizeof remedies / sizeof remedies[0]
+                                 ? remedies[err->remedy]
+                                 : NULL;
+        PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path)
+                                      : Py_NewRef(Py_None);
+        PyObject *exc = path ? PyObject_CallFunction(ImageFormatError, "sOz", err->msg, path,
+                                                     remedy)
+                             : NULL;
+        Py_XDECREF(path);
+        if (exc) {
+            PyErr_SetObject(ImageFormatError, exc);
+            Py_DECREF(exc);
+        }
         return NULL;
+    }
     case IC_ERR_NOMEM:
         return PyErr_NoMemory();
     case IC_ERR_READONLY:
@@ -515,17 +530,17 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
     (void)m;
     static char *kwlist[] = {"path", "format", "size", "direct", "writeback", "cluster_size",
                              "compat_v2", "prealloc_metadata", "compress", "backing_file",
-                             "backing_format", NULL};
+                             "backing_format", "atomic", NULL};
     PyObject *path_bytes = NULL, *o_size, *o_cluster = NULL;
     const char *format = NULL;
-    int direct = 0, writeback = 0;
+    int direct = 0, writeback = 0, atomic = 0;
     struct ic_create_options copts = {0};
     uint64_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOpppzz", kwlist, PyUnicode_FSConverter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOpppzzp", kwlist, PyUnicode_FSConverter,
                                      &path_bytes, &format, &o_size, &direct, &writeback,
                                      &o_cluster, &copts.compat_v2, &copts.prealloc_metadata,
                                      &copts.compress, &copts.backing_file,
-                                     &copts.backing_format))
+                                     &copts.backing_format, &atomic))
         return NULL;
     if (parse_u64(o_size, "size", &size) < 0 ||
         (o_cluster && parse_u64(o_cluster, "cluster_size", &copts.cluster_size) < 0)) {
@@ -538,7 +553,8 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
         return NULL;
     }
-    unsigned flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0);
+    unsigned flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0) |
+                     (atomic ? IC_CREATE_ATOMIC : 0);
     struct ic_error err = {0};
     struct ic_image *img = NULL;
     int fresh = 0, ret;
@@ -555,6 +571,29 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
     }
     obj->img = img;
     return Py_BuildValue("(NN)", (PyObject *)obj, PyBool_FromLong(fresh));
+}
+
+/* probe(path) -> the format name the file looks like */
+static PyObject *mod_probe(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    PyObject *path_bytes = NULL;
+    if (!PyUnicode_FSConverter(arg, &path_bytes))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_bytes);
+    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
+        Py_DECREF(path_bytes);
+        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
+        return NULL;
+    }
+    struct ic_error err = {0};
+    const char *format = NULL;
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = ic_image_probe(path, &format, &err);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_bytes);
+    return ret < 0 ? raise_error(&err) : PyUnicode_FromString(format);
 }
 
 static PyObject *stats_dict(const struct ic_copy_stats *st)
@@ -803,10 +842,12 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *args)
 }
 
 static PyMethodDef module_methods[] = {
+    {"probe", mod_probe, METH_O,
+     "probe(path) -> the format the file looks like ('raw' when nothing else matches)"},
     {"create", (PyCFunction)(void (*)(void))mod_create, METH_VARARGS | METH_KEYWORDS,
      "create(path, format, size, direct=False, writeback=False, cluster_size=0, compat_v2=False, "
-     "prealloc_metadata=False, compress=False, backing_file=None, backing_format=None) "
-     "-> (Image, fresh)"},
+     "prealloc_metadata=False, compress=False, backing_file=None, backing_format=None, "
+     "atomic=False) -> (Image, fresh)"},
     {"copy", (PyCFunction)(void (*)(void))mod_copy, METH_VARARGS | METH_KEYWORDS,
      "copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order, "
      "target_is_zero, offload, flush, progress) -> dict"},
@@ -838,18 +879,15 @@ PyMODINIT_FUNC PyInit__core(void)
     Py_DECREF(io);
     if (!UnsupportedOperation)
         goto fail;
-    Error = PyErr_NewExceptionWithDoc("imgcopy.Error", "Base class of imgcopy's own errors.",
-                                      NULL, NULL);
-    if (!Error)
+    /* the exceptions are Python classes (imgcopy/errors.py): they spell
+     * remedies for the API and the CLI */
+    PyObject *errors = PyImport_ImportModule("imgcopy.errors");
+    if (!errors)
         goto fail;
-    PyObject *bases = PyTuple_Pack(2, Error, PyExc_ValueError);
-    if (!bases)
-        goto fail;
-    ImageFormatError = PyErr_NewExceptionWithDoc(
-        "imgcopy.ImageFormatError", "The image is corrupt or uses a feature imgcopy lacks.",
-        bases, NULL);
-    Py_DECREF(bases);
-    if (!ImageFormatError)
+    Error = PyObject_GetAttrString(errors, "Error");
+    ImageFormatError = PyObject_GetAttrString(errors, "ImageFormatError");
+    Py_DECREF(errors);
+    if (!Error || !ImageFormatError)
         goto fail;
     if (PyType_Ready(&ImageType) < 0)
         goto fail;

@@ -1,0 +1,263 @@
+"""What convert() does to its destination: a new file appears only when the
+copy is complete (written under a temporary name, renamed at the end); an
+existing destination (-n) must be large enough and of a known format."""
+import hashlib
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+import imgcopy
+
+from . import qcow2gen
+from .convert_helpers import imgcopy_cmd
+from .imagegen import make_sparse
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def leftovers(directory, name):
+    """Temporary files convert may have left beside `name`."""
+    return [n for n in os.listdir(directory) if n.startswith("." + name + ".imgcopy-")]
+
+
+def qemu_img(*args):
+    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True)
+
+
+def data(n, seed=1):
+    return bytes((seed * 131 + i * 7) % 251 + 1 for i in range(4096)) * (n // 4096)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip("cannot mount a tmpfs: %s" % p.stderr.strip())
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def unreadable_tail_source(tmp_path, size=16 * MiB):
+    """A qcow2 source whose last cluster cannot be read (it claims to be
+    compressed): a copy fails after writing most of the data."""
+    raw = str(tmp_path / "src.raw")
+    make_sparse(raw, size, [(0, data(size))])
+    src = str(tmp_path / "src.qcow2")
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
+    qcow2gen.l2_patch(src, size // (64 << 10) - 1, 1 << 62)
+    return src
+
+
+# ---------------------------------------------------------------------------
+# a failed copy leaves nothing that looks like a copy
+
+@pytest.mark.parametrize("fmt", ["raw", "qcow2"])
+@pytest.mark.parametrize("old", [False, True], ids=["new", "replacing"])
+def test_enospc_leaves_no_copy(tmp_path, small_tmpfs, fmt, old):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 16 * MiB, [(0, data(16 * MiB))])
+    dst = str(small_tmpfs / ("out." + fmt))
+    if old:
+        with open(dst, "wb") as f:
+            f.write(b"old content" * 100)
+        before = digest(dst)
+    with pytest.raises(OSError) as info:
+        imgcopy.convert(src, dst, dst_format=fmt)
+    assert info.value.errno == 28
+    assert info.value.filename == dst  # the destination the caller named
+    if old:
+        assert digest(dst) == before, "the old file changed"
+    else:
+        assert not os.path.exists(dst)
+    assert leftovers(str(small_tmpfs), os.path.basename(dst)) == []
+
+
+@pytest.mark.parametrize("fmt", ["raw", "qcow2"])
+def test_read_error_leaves_no_copy(tmp_path, fmt):
+    src = unreadable_tail_source(tmp_path)
+    dst = str(tmp_path / ("out." + fmt))
+    with pytest.raises(imgcopy.ImageFormatError, match="compressed cluster"):
+        imgcopy.convert(src, dst, dst_format=fmt, concurrency=1, request_size=64 << 10)
+    assert not os.path.exists(dst)
+    assert leftovers(str(tmp_path), os.path.basename(dst)) == []
+
+
+def test_interrupted_copy_leaves_no_copy(tmp_path):
+    """The progress callback raises (as Ctrl-C does) during a long copy."""
+    src = str(tmp_path / "hole.raw")
+    make_sparse(src, 20 * GiB)
+    dst = str(tmp_path / "out.raw")
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        imgcopy.convert(src, dst, sparse_threshold=0, progress=stop)
+    assert not os.path.exists(dst)
+    assert leftovers(str(tmp_path), "out.raw") == []
+
+
+def test_sigint_leaves_no_copy(tmp_path):
+    src = str(tmp_path / "hole.raw")
+    make_sparse(src, 20 * GiB)
+    dst = str(tmp_path / "out.raw")
+    proc = subprocess.Popen(imgcopy_cmd() + ["convert", "-S", "0", src, dst],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 20
+        while not leftovers(str(tmp_path), "out.raw"):  # the copy has begun
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "the copy never started"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert not os.path.exists(dst)
+    assert leftovers(str(tmp_path), "out.raw") == []
+
+
+def test_success_replaces_an_old_file_keeping_its_mode(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    dst = str(tmp_path / "out.raw")
+    with open(dst, "wb") as f:
+        f.write(b"x" * (16 * MiB))
+    os.chmod(dst, 0o640)
+    imgcopy.convert(src, dst)
+    assert digest(dst) == digest(src)
+    assert stat.S_IMODE(os.stat(dst).st_mode) == 0o640
+    assert leftovers(str(tmp_path), "out.raw") == []
+
+
+def test_a_symlinked_destination_replaces_its_target(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    (tmp_path / "store").mkdir()
+    target = tmp_path / "store" / "disk.raw"
+    target.write_bytes(b"old")
+    link = tmp_path / "disk.raw"
+    link.symlink_to(target)
+    imgcopy.convert(src, str(link))
+    assert link.is_symlink()
+    assert digest(str(target)) == digest(src)
+
+
+def test_unflushed_copy_is_still_renamed(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    dst = str(tmp_path / "out.qcow2")
+    imgcopy.convert(src, dst, dst_format="qcow2", flush=False)
+    assert os.path.exists(dst)
+    subprocess.run(["qemu-img", "compare", "-f", "raw", "-F", "qcow2", src, dst], check=True,
+                   capture_output=True)
+
+
+def test_existing_destination_is_written_in_place(tmp_path):
+    """-n: the same inode, as documented (no temporary file)."""
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    dst = str(tmp_path / "out.raw")
+    make_sparse(dst, 4 * MiB)
+    inode = os.stat(dst).st_ino
+    imgcopy.convert(src, dst, create=False)
+    assert os.stat(dst).st_ino == inode
+    assert digest(dst) == digest(src)
+
+
+# ---------------------------------------------------------------------------
+# -n: existing destinations
+
+@pytest.mark.parametrize("fmt", ["raw", "qcow2"])
+def test_existing_smaller_destination_is_refused(tmp_path, fmt):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 8 * MiB, [(0, data(MiB))])
+    dst = str(tmp_path / ("small." + fmt))
+    qemu_img("create", "-f", fmt, dst, str(4 * MiB))
+    before = digest(dst)
+    with pytest.raises(ValueError, match=r"smaller than the source") as info:
+        imgcopy.convert(src, dst, dst_format=fmt, create=False)
+    assert "closed image" not in str(info.value)
+    assert "4194304" in str(info.value) and "8388608" in str(info.value)
+    assert digest(dst) == before
+
+
+def test_existing_qcow2_without_format_is_refused(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    dst = str(tmp_path / "existing.qcow2")
+    qemu_img("create", "-f", "qcow2", dst, str(4 * MiB))
+    before = digest(dst)
+    with pytest.raises(imgcopy.ImageFormatError) as info:
+        imgcopy.convert(src, dst, create=False)
+    text = str(info.value)
+    assert "qcow2" in text and 'dst_format="qcow2"' in text and 'dst_format="raw"' in text
+    assert digest(dst) == before
+    # the CLI names its own flag
+    p = subprocess.run(imgcopy_cmd() + ["convert", "-n", src, dst], capture_output=True,
+                       text=True)
+    assert p.returncode == 1
+    assert "-O qcow2" in p.stderr and "dst_format" not in p.stderr, p.stderr
+    assert digest(dst) == before
+    # named, it works either way
+    imgcopy.convert(src, dst, create=False, dst_format="qcow2")
+    subprocess.run(["qemu-img", "compare", "-f", "raw", "-F", "qcow2", src, dst], check=True,
+                   capture_output=True)
+
+
+def test_existing_foreign_image_without_format_is_refused(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    dst = str(tmp_path / "existing.vmdk")
+    qemu_img("create", "-f", "vmdk", dst, str(4 * MiB))
+    with pytest.raises(imgcopy.ImageFormatError, match="vmdk"):
+        imgcopy.convert(src, dst, create=False)
+
+
+def test_existing_raw_destination_needs_no_format(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    dst = str(tmp_path / "existing.raw")
+    make_sparse(dst, 8 * MiB, [(6 * MiB, b"tail" * 1024)])
+    imgcopy.convert(src, dst, create=False)
+    with open(dst, "rb") as f:
+        assert f.read(4 * MiB) == open(src, "rb").read()
+        f.seek(6 * MiB)
+        assert f.read(4096) == b"tail" * 1024
+
+
+def test_cli_target_is_zero_with_existing(tmp_path):
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    dst = str(tmp_path / "zeros.raw")
+    make_sparse(dst, 4 * MiB)
+    p = subprocess.run(imgcopy_cmd() + ["convert", "-n", "--target-is-zero", src, dst],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert digest(dst) == digest(src)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))

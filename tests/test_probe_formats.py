@@ -1,0 +1,559 @@
+"""Probing never opens an image of another format as raw.
+
+imgcopy reads raw and qcow2.  Every other disk-image format qemu knows (vpc/vhd, vhdx, parallels,
+bochs, dmg, cloop, qed, luks, vdi, vmdk, qcow version 1) must be recognised by probing and
+refused: ``imgcopy.open(path)`` raises ``ImageFormatError`` naming the format and suggesting
+``format="raw"``; the CLI exits 1 naming the format and suggesting ``-f raw``.  Passing
+``format="raw"`` (``-f raw``) reads the file's bytes as they are.
+
+Images are made by ``qemu-img create`` where qemu can, else written here from the format's
+description (bochs, cloop, dmg, vmdk3, LUKS2) and checked with ``qemu-img info`` (and their
+contents with ``qemu-img convert``) where qemu reads the format.  Cases marked BEYOND_QEMU are
+images that qemu-img itself probes as raw although they are of another format (a fixed VHD,
+whose only "conectix" footer is at the end; a DMG, which qemu recognises by its file name only;
+LUKS2; a bochs redolog of another subtype; a cloop preamble of another version; a VMDK
+descriptor with an empty line before "version="): they follow the probe rules recommended for
+imgcopy (head rules first; a fixed VHD's footer and a DMG's "koly" trailer read from the end).
+
+The other side: files that merely look like something (random or zero first bytes, an MBR, GPT,
+ext4 or ISO 9660 header, text that mentions a magic away from its offset, a trailer that starts
+with a magic but is not valid, a file shorter than a magic, a raw file named *.dmg) stay raw.
+
+File names are neutral ("i07", not "x.vmdk") so that a message naming the format is not
+satisfied by the path it quotes.
+"""
+
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+import imgcopy
+from imgcopy import cli
+
+
+def _which(prog):
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        p = os.path.join(d, prog)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+QEMU_IMG = _which("qemu-img")
+needs_qemu = pytest.mark.skipif(QEMU_IMG is None, reason="qemu-img not found (install qemu-utils)")
+
+MiB = 1 << 20
+
+
+# ---- images qemu-img makes -----------------------------------------------------------------------
+
+SECRET = ["--object", "secret,id=sec0,data=x"]
+
+# id -> (format name the error must use, qemu-img create arguments before the file name)
+QEMU_MADE = {
+    "vpc-dynamic": ("vpc", ["-f", "vpc", "-o", "subformat=dynamic"]),
+    "vpc-fixed": ("vpc", ["-f", "vpc", "-o", "subformat=fixed"]),              # BEYOND_QEMU
+    "vhdx": ("vhdx", ["-f", "vhdx"]),
+    "parallels": ("parallels", ["-f", "parallels"]),
+    "qed": ("qed", ["-f", "qed"]),
+    # sha512: with sha256, qemu 7.2's PBKDF benchmark often fails ("Unable to get accurate CPU
+    # usage") on fast machines
+    "luks": ("luks", SECRET + ["-f", "luks",
+                               "-o", "key-secret=sec0,iter-time=10,hash-alg=sha512"]),
+    "vdi": ("vdi", ["-f", "vdi"]),
+    "vmdk-monolithicSparse": ("vmdk", ["-f", "vmdk", "-o", "subformat=monolithicSparse"]),
+    "vmdk-streamOptimized": ("vmdk", ["-f", "vmdk", "-o", "subformat=streamOptimized"]),
+    "vmdk-monolithicFlat": ("vmdk", ["-f", "vmdk", "-o", "subformat=monolithicFlat"]),
+    "vmdk-twoGbMaxExtentSparse": ("vmdk", ["-f", "vmdk", "-o", "subformat=twoGbMaxExtentSparse"]),
+    "qcow": ("qcow", ["-f", "qcow"]),
+}
+
+# id -> (format name, id of the qemu-made image it is derived from)
+DERIVED = {
+    "parallels-v2-magic": ("parallels", "parallels"),  # "WithoutFreeSpace" (qemu: "...SpacExt")
+    "vmdk-sparse-extent": ("vmdk", "vmdk-twoGbMaxExtentSparse"),  # the -s001 extent on its own
+    "vmdk-descriptor-crlf": ("vmdk", "vmdk-monolithicFlat"),
+    "vmdk-descriptor-blank-line": ("vmdk", "vmdk-monolithicFlat"),  # BEYOND_QEMU
+}
+
+
+# ---- images written here -------------------------------------------------------------------------
+
+def _pattern(n, seed=1):
+    """n deterministic pseudo-random bytes (an LCG; no magic of interest shows up in them)."""
+    out = bytearray(n)
+    x = seed & 0xFFFFFFFF
+    for i in range(n):
+        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
+        out[i] = (x >> 16) & 0xFF
+    return bytes(out)
+
+
+def _cstr(s, size):
+    """s NUL-padded to a fixed-size field."""
+    b = s.encode() if isinstance(s, str) else s
+    assert len(b) < size
+    return b + b"\0" * (size - len(b))
+
+
+BOCHS_MAGIC = "Bochs Virtual HD Image"
+
+
+def _bochs(version, subtype="Growing", data=None):
+    """A bochs growing redolog: 512-byte header, catalog, one allocated extent holding `data`
+    in its first sector (if given).  Virtual size 64 KiB in 32 KiB extents."""
+    disk, extent = 64 << 10, 32 << 10
+    catalog = disk // extent
+    bitmap = extent // 512 // 8                  # one bit per sector
+    hdr = _cstr(BOCHS_MAGIC, 32) + _cstr("Redolog", 16) + _cstr(subtype, 16)
+    hdr += struct.pack("<IIIII", version, 512, catalog, bitmap, extent)
+    if version == 0x00020000:
+        hdr += struct.pack("<IQ", 0, disk)       # timestamp, disk size
+    else:
+        hdr += struct.pack("<Q", disk)           # v1: disk size right after extent
+    hdr += b"\0" * (512 - len(hdr))
+    entries = [0 if data is not None else 0xFFFFFFFF] + [0xFFFFFFFF] * (catalog - 1)
+    out = hdr + struct.pack("<%dI" % catalog, *entries)
+    if data is not None:
+        assert len(data) == 512
+        out += b"\x01" + b"\0" * 511            # extent 0's bitmap: sector 0 present
+        out += data
+    return out
+
+
+CLOOP_V2 = ("#!/bin/sh\n#V2.0 Format\n"
+            "modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n").encode()
+CLOOP_V4 = ("#!/bin/sh\n#V4.0 Format\n"
+            "modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\nexit $?\n").encode()
+
+
+def _adler32(data):
+    a, b = 1, 0
+    for byte in data:
+        a = (a + byte) % 65521
+        b = (b + a) % 65521
+    return (b << 16) | a
+
+
+def _zlib_stored(data):
+    """A zlib stream holding `data` in one stored (uncompressed) deflate block."""
+    n = len(data)
+    return (b"\x78\x01" + b"\x01" + struct.pack("<HH", n, n ^ 0xFFFF) + data
+            + struct.pack(">I", _adler32(data)))
+
+
+def _cloop(blocks, preamble=CLOOP_V2, block_size=512):
+    """A cloop image: 128-byte shell preamble, block size and count (big-endian), n+1 offsets,
+    then one zlib stream per block."""
+    head = preamble + b"\0" * (128 - len(preamble))
+    streams = [_zlib_stored(b) for b in blocks]
+    first = 128 + 8 + 8 * (len(blocks) + 1)
+    offsets = [first]
+    for s in streams:
+        offsets.append(offsets[-1] + len(s))
+    return (head + struct.pack(">II", block_size, len(blocks))
+            + struct.pack(">%dQ" % len(offsets), *offsets) + b"".join(streams))
+
+
+def _dmg(sector0):
+    """A UDIF (.dmg) image of 2 sectors: sector 0 stored raw ("copy" chunk), sector 1 a zero
+    chunk.  Data fork, then a resource fork holding the "mish" block table, then the 512-byte
+    "koly" trailer at the very end of the file.  The first bytes are guest data: only the
+    trailer says what this file is."""
+    assert len(sector0) == 512
+    chunks = [(0x00000001, 0, 1, 0, 512),          # type, first sector, sectors, offset, length
+              (0x00000002, 1, 1, 512, 0),
+              (0xFFFFFFFF, 2, 0, 512, 0)]          # terminator
+    mish = b"mish" + struct.pack(">IQQQII", 1, 0, 2, 0, 0, len(chunks)) + b"\0" * 24
+    mish += struct.pack(">II", 0, 0) + b"\0" * 128     # checksum type, bits, data
+    mish += struct.pack(">I", len(chunks))
+    for t, sector, count, off, length in chunks:
+        mish += struct.pack(">IIQQQQ", t, 0, sector, count, off, length)
+    data_len = 4 + len(mish)
+    # resource fork: data offset, map offset, data length, map length; one resource
+    rsrc = struct.pack(">IIII", 16, 16 + data_len, data_len, 0)
+    rsrc += struct.pack(">I", len(mish)) + mish
+    body = sector0 + rsrc
+    body += b"\0" * (-len(body) % 512)
+    koly = b"koly" + struct.pack(">III", 4, 512, 1)
+    koly += struct.pack(">QQQQQ", 0, 0, 512, 512, len(rsrc))   # running, data fork, rsrc fork
+    koly += struct.pack(">II", 1, 1) + b"\0" * 16              # segment number/count, id
+    koly += struct.pack(">II", 0, 0) + b"\0" * 128             # data checksum
+    koly += struct.pack(">QQ", 0, 0) + b"\0" * 120             # XML plist offset/length
+    koly += struct.pack(">II", 0, 0) + b"\0" * 128             # master checksum
+    koly += struct.pack(">IQ", 1, 2) + b"\0" * 12              # image variant, sector count
+    assert len(koly) == 512
+    return body + koly
+
+
+def _vmdk3():
+    """A VMDK3 ("COWD", ESX vmfsSparse) image of 1 MiB with an empty 64-entry L1 table."""
+    hdr = b"COWD" + struct.pack("<IIIIIIIIII", 1, 3, 2048, 8, 1, 64, 2, 2, 16, 63)
+    return hdr + b"\0" * (512 - len(hdr)) + b"\0" * 512
+
+
+def _luks2():
+    """A LUKS2 header (binary header, JSON area, secondary header).  No tool here reads LUKS2
+    (qemu 7.2 probes it as raw, cryptsetup is not needed): only its magic and version matter."""
+    hdr_size = 16384
+
+    def binary(offset, magic):
+        h = magic + struct.pack(">HQQ", 2, hdr_size, 1) + _cstr("", 48) + _cstr("sha256", 32)
+        h += _pattern(64, 7) + _cstr("2f0c6b52-8d35-4e0c-9b8c-5c1d7a1e4c11", 40) + _cstr("", 48)
+        h += struct.pack(">Q", offset)
+        return h + b"\0" * (4096 - len(h))
+
+    js = (b'{"keyslots":{},"tokens":{},"segments":{},"digests":{},'
+          b'"config":{"json_size":"12288","keyslots_size":"16384"}}')
+    area = js + b"\0" * (hdr_size - 4096 - len(js))
+    return binary(0, b"LUKS\xba\xbe") + area + binary(hdr_size, b"SKUL\xba\xbe") + area
+
+
+SECTOR0 = _pattern(512, 42)
+
+# id -> (format name, bytes, qemu check: None, or (qemu format, virtual size, probes, contents))
+HANDMADE = {
+    "bochs-v2": ("bochs", _bochs(0x00020000, data=SECTOR0),
+                 ("bochs", 64 << 10, True, SECTOR0 + bytes(64 * 1024 - 512))),
+    "bochs-v1": ("bochs", _bochs(0x00010000), ("bochs", 64 << 10, True, bytes(64 << 10))),
+    "bochs-undoable": ("bochs", _bochs(0x00020000, subtype="Undoable"), None),  # BEYOND_QEMU
+    "cloop-v2": ("cloop", _cloop([SECTOR0, bytes(512)]),
+                 ("cloop", 1024, True, SECTOR0 + bytes(512))),
+    "cloop-v4-preamble": ("cloop", _cloop([SECTOR0], preamble=CLOOP_V4), None),  # BEYOND_QEMU
+    "dmg": ("dmg", _dmg(SECTOR0), ("dmg", 1024, False, SECTOR0 + bytes(512))),  # BEYOND_QEMU
+    "vmdk3-cowd": ("vmdk", _vmdk3(), ("vmdk", MiB, True, None)),
+    "luks2": ("luks", _luks2(), None),                                          # BEYOND_QEMU
+}
+
+BEYOND_QEMU = {"vpc-fixed", "vmdk-descriptor-blank-line", "bochs-undoable",
+               "cloop-v4-preamble", "dmg", "luks2"}
+
+FOREIGN = {}
+FOREIGN.update({k: v[0] for k, v in QEMU_MADE.items()})
+FOREIGN.update({k: v[0] for k, v in DERIVED.items()})
+FOREIGN.update({k: v[0] for k, v in HANDMADE.items()})
+CASES = sorted(FOREIGN)
+QEMU_CASES = set(QEMU_MADE) | set(DERIVED)
+
+
+def _write(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def _qemu(*args, check=True):
+    p = subprocess.run([QEMU_IMG] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=60)
+    if check and p.returncode != 0:
+        raise AssertionError("qemu-img %s: %s" % (" ".join(args), p.stderr))
+    return p
+
+
+def _derive(kind, src, dst):
+    with open(src, "rb") as f:
+        data = f.read()
+    if kind == "parallels-v2-magic":
+        assert data[:16] == b"WithouFreSpacExt"
+        return _write(dst, b"WithoutFreeSpace" + data[16:])
+    if kind == "vmdk-sparse-extent":
+        # qemu probes it as vmdk but opens it only through its descriptor
+        with open(src + "-s001", "rb") as f:
+            assert f.read(4) == b"KDMV"
+        return src + "-s001"
+    text = data.decode()
+    assert text.startswith("# Disk DescriptorFile\nversion=1\n"), text
+    if kind == "vmdk-descriptor-crlf":
+        return _write(dst, text.replace("\n", "\r\n").encode())
+    assert kind == "vmdk-descriptor-blank-line"
+    return _write(dst, text.replace("# Disk DescriptorFile\n", "# Disk DescriptorFile\n\n",
+                                    1).encode())
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """id -> path of every foreign image (qemu-made ones only when qemu-img is installed)."""
+    d = str(tmp_path_factory.mktemp("probe"))
+    paths = {}
+    names = {k: os.path.join(d, "i%02d" % i) for i, k in enumerate(CASES)}
+    for k, (_, data, _) in HANDMADE.items():
+        paths[k] = _write(names[k], data)
+    if QEMU_IMG is not None:
+        # LUKS spends ~2 s benchmarking its key derivation: let it run while the rest is made
+        luks_args = [QEMU_IMG, "create", "-q"] + QEMU_MADE["luks"][1] + [names["luks"], "1M"]
+        luks = subprocess.Popen(luks_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        for k, (_, args) in QEMU_MADE.items():
+            if k != "luks":
+                _qemu("create", "-q", *args, names[k], "1M")
+                paths[k] = names[k]
+        for k, (_, src) in DERIVED.items():
+            paths[k] = _derive(k, paths[src], names[k])
+        out, err = luks.communicate(timeout=120)
+        for _ in range(2):      # the benchmark's flakiness, should it strike anyway
+            if luks.returncode == 0 or "accurate CPU usage" not in err:
+                break
+            luks = subprocess.Popen(luks_args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            out, err = luks.communicate(timeout=120)
+        assert luks.returncode == 0, err
+        paths["luks"] = names["luks"]
+    return paths
+
+
+@pytest.fixture
+def image(images, request):
+    kind = request.param
+    if kind not in images:
+        pytest.skip("qemu-img not found (install qemu-utils)")
+    return kind, images[kind]
+
+
+def _tokens(msg, path):
+    """The words of an error message, lower-cased, with the file's path taken out."""
+    msg = msg.replace(os.fsdecode(path), " ").lower()
+    words, cur = set(), ""
+    for ch in msg + " ":
+        if ch.isalnum():
+            cur += ch
+        elif cur:
+            words.add(cur)
+            cur = ""
+    return words
+
+
+def _check_python_message(exc, path, fmt):
+    msg = str(exc)
+    assert fmt in _tokens(msg, path), "error does not name %r: %s" % (fmt, msg)
+    assert 'format="raw"' in msg, msg
+
+
+def _check_cli_message(err, path, fmt):
+    assert fmt in _tokens(err, path), "CLI message does not name %r: %s" % (fmt, err)
+    assert "-f raw" in err, err
+    assert "format=" not in err, err
+
+
+# ---- the images are what they claim --------------------------------------------------------------
+
+@needs_qemu
+@pytest.mark.parametrize("kind", sorted(k for k in HANDMADE if HANDMADE[k][2]))
+def test_handmade_images_are_valid_for_qemu(images, kind, tmp_path):
+    """qemu-img opens what this file writes as the format it is meant to be, with the expected
+    virtual size and contents, and (where qemu probes by content) probes it as that format."""
+    fmt, data, (qfmt, vsize, probes, contents) = HANDMADE[kind]
+    path = images[kind]
+    if kind == "vmdk3-cowd":
+        # qemu opens a vmfsSparse extent through a descriptor (alone, it wants a "parentCID"
+        # at byte 512, which real COWD files do not have)
+        path = _write(str(tmp_path / "desc"), (
+            '# Disk DescriptorFile\nversion=1\nCID=12345678\nparentCID=ffffffff\n'
+            'createType="vmfsSparse"\n\nRW 2048 VMFSSPARSE "%s"\n' % path).encode())
+    info = _qemu("info", "--output=json", "-f", qfmt, path).stdout
+    assert '"format": "%s"' % qfmt in info, info
+    assert '"virtual-size": %d' % vsize in info, info
+    if probes:
+        info = _qemu("info", "--output=json", path).stdout
+        assert '"format": "%s"' % qfmt in info, info
+    if contents is not None:
+        out = str(tmp_path / "out")
+        _qemu("convert", "-f", qfmt, "-O", "raw", path, out)
+        with open(out, "rb") as f:
+            assert f.read() == contents
+
+
+@needs_qemu
+@pytest.mark.parametrize("kind", sorted(k for k in DERIVED if k != "vmdk-sparse-extent"))
+def test_derived_images_are_valid_for_qemu(images, kind):
+    fmt = DERIVED[kind][0]
+    info = _qemu("info", "--output=json", "-f", fmt, images[kind]).stdout
+    assert '"format": "%s"' % fmt in info, info
+
+
+# ---- refused by probing --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("image", CASES, indirect=True)
+def test_open_refuses_foreign_format(image):
+    kind, path = image
+    fmt = FOREIGN[kind]
+    with pytest.raises(imgcopy.ImageFormatError) as ei:
+        with imgcopy.open(path) as img:
+            pytest.fail("%s opened as %s (size %d)" % (kind, img.format, img.size))
+    _check_python_message(ei.value, path, fmt)
+    assert isinstance(ei.value, ValueError)
+
+
+@pytest.mark.parametrize("image", CASES, indirect=True)
+def test_map_refuses_foreign_format(image):
+    kind, path = image
+    with pytest.raises(imgcopy.ImageFormatError) as ei:
+        imgcopy.map(path)
+    _check_python_message(ei.value, path, FOREIGN[kind])
+
+
+@pytest.mark.parametrize("image", CASES, indirect=True)
+def test_format_raw_reads_the_bytes(image):
+    kind, path = image
+    size = os.path.getsize(path)
+    with imgcopy.open(path, format="raw") as img:
+        assert img.format == "raw"
+        assert img.size == size
+    emap = imgcopy.map(path, format="raw")
+    ext = list(emap)
+    assert ext and ext[0].start == 0
+    assert ext[-1].start + ext[-1].length == size
+    assert sum(e.length for e in ext) == size
+    assert emap.to_json().startswith("[")
+
+
+@pytest.mark.parametrize("command", ["map", "info", "convert"])
+@pytest.mark.parametrize("image", CASES, indirect=True)
+def test_cli_refuses_foreign_format(image, command, tmp_path, capsys):
+    kind, path = image
+    dst = str(tmp_path / "dst")
+    argv = [command, path] + ([dst] if command == "convert" else [])
+    assert cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    _check_cli_message(err, path, FOREIGN[kind])
+    assert out == ""
+    if command == "convert":
+        assert not os.path.exists(dst), "a refused source must not create the destination"
+
+
+@pytest.mark.parametrize("image", CASES, indirect=True)
+def test_cli_format_raw(image, tmp_path, capsys):
+    kind, path = image
+    assert cli.main(["map", "-f", "raw", "--output=json", path]) == 0
+    assert cli.main(["info", "-f", "raw", path]) == 0
+    out, err = capsys.readouterr()
+    assert "raw" in out
+
+
+@pytest.mark.parametrize("command", ["map", "info", "convert"])
+def test_python_m_imgcopy_refuses(images, command, imgcopy_env, tmp_path):
+    """The real entry point, in a process of its own, for the image qemu-img itself calls raw."""
+    path = images.get("vpc-fixed") or images["dmg"]
+    fmt = "vpc" if path == images.get("vpc-fixed") else "dmg"
+    dst = str(tmp_path / "dst")
+    argv = [command, path] + ([dst] if command == "convert" else [])
+    p = subprocess.run([sys.executable, "-m", "imgcopy"] + argv, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, env=imgcopy_env, timeout=60)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    _check_cli_message(p.stderr, path, fmt)
+    assert not os.path.exists(dst)
+    p = subprocess.run([sys.executable, "-m", "imgcopy", "map", "-f", "raw", path],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=imgcopy_env, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+# ---- still raw -----------------------------------------------------------------------------------
+
+def _mbr():
+    boot = _pattern(446, 3)
+    part = struct.pack("<B3sB3sII", 0x80, b"\x20\x21\x00", 0x83, b"\xfe\xff\xff", 2048, 129024)
+    return boot + part + bytes(48) + b"\x55\xaa" + bytes(64 << 10)
+
+
+def _gpt():
+    return (bytes(446) + struct.pack("<B3sB3sII", 0, b"\0\x02\0", 0xEE, b"\xff\xff\xff", 1,
+                                     0xFFFFFFFF) + bytes(48) + b"\x55\xaa"
+            + b"EFI PART" + struct.pack("<II", 0x00010000, 92) + bytes(500) + bytes(32 << 10))
+
+
+def _ext4():
+    sb = struct.pack("<IIII", 4096, 16384, 0, 1000) + bytes(40) + struct.pack("<H", 0xEF53)
+    return bytes(1024) + sb + bytes(4096 - 1024 - len(sb)) + _pattern(8192, 5)
+
+
+def _iso():
+    return bytes(32768) + b"\x01CD001\x01" + bytes(2041) + _pattern(2048, 6)
+
+
+def _text():
+    lines = ["line %d: nothing to see here\n" % i for i in range(200)]
+    lines[3] = "a VHD footer starts with conectix, a VMDK header with KDMV\n"
+    lines[50] = "KDMV conectix vhdxfile QFI\xfb LUKS QED koly <<< \n"
+    return "".join(lines).encode("latin-1")
+
+
+def _bad_vhd_trailer():
+    """Raw data whose last 512 bytes start with "conectix" but are no valid VHD footer
+    (the checksum does not match)."""
+    footer = b"conectix" + _pattern(504, 8)
+    return _pattern(8192, 9) + footer
+
+
+def _bad_koly_trailer():
+    """Raw data whose last 512 bytes start with "koly" but no UDIF trailer (version, size)."""
+    return _pattern(8192, 10) + b"koly" + _pattern(508, 11)
+
+
+NEGATIVE = {
+    "random": _pattern(65536, 12),
+    "zeros": bytes(1 << 20),
+    "zeros-then-data": bytes(4096) + _pattern(4096, 13),
+    "mbr": _mbr(),
+    "gpt": _gpt(),
+    "ext4": _ext4(),
+    "iso9660": _iso(),
+    "text-mentions-magics": _text(),
+    "text-starting-with-vdi-banner": b"<<< not a VirtualBox image >>>\n" + bytes(1000),
+    "bad-vhd-trailer": _bad_vhd_trailer(),
+    "bad-koly-trailer": _bad_koly_trailer(),
+    "odd-size": _pattern(12345, 14),
+    "one-byte": b"Q",
+    "empty": b"",
+}
+
+# a file shorter than each magic (the magic cut by one byte) is raw
+SHORT = {
+    "vpc": b"conecti",
+    "vhdx": b"vhdxfil",
+    "parallels": b"WithoutFreeSpac",
+    "bochs": BOCHS_MAGIC[:-1].encode(),
+    "cloop": CLOOP_V2[:22],
+    "qed": b"QED",
+    "luks": b"LUKS\xba",
+    "vdi": bytes(0x40) + struct.pack("<I", 0xBEDA107F)[:3],
+    "vmdk": b"KDM",
+    "vmdk3": b"COW",
+    "qcow": b"QFI",
+    "dmg": b"koly" + struct.pack(">II", 4, 512) + bytes(499),   # a trailer cut by one byte
+}
+
+
+def _check_raw(path, size):
+    with imgcopy.open(path) as img:
+        assert img.format == "raw"
+        assert img.size == size
+    emap = imgcopy.map(path)
+    assert sum(e.length for e in emap) == size
+
+
+@pytest.mark.parametrize("kind", sorted(NEGATIVE))
+def test_plausible_raw_disks_open_as_raw(kind, tmp_path):
+    data = NEGATIVE[kind]
+    _check_raw(_write(str(tmp_path / "disk"), data), len(data))
+
+
+@pytest.mark.parametrize("fmt", sorted(SHORT))
+def test_file_shorter_than_magic_is_raw(fmt, tmp_path):
+    data = SHORT[fmt]
+    _check_raw(_write(str(tmp_path / "short"), data), len(data))
+
+
+def test_raw_file_named_dmg_is_raw(tmp_path):
+    """DMG is recognised by its "koly" trailer, not by its name (qemu's dmg probe goes by the
+    name and then fails to open such a file)."""
+    data = _pattern(4096, 15)
+    _check_raw(_write(str(tmp_path / "disk.dmg"), data), len(data))
+
+
+@needs_qemu
+def test_vmdk_flat_extent_is_raw(images):
+    """The data file of a monolithicFlat VMDK is raw bytes: probing it says raw."""
+    _check_raw(images["vmdk-monolithicFlat"] + "-flat", MiB)
