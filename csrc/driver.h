@@ -39,6 +39,8 @@ struct ic_driver {
      * the range will not be read again. */
     void (*settle_written)(struct ic_image *img, uint64_t off, uint64_t len);
     void (*settle_read)(struct ic_image *img, uint64_t off, uint64_t len);
+    /* Optional: the internal snapshots found at open. */
+    int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
     /* Optional: write what is held in memory and mark the image complete. */
     int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
     /* Optional: writes must cover whole units of this size. */

@@ -91,7 +91,9 @@ static int probe(int fd, const char *path, const struct ic_driver **out, struct 
     if (probe_fd(fd, path, &name, err) < 0)
         return -1;
     if (!ic_format_readable(name)) {
-        ic_error_format(err, path, "this is a %s image, a format imgcopy cannot read yet", name);
+        /* "qcow" is qcow2's magic with version 1: say so */
+        ic_error_format(err, path, "this is a %s image%s, a format imgcopy cannot read yet", name,
+                        strcmp(name, "qcow") == 0 ? " (version 1, the format before qcow2)" : "");
         return ic_error_remedy(err, IC_REMEDY_AS_RAW);
     }
     *out = driver_by_name(name);
@@ -478,6 +480,15 @@ const char *ic_image_path(const struct ic_image *img)
 struct ic_image *ic_image_backing(const struct ic_image *img)
 {
     return img->backing;
+}
+
+int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count)
+{
+    if (img->drv->snapshots)
+        return img->drv->snapshots(img, out, count);
+    *out = NULL;
+    *count = 0;
+    return 0;
 }
 
 int ic_image_has_backing_file(const struct ic_image *img)

@@ -155,6 +155,20 @@ void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len);
 int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
                         struct ic_error *err);
 
+/* An internal snapshot (qcow2), as qemu-img info lists it. */
+struct ic_snapshot {
+    char id[128];    /* cut at 127 bytes and at a NUL, as qemu does */
+    char name[256];  /* cut at 255 bytes and at a NUL */
+    uint64_t vm_state_size;
+    uint64_t vm_clock_nsec;
+    uint32_t date_sec;
+    uint32_t date_nsec;
+    int64_t icount; /* -1: not recorded */
+};
+
+/* The image's internal snapshots, in table order (none for most formats). */
+int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
+
 void ic_image_cache_stats(struct ic_image *img, struct ic_cache_stats *out);
 void ic_image_drop_cache(struct ic_image *img);
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -119,6 +121,77 @@ def qcow2_format_specific(h: Qcow2Header) -> Dict[str, Any]:
     return {"type": "qcow2", "data": data}
 
 
+_U64 = 1 << 64
+
+
+def _int64(value: int) -> int:
+    """qemu's QAPI prints 64-bit unsigned fields as int64."""
+    return value - _U64 if value >= 1 << 63 else value
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An internal snapshot (qcow2), as ``qemu-img info`` lists it.  ``id``
+    and ``name`` are the stored bytes, cut as qemu cuts them (127 and 255
+    bytes, at a NUL); ``icount`` is None when not recorded."""
+
+    id: bytes
+    name: bytes
+    vm_state_size: int
+    date_sec: int
+    date_nsec: int
+    vm_clock_nsec: int
+    icount: Optional[int]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """One entry of qemu-img info's "snapshots" list (its key order)."""
+        d: Dict[str, Any] = {}
+        if self.icount is not None:
+            d["icount"] = self.icount
+        d["vm-clock-nsec"] = self.vm_clock_nsec % 10**9
+        d["name"] = self.name.decode("utf-8", "replace")
+        d["date-sec"] = self.date_sec
+        d["date-nsec"] = self.date_nsec
+        d["vm-clock-sec"] = self.vm_clock_nsec // 10**9
+        d["id"] = self.id.decode("utf-8", "replace")
+        d["vm-state-size"] = _int64(self.vm_state_size)
+        return d
+
+    def human_row(self) -> str:
+        """A row of qemu-img info's "Snapshot list:" table: widths count
+        bytes, the date is local time."""
+        secs = self.vm_clock_nsec // 10**9
+        clock = "%02d:%02d:%02d.%03d" % (secs // 3600, secs // 60 % 60, secs % 60,
+                                         self.vm_clock_nsec // 10**6 % 1000)
+        date = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.date_sec))
+        icount = "" if self.icount is None else str(self.icount)
+        row = b"%-9s %-16s %8s%20s%13s%11s" % (
+            self.id, self.name, human_size(self.vm_state_size).encode(), date.encode(),
+            clock.encode(), icount.encode())
+        return row.decode("utf-8", "replace")
+
+
+SNAPSHOT_HEADER = "%-10s%-17s%8s%20s%13s%11s" % ("ID", "TAG", "VM SIZE", "DATE", "VM CLOCK",
+                                                 "ICOUNT")
+
+
+def _snapshot(raw: Tuple[bytes, bytes, int, int, int, int, int]) -> Snapshot:
+    id_, name, state, date_sec, date_nsec, clock, icount = raw
+    return Snapshot(id_, name, state, date_sec, date_nsec, clock,
+                    None if icount == -1 else icount)
+
+
+_ESCAPE = re.compile(r"\\(u[0-9a-f]{4}|.)")
+
+
+def qemu_json(obj: Any) -> str:
+    """JSON as qemu writes it: json.dumps' layout, non-ASCII and DEL as
+    \\uXXXX escapes with upper-case hex."""
+    text = json.dumps(obj, indent=4).replace("\x7f", "\\u007F")
+    return _ESCAPE.sub(lambda m: "\\" + ("u" + m.group(1)[1:].upper() if m.group(1)[0] == "u"
+                                          else m.group(1)), text)
+
+
 @dataclass
 class ImageInfo:
     """What ``imgcopy.info()`` learnt of an image.
@@ -138,7 +211,7 @@ class ImageInfo:
     backing_filename_format: Optional[str] = None
     format_specific: Optional[Dict[str, Any]] = None
     compressed_clusters: Optional[int] = None
-    snapshots: int = 0
+    snapshots: List[Snapshot] = field(default_factory=list)
     backing_chain: List[Tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -153,6 +226,8 @@ class ImageInfo:
         d: Dict[str, Any] = {}
         if self.backing_filename_format is not None:
             d["backing-filename-format"] = self.backing_filename_format
+        if self.snapshots:
+            d["snapshots"] = [sn.to_dict() for sn in self.snapshots]
         d["virtual-size"] = self.qemu_virtual_size
         d["filename"] = self.filename
         if self.cluster_size is not None:
@@ -173,11 +248,11 @@ class ImageInfo:
 
     def to_json(self) -> str:
         """As ``qemu-img info --output=json`` prints it (newline included)."""
-        return json.dumps(self.to_dict(), indent=4) + "\n"
+        return qemu_json(self.to_dict()) + "\n"
 
     def to_human(self) -> str:
-        """As ``qemu-img info`` prints it (without the snapshot list), plus
-        a "compressed clusters" line for qcow2 images."""
+        """As ``qemu-img info`` prints it, plus a "compressed clusters" line
+        for qcow2 images."""
         size = self.qemu_virtual_size
         disk = "unavailable" if self.actual_size is None else human_size(self.actual_size)
         lines = [f"image: {self.filename}",
@@ -199,6 +274,9 @@ class ImageInfo:
                 lines.append(f"backing file format: {self.backing_filename_format}")
         if self.compressed_clusters is not None:
             lines.append(f"compressed clusters: {self.compressed_clusters}")
+        if self.snapshots:
+            lines += ["Snapshot list:", SNAPSHOT_HEADER]
+            lines += [sn.human_row() for sn in self.snapshots]
         if self.format_specific is not None:
             lines.append("Format specific information:")
             lines.extend(_dump_specific(self.format_specific["data"], 1))
@@ -251,13 +329,14 @@ def info(path: PathArg, format: Optional[str] = None) -> ImageInfo:
         size = img.size
         chain = [(name, f) for name, f in img.backing_chain]
         emap = img.extents() if fmt == "qcow2" else None
+        snapshots = [_snapshot(raw) for raw in img._img.snapshots()]
     try:
         st = os.stat(filename)
         actual: Optional[int] = st.st_blocks * 512
     except OSError:
         actual = None
     result = ImageInfo(filename=filename, format=fmt, virtual_size=size, actual_size=actual,
-                       backing_chain=chain)
+                       backing_chain=chain, snapshots=snapshots)
     if fmt == "qcow2":
         with open(filename, "rb") as f:
             h = read_qcow2_header(f)
@@ -266,7 +345,6 @@ def info(path: PathArg, format: Optional[str] = None) -> ImageInfo:
         result.cluster_size = h.cluster_size
         result.dirty_flag = bool(h.incompatible_features & INCOMPAT_DIRTY)
         result.format_specific = qcow2_format_specific(h)
-        result.snapshots = h.nb_snapshots
         if backing is not None:
             result.backing_filename = backing
             if chain:

@@ -309,3 +309,22 @@ def test_petabyte_image(st):
         assert (e.start, e.length, e.present, e.zero) == (12345, off - 12345, False, True)
         assert img.read(off - 2, 4) == b"\0\0\x77\x77"
         assert img.read(PiB - 3, 3) == bytes(3)
+
+
+@pytest.mark.parametrize("base_size", [1, 511, 1000, 1023, 4097, 65535, 65536 + 100])
+@pytest.mark.parametrize("depth", [1, 2])
+def test_raw_backing_tail_rounded_like_qemu(tmp_path, base_size, depth):
+    """qemu sees a raw backing file's length rounded up to 512 bytes: the
+    tail past its end is the backing file's (zeros, depth 1), not the top's."""
+    base = tmp_path / "base.raw"
+    base.write_bytes(bytes(range(1, 256)) * (base_size // 255) + b"\x07" * (base_size % 255))
+    below, fmt = "base.raw", "raw"
+    for level in range(depth):
+        top = str(tmp_path / ("top%d.qcow2" % level))
+        qcow2gen.qemu_img("create", "-f", "qcow2", "-b", below, "-F", fmt, top, str(MiB),
+                          cwd=str(tmp_path))
+        below, fmt = "top%d.qcow2" % level, "qcow2"
+    q = qcow2gen.qemu_img("map", "--output=json", top)
+    assert imgcopy.map(top).to_json() == q.stdout
+    qh = qcow2gen.qemu_img("map", top)
+    assert imgcopy.map(top).to_human() == qh.stdout

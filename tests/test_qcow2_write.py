@@ -706,3 +706,29 @@ def test_cli_refused(srcs, imgcopy_env, out, args, msg):
     assert p.returncode == 1, (p.returncode, p.stderr)
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and msg in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("size", [1000001, 3 * 65536 + 100, 7 * 512, 65537, 511])
+@pytest.mark.parametrize("cluster_size", [4096, 65536])
+def test_compress_odd_sized_source(tmp_path, size, cluster_size):
+    """-c with data in a last, partial cluster: compressed (zero-padded) like
+    qemu-img convert -c, never "compressed writes must cover whole
+    clusters"."""
+    src = str(tmp_path / "odd.raw")
+    text = (b"compressible text, " * (size // 19 + 1))[:size - 1] + b"\x01"
+    with open(src, "wb") as f:
+        f.write(text)
+    dst = str(tmp_path / "odd.qcow2")
+    imgcopy.convert(src, dst, dst_format="qcow2", compress=True, cluster_size=cluster_size)
+    assert qemu_img("compare", "-f", "raw", "-F", "qcow2", src, dst).returncode == 0
+    check = subprocess.run([QEMU_IMG, "check", dst], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    ref = str(tmp_path / "ref.qcow2")
+    qemu_img("convert", "-c", "-f", "raw", "-O", "qcow2", "-o",
+             "cluster_size=%d" % cluster_size, src, ref)
+
+    def layout(path):
+        out = qemu_img("map", "--output=json", path).stdout
+        return [(e["start"], e["length"], e["data"], e["zero"], "offset" in e)
+                for e in json.loads(out)]
+    assert layout(dst) == layout(ref)

@@ -25,16 +25,21 @@ static int corrupt(struct ic_image *img, struct ic_error *err, const char *what,
                            (unsigned long long)value);
 }
 
-/* Metadata must lie inside the host file. */
-static int read_meta(struct ic_image *img, void *buf, uint64_t len, uint64_t off,
-                     const char *what, struct ic_error *err)
+int qcow2_read_meta(struct ic_image *img, void *buf, uint64_t len, uint64_t off,
+                    const char *what, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
-    uint64_t fsize = ic_image_size(s->file);
-    if (off > fsize || len > fsize - off)
+    if (off > QCOW2_MAX_OFFSET || len > QCOW2_MAX_OFFSET - off)
         return corrupt(img, err, what, off);
-    return ic_image_pread(s->file, buf, (size_t)len, off, err);
+    uint64_t fsize = ic_image_size(s->file);
+    uint64_t n = off >= fsize ? 0 : (fsize - off < len ? fsize - off : len);
+    if (n && ic_image_pread(s->file, buf, (size_t)n, off, err) < 0)
+        return -1;
+    memset((uint8_t *)buf + n, 0, (size_t)(len - n));
+    return 0;
 }
+
+#define read_meta qcow2_read_meta
 
 /* Copy up to `n` L2 entries for clusters starting at guest cluster `gc`
  * (within one L2 table); returns how many, 0..n.  An unallocated L2 table
@@ -80,8 +85,7 @@ static int l2_entries(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *o
             pthread_mutex_unlock(&s->l2_lock);
             return ic_error_nomem(err);
         }
-        if (read_meta(img, slot->entries, s->h.cluster_size, l2_offset, "L2 table beyond the "
-                      "end of the file", err) < 0) {
+        if (read_meta(img, slot->entries, s->h.cluster_size, l2_offset, "unreadable L2 table", err) < 0) {
             pthread_mutex_unlock(&s->l2_lock);
             return -1;
         }
@@ -434,6 +438,19 @@ static int status_below(struct ic_image *img, uint64_t start, uint64_t end,
             return -1;
         pos += e.length;
     }
+    /* qemu sees a raw file's length rounded up to whole 512-byte sectors:
+     * the backing answers for that tail too, as zeros it holds */
+    uint64_t tail = s->backing && strcmp(ic_image_format(s->backing), "raw") == 0
+                        ? (bsize + 511) / 512 * 512
+                        : bsize;
+    if (pos < end && pos < tail) {
+        uint64_t lim = end < tail ? end : tail;
+        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
+                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+        if (push(out, &e, err) < 0)
+            return -1;
+        pos = lim;
+    }
     if (pos < end) {
         struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
         return push(out, &e, err);
@@ -576,6 +593,7 @@ static void free_state(struct qcow2_state *s)
     }
     qcow2_writer_free(s->w, s->h.l1_size);
     free(s->l1);
+    free(s->snapshots);
     if (s->backing)
         ic_image_close(s->backing);
     if (s->file)
@@ -636,24 +654,26 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
                              (img->open_flags & IC_OPEN_RDWR) != 0, img->path, err) < 0)
         return -1;
 
-    img->size = s->h.size;
+    /* qemu sees whole 512-byte sectors of the virtual size */
+    img->size = s->h.size / 512 * 512;
     s->l2_entries = s->h.cluster_size / 8;
     uint64_t l1_bytes = (uint64_t)s->h.l1_size * 8;
     if (s->h.l1_size) {
-        if (s->h.l1_table_offset % s->h.cluster_size || s->h.l1_table_offset == 0)
-            return corrupt(img, err, "misplaced L1 table", s->h.l1_table_offset);
         if (ic_image_take_meta_budget(img, l1_bytes) < 0)
             return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
                                    "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
         s->l1 = malloc(l1_bytes);
         if (!s->l1)
             return ic_error_nomem(err);
-        if (read_meta(img, s->l1, l1_bytes, s->h.l1_table_offset,
-                      "L1 table beyond the end of the file", err) < 0)
+        if (read_meta(img, s->l1, l1_bytes, s->h.l1_table_offset, "unreadable L1 table",
+                      err) < 0)
             return -1;
         for (uint64_t i = 0; i < s->h.l1_size; i++)
             s->l1[i] = qcow2_be64(&s->l1[i]);
     }
+
+    if (qcow2_load_snapshots(img, err) < 0 || qcow2_check_bitmaps(img, err) < 0)
+        return -1;
 
     unsigned slots = (unsigned)(L2_CACHE_BYTES / s->h.cluster_size);
     s->nslots = slots < L2_CACHE_MIN_SLOTS   ? L2_CACHE_MIN_SLOTS
@@ -717,5 +737,6 @@ const struct ic_driver ic_driver_qcow2 = {
     .commit = qcow2_commit,
     .unstage = qcow2_unstage,
     .finish = qcow2_finish,
+    .snapshots = qcow2_snapshots,
     .write_alignment = qcow2_write_alignment,
 };

@@ -1,6 +1,15 @@
+/* The qcow2 header, its extensions, the snapshot table's entries and the
+ * bitmap directory, checked as qemu checks them when it opens an image
+ * (qcow2_do_open and what it calls): what qemu refuses, imgcopy refuses,
+ * naming the field as docs/interop/qcow2.txt spells it; what qemu accepts
+ * (names ending at a NUL, tables past the end of the file), imgcopy reads
+ * as qemu does. */
 #include "qcow2_format.h"
 
+#include <stdint.h>
 #include <string.h>
+
+#define INT64_MAXU ((uint64_t)INT64_MAX)
 
 uint64_t qcow2_be64(const void *p)
 {
@@ -17,18 +26,48 @@ uint32_t qcow2_be32(const void *p)
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
 }
 
+static uint16_t be16(const uint8_t *b)
+{
+    return (uint16_t)(b[0] << 8 | b[1]);
+}
+
 static int bad(const char *path, struct ic_error *err, const char *what,
                unsigned long long value)
 {
     return ic_error_format(err, path, "corrupt qcow2 header: %s (%llu)", what, value);
 }
 
+/* A table of `n` entries of `entry` bytes at `off`: qemu's
+ * validate_table, and its limit on where a read may reach. */
+static int check_table(uint64_t off, uint64_t n, uint64_t entry, uint64_t max_n,
+                       uint64_t cluster_size, const char *count_field, const char *offset_field,
+                       const char *path, struct ic_error *err)
+{
+    if (n > max_n)
+        return ic_error_format(err, path, "corrupt qcow2 header: %s %llu is above the limit "
+                               "of %llu", count_field, (unsigned long long)n,
+                               (unsigned long long)max_n);
+    uint64_t bytes = n * entry;
+    if (off % cluster_size || off > INT64_MAXU - bytes)
+        return ic_error_format(err, path, "corrupt qcow2 header: %s 0x%llx is invalid (not "
+                               "cluster aligned, or the table ends past 2^63)", offset_field,
+                               (unsigned long long)off);
+    if (n && off + bytes > QCOW2_MAX_OFFSET)
+        return ic_error_format(err, path, "corrupt qcow2 header: %s 0x%llx: the table cannot "
+                               "be read (it ends past 2^63 - 2^30)", offset_field,
+                               (unsigned long long)off);
+    return 0;
+}
+
 int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
                        const char *path, struct ic_error *err)
 {
     memset(h, 0, sizeof *h);
-    if (len < QCOW2_HEADER_V2_LEN || memcmp(buf, QCOW2_MAGIC, 4) != 0)
-        return ic_error_format(err, path, "not a qcow2 image (truncated header or bad magic)");
+    if (len < 4 || memcmp(buf, QCOW2_MAGIC, 4) != 0)
+        return ic_error_format(err, path, "not a qcow2 image (bad magic)");
+    if (len < QCOW2_HEADER_V2_LEN)
+        return ic_error_format(err, path, "not a qcow2 image (header truncated to %zu bytes)",
+                               len);
     h->version = qcow2_be32(buf + 4);
     h->backing_file_offset = qcow2_be64(buf + 8);
     h->backing_file_size = qcow2_be32(buf + 16);
@@ -45,7 +84,7 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
     if (h->version != 2 && h->version != 3)
         return ic_error_format(err, path, "qcow2 version %u is not supported", h->version);
     if (h->cluster_bits < QCOW2_MIN_CLUSTER_BITS || h->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-        return bad(path, err, "cluster_bits out of range", h->cluster_bits);
+        return bad(path, err, "cluster_bits out of range 9..21", h->cluster_bits);
     h->cluster_size = 1ull << h->cluster_bits;
 
     if (h->version == 2) {
@@ -53,68 +92,119 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
         h->header_length = QCOW2_HEADER_V2_LEN;
     } else {
         if (len < QCOW2_HEADER_V3_MIN)
-            return ic_error_format(err, path, "truncated qcow2 v3 header");
+            return ic_error_format(err, path, "truncated qcow2 v3 header (%zu bytes)", len);
         h->incompatible = qcow2_be64(buf + 72);
         h->compatible = qcow2_be64(buf + 80);
         h->autoclear = qcow2_be64(buf + 88);
         h->refcount_order = qcow2_be32(buf + 96);
         h->header_length = qcow2_be32(buf + 100);
-        if (h->header_length < QCOW2_HEADER_V3_MIN || h->header_length % 8 ||
-            h->header_length > h->cluster_size)
-            return bad(path, err, "header_length", h->header_length);
+        if (h->header_length < QCOW2_HEADER_V3_MIN)
+            return bad(path, err, "header_length below 104", h->header_length);
+        if (h->header_length > h->cluster_size)
+            return bad(path, err, "header_length exceeds the cluster size", h->header_length);
         if (h->header_length > 104 && len > 104)
             h->compression_type = buf[104];
     }
+    if (h->backing_file_offset > h->cluster_size)
+        return bad(path, err, "backing_file_offset past the header cluster",
+                   h->backing_file_offset);
     if (h->refcount_order > 6)
         return bad(path, err, "refcount_order above 6", h->refcount_order);
+    if (h->crypt_method > 2)
+        return bad(path, err, "unknown crypt_method", h->crypt_method);
+
+    /* the refcount table */
+    if (h->refcount_table_clusters == 0)
+        return bad(path, err, "refcount_table_clusters is 0: no refcount table", 0);
+    if (check_table(h->refcount_table_offset, h->refcount_table_clusters, h->cluster_size,
+                    QCOW2_MAX_REFTABLE_BYTES / h->cluster_size, h->cluster_size,
+                    "refcount_table_clusters", "refcount_table_offset", path, err) < 0)
+        return -1;
+
+    /* the snapshot table's place (its entries are read by the driver) */
+    if (check_table(h->snapshots_offset, h->nb_snapshots, QCOW2_SNAPSHOT_FIXED,
+                    QCOW2_MAX_SNAPSHOTS, h->cluster_size, "nb_snapshots", "snapshots_offset",
+                    path, err) < 0)
+        return -1;
 
     /* the L1 table must map the whole virtual disk, within qemu's cap */
-    uint64_t l2_entries = h->cluster_size / 8;
+    if (check_table(h->l1_table_offset, h->l1_size, 8, QCOW2_MAX_L1_BYTES / 8, h->cluster_size,
+                    "l1_size", "l1_table_offset", path, err) < 0)
+        return -1;
+    uint64_t l2_entries = h->cluster_size / ((h->incompatible & QCOW2_INCOMPAT_EXTL2) ? 16 : 8);
     uint64_t clusters = h->size / h->cluster_size + (h->size % h->cluster_size != 0);
     uint64_t needed = clusters / l2_entries + (clusters % l2_entries != 0);
-    if ((uint64_t)h->l1_size * 8 > QCOW2_MAX_L1_BYTES)
-        return bad(path, err, "L1 table larger than 32 MiB", h->l1_size);
+    if (needed > INT32_MAX)
+        return ic_error_format(err, path, "corrupt qcow2 header: the virtual size (size field, "
+                               "%llu bytes) is too large for qcow2",
+                               (unsigned long long)h->size);
     if (h->l1_size < needed)
-        return bad(path, err, "L1 table too small for the virtual size", h->l1_size);
-    if (h->refcount_table_offset % h->cluster_size)
-        return bad(path, err, "misaligned refcount table", h->refcount_table_offset);
-    if ((uint64_t)h->refcount_table_clusters * h->cluster_size > QCOW2_MAX_REFTABLE_BYTES)
-        return bad(path, err, "refcount table larger than 8 MiB", h->refcount_table_clusters);
+        return bad(path, err, "l1_size too small for the virtual size", h->l1_size);
+
     if (h->backing_file_offset) {
-        if (h->backing_file_size > QCOW2_MAX_BACKING_NAME)
-            return bad(path, err, "backing file name longer than 1023 bytes",
+        uint64_t room = h->cluster_size - h->backing_file_offset;
+        if (h->backing_file_size > QCOW2_MAX_BACKING_NAME || h->backing_file_size > room)
+            return bad(path, err, "backing_file_size: the backing file name is too long",
                        h->backing_file_size);
-        if (h->backing_file_offset > h->cluster_size ||
-            h->backing_file_size > h->cluster_size - h->backing_file_offset)
-            return bad(path, err, "backing file name outside the header cluster",
-                       h->backing_file_offset);
     }
+    return 0;
+}
+
+/* The bitmaps extension: taken only when its auto-clear bit says a
+ * bitmap-aware program wrote the image last. */
+static int parse_bitmaps(const uint8_t *data, uint32_t elen, struct qcow2_header *h,
+                         const char *path, struct ic_error *err)
+{
+    if (elen != 24)
+        return bad(path, err, "bitmaps extension is not 24 bytes long", elen);
+    if (!(h->autoclear & QCOW2_AUTOCLEAR_BITMAPS))
+        return 0;
+    uint32_t nb = qcow2_be32(data), reserved = qcow2_be32(data + 4);
+    uint64_t size = qcow2_be64(data + 8), off = qcow2_be64(data + 16);
+    if (reserved)
+        return bad(path, err, "the bitmaps extension's reserved field is not zero", reserved);
+    if (nb > QCOW2_MAX_BITMAPS)
+        return bad(path, err, "nb_bitmaps above 65535", nb);
+    if (nb == 0)
+        return bad(path, err, "nb_bitmaps is 0 in the bitmaps extension", 0);
+    if (off % h->cluster_size)
+        return bad(path, err, "bitmap_directory_offset is not cluster aligned", off);
+    if (size > QCOW2_MAX_BITMAP_DIRECTORY)
+        return bad(path, err, "bitmap_directory_size above 67107840", size);
+    h->has_bitmaps = 1;
+    h->nb_bitmaps = nb;
+    h->bitmap_directory_size = size;
+    h->bitmap_directory_offset = off;
     return 0;
 }
 
 int qcow2_parse_extensions(const uint8_t *cluster0, size_t len, struct qcow2_header *h,
                            const char *path, struct ic_error *err)
 {
-    size_t end = len;
+    /* extensions run from the end of the header to the backing file name
+     * (or the end of the cluster) */
+    size_t end = len < h->cluster_size ? len : (size_t)h->cluster_size;
     if (h->backing_file_offset && h->backing_file_offset < end)
         end = (size_t)h->backing_file_offset;
     size_t off = h->header_length;
-    while (off + 8 <= end) {
+    while (off < end) {
+        if (end - off < 8)
+            return ic_error_format(err, path, "corrupt qcow2 header: header extension at %zu "
+                                   "runs past the extension area", off);
         uint32_t type = qcow2_be32(cluster0 + off);
         uint32_t elen = qcow2_be32(cluster0 + off + 4);
         off += 8;
+        if (elen > end - off)
+            return ic_error_format(err, path, "corrupt qcow2 header: header extension 0x%08x "
+                                   "(%u bytes) runs past the extension area", type, elen);
         if (type == QCOW2_EXT_END)
             break;
-        if (elen > end - off)
-            return bad(path, err, "header extension runs past the header", type);
         const uint8_t *data = cluster0 + off;
         if (type == QCOW2_EXT_BACKING_FORMAT) {
-            if (elen >= sizeof h->backing_format)
-                return bad(path, err, "backing format name too long", elen);
-            memcpy(h->backing_format, data, elen);
+            if (elen > QCOW2_MAX_BACKING_FORMAT)
+                return bad(path, err, "backing format extension longer than 15 bytes", elen);
+            memcpy(h->backing_format, data, elen); /* a C string: a NUL ends it */
             h->backing_format[elen] = '\0';
-            if (strlen(h->backing_format) != elen)
-                return bad(path, err, "backing format name holds a NUL", elen);
         } else if (type == QCOW2_EXT_FEATURE_TABLE) {
             for (uint32_t k = 0; k + 48 <= elen; k += 48) {
                 if (data[k] == 0 && data[k + 1] < 64) {
@@ -122,15 +212,21 @@ int qcow2_parse_extensions(const uint8_t *cluster0, size_t len, struct qcow2_hea
                     h->incompatible_names[data[k + 1]][46] = '\0';
                 }
             }
+        } else if (type == QCOW2_EXT_CRYPTO) {
+            if (h->crypt_method != 2)
+                return bad(path, err, "crypto header extension without LUKS encryption "
+                           "(crypt_method)", h->crypt_method);
+        } else if (type == QCOW2_EXT_BITMAPS) {
+            if (parse_bitmaps(data, elen, h, path, err) < 0)
+                return -1;
         }
         off += ((size_t)elen + 7) / 8 * 8;
     }
-    if (h->backing_file_offset) {
+    /* the name is a C string too: a NUL ends it, and an empty one means
+     * no backing file */
+    if (h->backing_file_offset && h->backing_file_size) {
         memcpy(h->backing_name, cluster0 + h->backing_file_offset, h->backing_file_size);
         h->backing_name[h->backing_file_size] = '\0';
-        if (strlen(h->backing_name) != h->backing_file_size || h->backing_file_size == 0)
-            return bad(path, err, "backing file name is empty or holds a NUL",
-                       h->backing_file_size);
     }
     return 0;
 }
@@ -142,6 +238,28 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
         return ic_error_format(err, path, "encrypted qcow2 images are not supported "
                                "(crypt_method %u)", h->crypt_method);
     uint64_t in = h->incompatible;
+    if (h->compression_type > 1)
+        return bad(path, err, "unknown compression_type", h->compression_type);
+    if (h->compression_type == 0 && (in & QCOW2_INCOMPAT_COMPRESSION))
+        return bad(path, err, "compression_type is zlib but its incompatible feature bit 3 is "
+                   "set", 0);
+    if (h->compression_type != 0 && !(in & QCOW2_INCOMPAT_COMPRESSION))
+        return bad(path, err, "compression_type set without its incompatible feature bit 3",
+                   h->compression_type);
+    uint64_t known = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT | QCOW2_INCOMPAT_DATA_FILE |
+                     QCOW2_INCOMPAT_COMPRESSION | QCOW2_INCOMPAT_EXTL2;
+    for (unsigned bit = 0; bit < 64; bit++) {
+        if ((in & ~known) >> bit & 1) {
+            const char *name = h->incompatible_names[bit];
+            return ic_error_format(err, path, "unsupported qcow2 incompatible_features bit "
+                                   "%u%s%s%s", bit, name[0] ? " ('" : "", name,
+                                   name[0] ? "')" : "");
+        }
+    }
+    if ((in & QCOW2_INCOMPAT_EXTL2) && h->cluster_size / 32 < 512)
+        return ic_error_format(err, path, "corrupt qcow2 header: extended L2 entries with "
+                               "%llu-byte subclusters (cluster_bits %u; at least 14 needed)",
+                               (unsigned long long)(h->cluster_size / 32), h->cluster_bits);
     /* read-only, the caller may read such an image anyway */
     enum ic_remedy remedy = writable ? IC_REMEDY_NONE : IC_REMEDY_FORCE;
     if (in & QCOW2_INCOMPAT_CORRUPT && (!force || writable)) {
@@ -155,28 +273,115 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
     }
     if (in & QCOW2_INCOMPAT_DATA_FILE)
         return ic_error_format(err, path, "qcow2 external data files are not supported");
+    if (h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW)
+        return bad(path, err, "autoclear_features bit 1 (data-file-raw) without an external "
+                   "data file", h->autoclear);
     if (in & QCOW2_INCOMPAT_EXTL2)
         return ic_error_format(err, path, "qcow2 extended L2 entries (subclusters) are not "
                                "supported");
-    if (in & QCOW2_INCOMPAT_COMPRESSION) {
-        if (h->compression_type == 1)
-            return ic_error_format(err, path, "zstd-compressed qcow2 images are not supported "
-                                   "(this build has no libzstd)");
-        return ic_error_format(err, path, "unknown qcow2 compression type %u",
-                               h->compression_type);
-    }
-    if (h->compression_type)
-        return bad(path, err, "compression type set without its feature bit",
-                   h->compression_type);
-    uint64_t known = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT | QCOW2_INCOMPAT_DATA_FILE |
-                     QCOW2_INCOMPAT_COMPRESSION | QCOW2_INCOMPAT_EXTL2;
-    for (unsigned bit = 0; bit < 64; bit++) {
-        if ((in & ~known) >> bit & 1) {
-            const char *name = h->incompatible_names[bit];
-            return ic_error_format(err, path, "unsupported qcow2 incompatible feature %s%s%s"
-                                   "(bit %u)", name[0] ? "'" : "", name, name[0] ? "' " : "",
-                                   bit);
+    if (in & QCOW2_INCOMPAT_COMPRESSION) /* compression_type 1 */
+        return ic_error_format(err, path, "zstd-compressed qcow2 images are not supported "
+                               "(this build has no libzstd)");
+    return 0;
+}
+
+/* ---- bitmap directory -------------------------------------------------- */
+
+#define BITMAP_ENTRY_FIXED 24
+#define BITMAP_MAX_TABLE_SIZE 0x8000000u
+#define BITMAP_MAX_PHYS_SIZE 0x20000000u
+#define BITMAP_MIN_GRANULARITY 9
+#define BITMAP_MAX_GRANULARITY 31
+#define BITMAP_MAX_NAME 1023
+#define BITMAP_FLAG_IN_USE 1u
+#define BITMAP_KNOWN_FLAGS 3u /* in use, auto */
+#define BITMAP_TYPE_DIRTY 1
+
+/* qemu's constraints on one directory entry */
+static int bitmap_entry_ok(const uint8_t *e, const struct qcow2_header *h)
+{
+    uint64_t table_offset = qcow2_be64(e);
+    uint32_t table_size = qcow2_be32(e + 8), flags = qcow2_be32(e + 12);
+    unsigned type = e[16], granularity = e[17];
+    uint16_t name_size = be16(e + 18);
+    if (table_size == 0 || table_offset == 0 || table_offset % h->cluster_size ||
+        table_size > BITMAP_MAX_TABLE_SIZE || granularity > BITMAP_MAX_GRANULARITY ||
+        granularity < BITMAP_MIN_GRANULARITY || (flags & ~BITMAP_KNOWN_FLAGS) ||
+        name_size > BITMAP_MAX_NAME || type != BITMAP_TYPE_DIRTY)
+        return 0;
+    uint64_t phys = (uint64_t)table_size * h->cluster_size;
+    if (phys > BITMAP_MAX_PHYS_SIZE)
+        return 0;
+    /* a bitmap in use may be stale; one that is not must cover the disk */
+    return (flags & BITMAP_FLAG_IN_USE) || h->size <= ((phys * 8) << granularity);
+}
+
+int qcow2_check_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
+                                 const char *path, struct ic_error *err)
+{
+    if (len == 0)
+        return bad(path, err, "bitmap_directory_size is 0", 0);
+    uint32_t count = 0;
+    size_t pos = 0;
+    while (pos < len) {
+        if (len - pos < BITMAP_ENTRY_FIXED)
+            return bad(path, err, "bitmap directory broken (entry past bitmap_directory_size)",
+                       pos);
+        const uint8_t *e = dir + pos;
+        if (++count > h->nb_bitmaps)
+            return bad(path, err, "bitmap directory holds more bitmaps than nb_bitmaps",
+                       h->nb_bitmaps);
+        uint16_t name_size = be16(e + 18);
+        uint32_t extra = qcow2_be32(e + 20);
+        uint64_t entry_len = ((uint64_t)BITMAP_ENTRY_FIXED + name_size + extra + 7) / 8 * 8;
+        if (entry_len > len - pos)
+            return bad(path, err, "bitmap directory broken (entry past bitmap_directory_size)",
+                       pos);
+        if (extra)
+            return bad(path, err, "bitmap directory entry with extra data", extra);
+        if (!bitmap_entry_ok(e, h)) {
+            int n = name_size > 64 ? 64 : name_size;
+            return ic_error_format(err, path, "corrupt qcow2 image: bitmap '%.*s' of the "
+                                   "bitmap directory breaks qcow2's constraints", n,
+                                   (const char *)e + BITMAP_ENTRY_FIXED);
         }
+        pos += (size_t)entry_len;
     }
+    if (count != h->nb_bitmaps)
+        return bad(path, err, "bitmap directory holds fewer bitmaps than nb_bitmaps",
+                   h->nb_bitmaps);
+    return 0;
+}
+
+int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size)
+{
+    const uint64_t reserved = 0xff000000000001feull, offset_mask = 0x00fffffffffffe00ull;
+    if (entry & reserved)
+        return 0;
+    uint64_t off = entry & offset_mask;
+    return off == 0 || (!(entry & 1) && off % cluster_size == 0);
+}
+
+/* ---- snapshot table ---------------------------------------------------- */
+
+int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32_t index,
+                               struct qcow2_snapshot_entry *e, uint64_t *entry_len,
+                               const char *path, struct ic_error *err)
+{
+    e->l1_table_offset = qcow2_be64(fixed);
+    e->l1_size = qcow2_be32(fixed + 8);
+    e->id_str_size = be16(fixed + 12);
+    e->name_size = be16(fixed + 14);
+    e->date_sec = qcow2_be32(fixed + 16);
+    e->date_nsec = qcow2_be32(fixed + 20);
+    e->vm_clock_nsec = qcow2_be64(fixed + 24);
+    e->vm_state_size = qcow2_be32(fixed + 32);
+    e->extra_data_size = qcow2_be32(fixed + 36);
+    if (e->extra_data_size > QCOW2_MAX_SNAPSHOT_EXTRA)
+        return ic_error_format(err, path, "corrupt qcow2 image: snapshot table entry %u has "
+                               "%u bytes of extra data (at most %u)", index,
+                               e->extra_data_size, QCOW2_MAX_SNAPSHOT_EXTRA);
+    *entry_len = ((uint64_t)QCOW2_SNAPSHOT_FIXED + e->extra_data_size + e->id_str_size +
+                  e->name_size + 7) / 8 * 8;
     return 0;
 }

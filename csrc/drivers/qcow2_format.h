@@ -18,6 +18,17 @@
 #define QCOW2_MAX_L1_BYTES (32u << 20)      /* qemu's limit */
 #define QCOW2_MAX_REFTABLE_BYTES (8u << 20) /* qemu's limit */
 #define QCOW2_MAX_BACKING_NAME 1023
+#define QCOW2_MAX_BACKING_FORMAT 15
+/* The snapshot table: qemu's limits */
+#define QCOW2_MAX_SNAPSHOTS 65536u
+#define QCOW2_MAX_SNAPSHOTS_BYTES (64u << 20)
+#define QCOW2_MAX_SNAPSHOT_EXTRA 1024u
+#define QCOW2_SNAPSHOT_FIXED 40
+/* The bitmaps extension and directory: qemu's limits */
+#define QCOW2_MAX_BITMAPS 65535u
+#define QCOW2_MAX_BITMAP_DIRECTORY (1024u * 65535u)
+/* Reads at or past this offset fail in qemu (INT64_MAX aligned down to 1 GiB) */
+#define QCOW2_MAX_OFFSET ((1ull << 63) - (1ull << 30))
 
 #define QCOW2_OFFSET_MASK 0x00fffffffffffe00ull
 #define QCOW2_OFLAG_COPIED (1ull << 63)
@@ -33,10 +44,17 @@ enum {
 };
 
 enum {
+    QCOW2_AUTOCLEAR_BITMAPS = 1u << 0,
+    QCOW2_AUTOCLEAR_DATA_FILE_RAW = 1u << 1,
+};
+
+enum {
     QCOW2_EXT_END = 0,
     QCOW2_EXT_BACKING_FORMAT = 0xe2792acau,
     QCOW2_EXT_FEATURE_TABLE = 0x6803f857u,
     QCOW2_EXT_DATA_FILE = 0x44415441u,
+    QCOW2_EXT_CRYPTO = 0x0537be77u,
+    QCOW2_EXT_BITMAPS = 0x23852875u,
 };
 
 struct qcow2_header {
@@ -59,22 +77,54 @@ struct qcow2_header {
     uint32_t refcount_order;
     uint32_t header_length;
     uint8_t compression_type;
-    char backing_name[QCOW2_MAX_BACKING_NAME + 1];
-    char backing_format[64];
+    char backing_name[QCOW2_MAX_BACKING_NAME + 1]; /* "": no backing file */
+    char backing_format[QCOW2_MAX_BACKING_FORMAT + 1];
     char incompatible_names[64][47]; /* from the feature name table */
+    /* the bitmaps extension, when its auto-clear bit says it is valid */
+    int has_bitmaps;
+    uint32_t nb_bitmaps;
+    uint64_t bitmap_directory_size;
+    uint64_t bitmap_directory_offset;
+};
+
+/* The fixed part of a snapshot table entry, and what its extra data says. */
+struct qcow2_snapshot_entry {
+    uint64_t l1_table_offset;
+    uint32_t l1_size;
+    uint16_t id_str_size;
+    uint16_t name_size;
+    uint32_t date_sec;
+    uint32_t date_nsec;
+    uint64_t vm_clock_nsec;
+    uint32_t vm_state_size; /* superseded by the 64-bit one in extra data */
+    uint32_t extra_data_size;
 };
 
 uint64_t qcow2_be64(const void *p);
 uint32_t qcow2_be32(const void *p);
 
-/* `buf` holds the first `len` bytes of the file (at most QCOW2_HEADER_READ). */
+/* Every check qemu makes of a header on opening it, the error naming the
+ * field as docs/interop/qcow2.txt spells it.  `buf` holds the first `len`
+ * bytes of the file (at most QCOW2_HEADER_READ). */
 int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
                        const char *path, struct ic_error *err);
-/* `cluster0` holds the first cluster (zero-padded past the end of file). */
+/* The header extensions and the backing file name.  `cluster0` holds the
+ * first cluster (zero-padded past the end of file). */
 int qcow2_parse_extensions(const uint8_t *cluster0, size_t len, struct qcow2_header *h,
                            const char *path, struct ic_error *err);
 /* Refuse what imgcopy cannot read correctly, naming the feature. */
 int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
                          const char *path, struct ic_error *err);
+/* The bitmap directory (`len` bytes, the whole directory) checked as qemu
+ * checks it on opening an image with valid bitmaps. */
+int qcow2_check_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
+                                 const char *path, struct ic_error *err);
+/* A bitmap table entry as qemu accepts it (reserved bits clear, aligned). */
+int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size);
+/* The fixed part of snapshot table entry `index`; checks its extra data
+ * size.  *entry_len: the whole entry's bytes, padded to 8. */
+int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32_t index,
+                               struct qcow2_snapshot_entry *e, uint64_t *entry_len,
+                               const char *path, struct ic_error *err);
 
 #endif

@@ -39,6 +39,9 @@ struct qcow2_state {
     int prealloc;
 
     struct qcow2_writer *w; /* a new image being written, or NULL */
+
+    struct ic_snapshot *snapshots; /* the snapshot table, read at open */
+    size_t nsnapshots;
 };
 
 
@@ -47,6 +50,17 @@ static inline struct qcow2_state *qcow2_state_of(struct ic_image *img)
 {
     return img->drv_state;
 }
+
+/* qcow2.c: metadata of the host file; reads past its end return zeros,
+ * as qemu's do. */
+int qcow2_read_meta(struct ic_image *img, void *buf, uint64_t len, uint64_t off,
+                    const char *what, struct ic_error *err);
+
+/* qcow2_tables.c: the snapshot table and the bitmap directory, read and
+ * checked at open as qemu does. */
+int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err);
+int qcow2_check_bitmaps(struct ic_image *img, struct ic_error *err);
+int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
 
 /* qcow2_write.c */
 struct qcow2_writer;

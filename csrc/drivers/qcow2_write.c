@@ -201,7 +201,7 @@ static int ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end, str
         uint64_t *e = &l2[gc % s->l2_entries];
         uint64_t host = *e & QCOW2_OFFSET_MASK;
         uint64_t old_entry = *e;
-        int whole = off <= gc * csz && (end >= (gc + 1) * csz || end == s->h.size);
+        int whole = off <= gc * csz && (end >= (gc + 1) * csz || end >= ic_image_size(img));
         if (*e & QCOW2_OFLAG_COMPRESSED) {
             release_compressed(s, *e);
         } else if (host && !(*e & QCOW2_OFLAG_ZERO)) {
@@ -569,7 +569,12 @@ int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     if (!s->w->compress)
         return 0;
     uint64_t csz = s->h.cluster_size;
-    if (sw->off % csz || (sw->len % csz && sw->off + sw->len != s->h.size))
+    /* whole clusters, but for the image's last one, which a source of
+     * another size may fill in part: the rest is zeros, compressed along
+     * (qemu-img convert -c does the same) */
+    uint64_t end = sw->off + sw->len, size = ic_image_size(img);
+    uint64_t last_cluster = size ? (size - 1) / csz * csz : 0;
+    if (sw->off % csz || (sw->len % csz && !(end > last_cluster && end <= size)))
         return ic_error_value(err, "%s: compressed writes must cover whole clusters", img->path);
     size_t n = (size_t)((sw->len + csz - 1) / csz);
     struct staged *st = calloc(1, sizeof *st + n * sizeof(struct blob));
@@ -738,7 +743,7 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
     for (uint64_t pos = off; pos < off + len && ret == 0;) {
         uint64_t n = csz - pos % csz < off + len - pos ? csz - pos % csz : off + len - pos;
         uint64_t gc = pos / csz;
-        int whole = n == csz || (pos % csz == 0 && pos + n == s->h.size);
+        int whole = n == csz || (pos % csz == 0 && pos + n >= ic_image_size(img));
         uint64_t zero_host = 0; /* bytes to zero in the host file, if any */
         int write_zeros = 0;    /* as data, not as a hole: what qemu does */
         pthread_mutex_lock(&w->lock);

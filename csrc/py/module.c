@@ -472,6 +472,32 @@ static PyObject *image_chain(ImageObject *self, PyObject *unused)
     return list;
 }
 
+/* [(id, name, vm_state_size, date_sec, date_nsec, vm_clock_nsec, icount)]:
+ * the internal snapshots; id and name are bytes, as stored */
+static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    const struct ic_snapshot *sn;
+    size_t n;
+    ic_image_snapshots(img, &sn, &n);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *item = Py_BuildValue("(yyKIIKL)", sn[i].id, sn[i].name,
+                                       (unsigned long long)sn[i].vm_state_size, sn[i].date_sec,
+                                       sn[i].date_nsec, (unsigned long long)sn[i].vm_clock_nsec,
+                                       (long long)sn[i].icount);
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
+    }
+    return list;
+}
+
 static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -498,6 +524,8 @@ static PyMethodDef image_methods[] = {
     {"flush", (PyCFunction)image_flush, METH_NOARGS, "flush()"},
     {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, "cache counters"},
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, "forget all cached extents"},
+    {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS,
+     "snapshots() -> [(id, name, vm_state_size, date_sec, date_nsec, vm_clock_nsec, icount)]"},
     {"chain", (PyCFunction)image_chain, METH_NOARGS,
      "chain() -> [(path, format)] from this image down its backing chain"},
     {NULL, NULL, 0, NULL},
