@@ -38,6 +38,7 @@
 
 #include "imgcopy.h"
 #include "drivers/qcow2_format.h"
+#include "probe.h"
 
 #define MAP_WINDOW (64ull << 20)
 #define READ_MAX (1u << 20)
@@ -190,9 +191,14 @@ NO_COVERAGE static uint64_t mix(const uint8_t *data, size_t size, uint64_t seed)
     return h ^ (h >> 29);
 }
 
-/* The header functions on their own, as the driver calls them. */
+/* The header functions on their own, as the driver calls them; the
+ * format probe on the input's first and last bytes; the bitmap directory
+ * and snapshot entry parsers on the input's bytes. */
 static void parse_only(const uint8_t *data, size_t size)
 {
+    size_t head = size < IC_PROBE_HEAD ? size : IC_PROBE_HEAD;
+    size_t tail = size < IC_PROBE_TAIL ? 0 : IC_PROBE_TAIL;
+    (void)ic_probe_format(data, head, data + size - tail, tail);
     struct qcow2_header *h = malloc(sizeof *h);
     struct ic_error err;
     if (!h)
@@ -206,6 +212,16 @@ static void parse_only(const uint8_t *data, size_t size)
                 for (int force = 0; force < 2; force++)
                     for (int writable = 0; writable < 2; writable++)
                         (void)qcow2_check_features(h, force, writable, "input", &err);
+                /* whatever follows the header, as a directory and entries */
+                if (h->has_bitmaps && size > 112)
+                    (void)qcow2_check_bitmap_directory(data + 112, size - 112, h, "input",
+                                                       &err);
+                for (size_t off = 112; off + QCOW2_SNAPSHOT_FIXED <= size && off < 4096;
+                     off += QCOW2_SNAPSHOT_FIXED) {
+                    struct qcow2_snapshot_entry e;
+                    uint64_t len;
+                    (void)qcow2_parse_snapshot_entry(data + off, 0, &e, &len, "input", &err);
+                }
             }
             free(c0);
         }
