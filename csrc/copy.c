@@ -55,6 +55,7 @@ struct ic_copy {
     uint64_t next_place_seq; /* host allocation in guest order */
     int ordered_place;
     int dst_overlay; /* the destination reads what it lacks from a backing file */
+    uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
     int cancelled;
     int failed;
     struct ic_error error;
@@ -217,14 +218,16 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
     return 0;
 }
 
-/* Zero and unallocated ranges read as zeros, whatever DATA says; for an
- * overlay destination, what the source's own backing chain holds (depth
- * above 0) is left to the overlay's backing file, as qemu-img -B does. */
-static int run_kind(const struct ic_copy *c, const struct ic_extent *e)
+/* Zero and unallocated ranges read as zeros, whatever DATA says.  For an
+ * overlay destination, as qemu-img -B does: what the source's own backing
+ * chain holds (depth above 0) is left to the overlay's backing file, and
+ * so are zeros past the end of that file (the overlay reads zeros there). */
+static int run_kind(const struct ic_copy *c, const struct ic_extent *e, uint64_t pos)
 {
-    if (c->dst_overlay && e->depth > 0)
+    int data = (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
+    if (c->dst_overlay && (e->depth > 0 || (!data && pos >= c->backing_end)))
         return RUN_BACKING;
-    return (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO) ? RUN_DATA : RUN_ZERO;
+    return data ? RUN_DATA : RUN_ZERO;
 }
 
 /* Source runs become items; with a destination that writes whole
@@ -287,7 +290,10 @@ static void *planner_main(void *arg)
     struct ic_error err = {0};
     struct aligner al = {.c = c, .align = c->write_align, .size = size};
     /* neighbours of one kind are one extent: the cache may answer a long
-     * extent in pieces, and zero runs at extent edges are judged by it */
+     * extent in pieces, and zero runs at extent edges are judged by it.
+     * An overlay's runs also end where its backing file ends, as qemu-img
+     * -B cuts them there. */
+    uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
     while (pos < size) {
         if (cancelled(c))
             goto out;
@@ -296,14 +302,17 @@ static void *planner_main(void *arg)
             fail(c, &err);
             goto out;
         }
-        int kind = run_kind(c, &e);
-        if (run_kind_now >= 0 && kind != run_kind_now) {
-            if (add_run(&al, run_start, pos, run_kind_now) < 0)
+        uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
+        int kind = run_kind(c, &e, pos);
+        int at_cut = pos == cut;
+        if (run_kind_now >= 0 && (kind != run_kind_now || at_cut)) {
+            if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
+                (at_cut && flush_data(&al) < 0))
                 goto out;
             run_start = pos;
         }
         run_kind_now = kind;
-        pos += e.length;
+        pos += len;
     }
     if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
         flush_data(&al);
@@ -457,23 +466,6 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
 }
 
-/* A range that must read as zeros in the destination. */
-static int make_hole(struct worker *w, uint64_t off, uint64_t len)
-{
-    struct ic_copy *c = w->c;
-    if (c->opt.target_is_zero) {
-        atomic_fetch_add(&c->bytes_skipped, len);
-        log_request(c->opt.log, off, len, IC_REQ_SKIP);
-        return 0;
-    }
-    if (ic_image_zero(c->dst, off, len, IC_ZERO_MAY_UNMAP, &w->err) < 0)
-        return -1;
-    log_request(c->opt.log, off, len, IC_REQ_ZERO);
-    atomic_fetch_add(&c->bytes_zeroed, len);
-    atomic_fetch_add(&c->zero_requests, 1);
-    return 0;
-}
-
 static uint64_t block_end(const struct ic_copy *c, uint64_t pos, uint64_t limit)
 {
     uint64_t next = (pos / c->granularity + 1) * c->granularity;
@@ -612,8 +604,9 @@ static int offload_item(struct worker *w, const struct work_item *it, struct tur
     return 1;
 }
 
-/* Stage every data run (compression happens here, in parallel), place
- * them in guest order (host allocation), then commit and make holes. */
+/* Stage every piece, data and zeros (compression happens here, in
+ * parallel), place them in guest order (host allocation; an overlay's
+ * zero clusters), then commit them. */
 static int execute(struct worker *w, struct turns *t)
 {
     struct ic_copy *c = w->c;
@@ -621,10 +614,11 @@ static int execute(struct worker *w, struct turns *t)
     int ret = 0;
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (!a->data)
-            continue;
+        if (!a->data && c->opt.target_is_zero)
+            continue; /* skipped at commit */
         struct ic_staged_write *st = &w->staged[nstaged];
-        *st = (struct ic_staged_write){.off = a->off, .len = a->len, .buf = a->buf};
+        *st = (struct ic_staged_write){.off = a->off, .len = a->len,
+                                       .buf = a->data ? a->buf : NULL};
         if (ic_image_stage(c->dst, st, &w->err) < 0)
             ret = -1;
         else
@@ -645,16 +639,17 @@ static int execute(struct worker *w, struct turns *t)
     size_t committed = 0;
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (!a->data) {
-            ret = make_hole(w, a->off, a->len);
+        if (!a->data && c->opt.target_is_zero) {
+            atomic_fetch_add(&c->bytes_skipped, a->len);
+            log_request(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
         }
         ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
-        if (ret == 0) {
-            log_request(c->opt.log, a->off, a->len, IC_REQ_WRITE);
-            atomic_fetch_add(&c->bytes_written, a->len);
-            atomic_fetch_add(&c->write_requests, 1);
-        }
+        if (ret < 0)
+            break;
+        log_request(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
+        atomic_fetch_add(a->data ? &c->bytes_written : &c->bytes_zeroed, a->len);
+        atomic_fetch_add(a->data ? &c->write_requests : &c->zero_requests, 1);
     }
     if (ret == 0)
         pass_turn(c, t, TURN_WRITE);
@@ -855,6 +850,8 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     atomic_init(&c->offload_refused, 0);
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);
+    if (c->dst_overlay)
+        c->backing_end = ic_image_qemu_length(ic_image_backing(dst));
 
     /* the planner counts as one live thread from the start, so that no
      * worker can see the copy complete before it is fully started */

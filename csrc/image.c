@@ -482,6 +482,11 @@ struct ic_image *ic_image_backing(const struct ic_image *img)
     return img->backing;
 }
 
+uint64_t ic_image_qemu_length(const struct ic_image *img)
+{
+    return img->drv == &ic_driver_raw ? (img->size + 511) / 512 * 512 : img->size;
+}
+
 int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count)
 {
     if (img->drv->snapshots)
@@ -611,6 +616,8 @@ int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_e
 {
     if (img->drv->commit)
         return img->drv->commit(img, w, err);
+    if (!w->buf)
+        return w->len ? img->drv->zero(img, w->off, w->len, IC_ZERO_MAY_UNMAP, err) : 0;
     return img->drv->pwrite(img, w->buf, (size_t)w->len, w->off, err);
 }
 

@@ -98,6 +98,9 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+/* The length qemu gives an image: a raw file's rounded up to whole
+ * 512-byte sectors (the tail reads as zeros). */
+uint64_t ic_image_qemu_length(const struct ic_image *img);
 int ic_image_has_backing_file(const struct ic_image *img);
 
 /* The extent starting at `offset`, at most `length` bytes long.
@@ -127,11 +130,13 @@ int ic_image_flush(struct ic_image *img, struct ic_error *err);
  * guest order while the I/O stays parallel: stage (any thread: e.g.
  * compress), place (in guest order: allocate), commit (any thread: write).
  * `buf` must stay valid until commit; unstage drops a write never
- * committed.  Formats without placement write everything at commit. */
+ * committed.  Formats without placement write everything at commit.  A
+ * write without `buf` makes the range read as zeros (a hole may do): an
+ * overlay decides in guest order which clusters become zero clusters. */
 struct ic_staged_write {
     uint64_t off;
     uint64_t len;
-    const uint8_t *buf;
+    const uint8_t *buf; /* NULL: zeros */
     void *priv;           /* the driver's */
     uint64_t scratch[2];  /* the driver's */
 };

@@ -440,9 +440,7 @@ static int status_below(struct ic_image *img, uint64_t start, uint64_t end,
     }
     /* qemu sees a raw file's length rounded up to whole 512-byte sectors:
      * the backing answers for that tail too, as zeros it holds */
-    uint64_t tail = s->backing && strcmp(ic_image_format(s->backing), "raw") == 0
-                        ? (bsize + 511) / 512 * 512
-                        : bsize;
+    uint64_t tail = s->backing ? ic_image_qemu_length(s->backing) : 0;
     if (pos < end && pos < tail) {
         uint64_t lim = end < tail ? end : tail;
         struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,

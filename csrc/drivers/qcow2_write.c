@@ -483,9 +483,10 @@ int qcow2_writer_has_table(struct qcow2_state *s, uint64_t l1_index)
 uint64_t qcow2_write_alignment(const struct ic_image *img)
 {
     const struct qcow2_state *s = img->drv_state;
-    /* compressed clusters are written whole; an overlay's too, so that
-     * no cluster mixes new data with what the backing file holds */
-    return s->w && (s->w->compress || s->backing) ? s->h.cluster_size : 1;
+    /* compressed clusters are written whole (an overlay's others are
+     * written in part, the rest copied from the backing file, as qemu
+     * writes them) */
+    return s->w && s->w->compress ? s->h.cluster_size : 1;
 }
 
 /* ---- staged writes ------------------------------------------------------ */
@@ -566,7 +567,7 @@ int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     struct qcow2_state *s = state(img);
     if (writable(img, err) < 0)
         return -1;
-    if (!s->w->compress)
+    if (!s->w->compress || !sw->buf)
         return 0;
     uint64_t csz = s->h.cluster_size;
     /* whole clusters, but for the image's last one, which a source of
@@ -615,14 +616,141 @@ int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     return 0;
 }
 
+/* ---- zeros in an overlay ------------------------------------------------ */
+
+/* Whether guest range [a, b) of the backing file reads as zeros by block
+ * status: holes, zero or unallocated clusters, and anything past its end.
+ * Data that merely holds zeros does not count (qemu's is_zero). */
+static int backing_reads_zero(struct ic_image *img, uint64_t a, uint64_t b, int *zero,
+                              struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    uint64_t bsize = ic_image_size(s->backing);
+    *zero = 1;
+    while (a < b && a < bsize) {
+        struct ic_extent e;
+        uint64_t lim = b < bsize ? b : bsize;
+        if (ic_image_block_status(s->backing, a, lim - a, &e, err) < 0)
+            return -1;
+        if (!(e.flags & IC_EXT_ZERO)) {
+            *zero = 0;
+            return 0;
+        }
+        a += e.length;
+    }
+    return 0;
+}
+
+/* Zeros in a new overlay, decided in guest order as qemu's writes decide
+ * them: a whole cluster becomes a zero cluster (v3; v2: a fresh cluster,
+ * zeros as data).  Part of a cluster: nothing if the cluster reads as
+ * zeros already; else a zero cluster when it is not data yet and the rest
+ * of it reads as zeros by block status (v3); else the cluster becomes
+ * data (the rest copied from the backing file) and the zeros are written
+ * at commit: scratch[0] and scratch[1] say where, for the first and the
+ * last piece (only they can be partial).  Writer lock held. */
+static int place_overlay_zeros(struct ic_image *img, struct ic_staged_write *sw,
+                               struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    uint64_t csz = s->h.cluster_size, size = ic_image_size(img);
+    uint64_t end = sw->off + sw->len;
+    int v3 = s->h.version >= 3;
+    for (uint64_t pos = sw->off; pos < end;) {
+        uint64_t gc = pos / csz, cs = gc * csz, ce = cs + csz < size ? cs + csz : size;
+        uint64_t n = (ce < end ? ce : end) - pos;
+        uint64_t *l2 = l2_table(img, gc, err);
+        if (!l2)
+            return -1;
+        uint64_t *e = &l2[gc % s->l2_entries];
+        int whole = pos == cs && pos + n == ce;
+        int compressed = (*e & QCOW2_OFLAG_COMPRESSED) != 0;
+        int data = !compressed && !(*e & QCOW2_OFLAG_ZERO) && (*e & QCOW2_OFFSET_MASK);
+        uint64_t host = 0; /* zeros to write there, at commit */
+        if (whole && compressed) {
+            release_compressed(s, *e);
+            *e = 0;
+            compressed = 0;
+        }
+        if (whole && v3) {
+            *e = data ? *e | QCOW2_OFLAG_ZERO : QCOW2_OFLAG_ZERO;
+        } else if (whole && !data) {
+            if (ensure_clusters(img, pos, pos + n, err) < 0) /* fresh: reads zeros */
+                return -1;
+        } else if (data) {
+            host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
+        } else if (!(*e & QCOW2_OFLAG_ZERO)) {
+            int zero = 0;
+            if (v3 && !*e &&
+                (backing_reads_zero(img, cs, pos, &zero, err) < 0 ||
+                 (zero && backing_reads_zero(img, pos + n, ce, &zero, err) < 0)))
+                return -1;
+            if (zero) {
+                *e = QCOW2_OFLAG_ZERO;
+            } else {
+                if (ensure_clusters(img, pos, pos + n, err) < 0)
+                    return -1;
+                host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
+            }
+        }
+        if (host) {
+            if (pos == sw->off)
+                sw->scratch[0] = host;
+            else if (pos + n == end)
+                sw->scratch[1] = host;
+            else
+                return ic_error_value(err, "%s: zeros in the middle of a write land in part of "
+                                      "a cluster", img->path);
+        }
+        pos += n;
+    }
+    return 0;
+}
+
+/* Zero bytes written as data, from a page of zeros. */
+static int write_zero_bytes(struct ic_image *img, uint64_t host, uint64_t len,
+                            struct ic_error *err)
+{
+    static const uint8_t zeros[64 << 10];
+    struct qcow2_state *s = state(img);
+    for (uint64_t done = 0; done < len;) {
+        uint64_t n = len - done < sizeof zeros ? len - done : sizeof zeros;
+        if (ic_image_pwrite(s->file, zeros, (size_t)n, host + done, err) < 0)
+            return -1;
+        done += n;
+    }
+    return 0;
+}
+
+/* The zeros place_overlay_zeros() left to write. */
+static int commit_overlay_zeros(struct ic_image *img, const struct ic_staged_write *sw,
+                                struct ic_error *err)
+{
+    uint64_t csz = state(img)->h.cluster_size, end = sw->off + sw->len;
+    uint64_t first_end = (sw->off / csz + 1) * csz < end ? (sw->off / csz + 1) * csz : end;
+    if (sw->scratch[0] && write_zero_bytes(img, sw->scratch[0], first_end - sw->off, err) < 0)
+        return -1;
+    uint64_t last_start = (end - 1) / csz * csz;
+    if (sw->scratch[1] && write_zero_bytes(img, sw->scratch[1], end - last_start, err) < 0)
+        return -1;
+    return 0;
+}
+
 int qcow2_place(struct ic_image *img, struct ic_staged_write *sw, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
     int ret = 0;
+    if (!sw->buf && !s->backing) /* zeros without a backing file: at commit */
+        return 0;
     pthread_mutex_lock(&w->lock);
-    if (!sw->priv) {
+    if (!sw->buf) {
+        uint64_t first_new = w->host_end;
+        ret = place_overlay_zeros(img, sw, err);
+        if (ret == 0 && w->host_end > first_new)
+            ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+    } else if (!sw->priv) {
         /* the clusters this write allocates form one run at the end */
         uint64_t first_new = w->host_end;
         ret = ensure_clusters(img, sw->off, sw->off + sw->len, err);
@@ -683,6 +811,9 @@ int qcow2_commit(struct ic_image *img, struct ic_staged_write *sw, struct ic_err
     uint64_t csz = s->h.cluster_size;
     struct staged *st = sw->priv;
     int ret = 0;
+    if (!sw->buf)
+        return s->backing ? commit_overlay_zeros(img, sw, err)
+                          : qcow2_write_zeroes(img, sw->off, sw->len, err);
     if (st) {
         for (size_t i = 0; i < st->n && ret == 0; i++)
             ret = ic_image_pwrite(s->file, st->b[i].data, st->b[i].len, st->b[i].host, err);
