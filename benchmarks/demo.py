@@ -144,7 +144,7 @@ def main() -> int:
             said = verdicts(src, dst, fmt)
             failed |= said[-1] == "MISMATCH"
             print(f"  {tool}: " + "; ".join(said))
-        print(f"  {'':18}{'time':>9}{'writes':>9}{'zeroes':>9}{'extents':>9}{'allocated':>12}")
+        print(f"  {'':18}{'time':>9}{'writes':>9}{'falloc':>9}{'extents':>9}{'allocated':>12}")
         for tool, r in runs.items():
             name = tool if tool == "imgcopy" else "qemu-img convert"
             print(f"  {name:18}{r.seconds:8.2f}s{r.writes:9d}{r.zeroes:9d}{r.extents:9d}"
@@ -156,8 +156,9 @@ def main() -> int:
               f"{c.get('extents')} source extents")
         if fmt == "qcow2":
             print("  (qcow2 writes include metadata: L1/L2 tables, refcounts, header)")
-    print("\nstrace counted the write and fallocate calls each tool made to its output "
-          "file;\ntimes are one run of `command && sync` each.")
+    print("\nstrace counted the write and fallocate calls each tool made to its output file "
+          "(fallocate\nzeroes or punches ranges of a raw output, and gives a qcow2 output's new "
+          "clusters disk\nspace); times are one run of `command && sync` each.")
     return 1 if failed else 0
 
 
