@@ -9,6 +9,7 @@ is harmless for test modules that do not need qemu (tests/test_c_units.py).
 """
 
 import os
+import subprocess
 import types
 
 import pytest
@@ -144,3 +145,20 @@ def imgcopy_env():
     env.pop("PYTHONSTARTUP", None)
     env["LC_ALL"] = "C"
     return env
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """An 8 MiB tmpfs (root only), unmounted afterwards: for ENOSPC."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip("cannot mount a tmpfs: %s" % p.stderr.strip())
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

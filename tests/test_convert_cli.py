@@ -248,7 +248,8 @@ def _wait_for_progress(proc, timeout=20.0):
 
 def _interrupt(tmp_path, env, dest):
     """Start a long copy with a progress bar, SIGINT it once the bar shows.
-    Returns (returncode, seconds from SIGINT to exit, stderr, stdout)."""
+    Returns (returncode, seconds from SIGINT to exit, stderr, stdout,
+    files the copy left in tmp_path besides its source)."""
     src = str(tmp_path / "hole20g.raw")
     make_sparse(src, 20 * GiB)
     dst = str(tmp_path / "out.raw") if dest == "file" else "null:"
@@ -269,6 +270,7 @@ def _interrupt(tmp_path, env, dest):
         elapsed = time.monotonic() - t0
         err = (seen + proc.stderr.read()).decode(errors="replace")
         out = proc.stdout.read().decode(errors="replace")
+        left = sorted(set(os.listdir(str(tmp_path))) - {os.path.basename(src)})
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -277,12 +279,13 @@ def _interrupt(tmp_path, env, dest):
         proc.stderr.close()
         if os.path.exists(dst):
             os.unlink(dst)
-    return proc.returncode, elapsed, err, out
+    return proc.returncode, elapsed, err, out, left
 
 
 @pytest.mark.parametrize("dest", ["file", "null"])
 def test_sigint(tmp_path, imgcopy_env, dest):
-    rc, elapsed, err, out = _interrupt(tmp_path, imgcopy_env, dest)
+    rc, elapsed, err, out, left = _interrupt(tmp_path, imgcopy_env, dest)
+    assert left == [], "an interrupted copy left %s" % left
     assert rc == 130, (rc, err)
     assert elapsed < 1.0, "exit took %.2f s after SIGINT" % elapsed
     assert "Traceback" not in err, err
@@ -293,7 +296,7 @@ def test_sigint(tmp_path, imgcopy_env, dest):
 def test_sigint_message_starts_a_line(tmp_path, imgcopy_env):
     """The error after a progress bar is a line of its own, starting with
     "imgcopy: " (the bar's line is ended first)."""
-    rc, _, err, _ = _interrupt(tmp_path, imgcopy_env, "null")
+    rc, _, err, _, _ = _interrupt(tmp_path, imgcopy_env, "null")
     assert rc == 130
     last = err.replace("\r", "\n").rstrip("\n").split("\n")[-1]
     assert last.startswith("imgcopy: "), "error glued to the progress bar: %r" % err[-120:]

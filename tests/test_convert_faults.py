@@ -91,23 +91,6 @@ def test_destination_is_a_directory(tmp_path, threads):
 # ---------------------------------------------------------------------------
 # write errors
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        pytest.skip("cannot mount a tmpfs: %s" % p.stderr.strip())
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
-
-
 @pytest.mark.parametrize("kind", ["data", "zeros-S0", "existing", "offload"])
 def test_enospc(tmp_path, small_tmpfs, threads, kind):
     src = str(tmp_path / "src.raw")

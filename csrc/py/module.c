@@ -182,6 +182,7 @@ static int parse_pair(PyObject *args, const char *n1, uint64_t *a, const char *n
     return 0;
 }
 
+/* Paths arrive through PyUnicode_FSConverter, which refuses embedded NULs. */
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", NULL};
@@ -197,11 +198,6 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
         return -1;
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
-    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
-        Py_DECREF(path_bytes);
-        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
-        return -1;
-    }
     struct ic_error err = {0};
     struct ic_image *img = NULL;
     int ret;
@@ -576,11 +572,6 @@ static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
         return NULL;
     }
     const char *path = PyBytes_AS_STRING(path_bytes);
-    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
-        Py_DECREF(path_bytes);
-        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
-        return NULL;
-    }
     unsigned flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0) |
                      (atomic ? IC_CREATE_ATOMIC : 0);
     struct ic_error err = {0};
@@ -609,11 +600,6 @@ static PyObject *mod_probe(PyObject *m, PyObject *arg)
     if (!PyUnicode_FSConverter(arg, &path_bytes))
         return NULL;
     const char *path = PyBytes_AS_STRING(path_bytes);
-    if (strlen(path) != (size_t)PyBytes_GET_SIZE(path_bytes)) {
-        Py_DECREF(path_bytes);
-        PyErr_SetString(PyExc_ValueError, "embedded null byte in path");
-        return NULL;
-    }
     struct ic_error err = {0};
     const char *format = NULL;
     int ret;
