@@ -171,6 +171,15 @@ static void free_image(struct ic_image *img)
     free(img);
 }
 
+/* Two names of one disk: the same inode, or device nodes of the same
+ * block device. */
+static int same_file(dev_t dev, ino_t ino, dev_t rdev, const struct stat *st)
+{
+    if (S_ISBLK(st->st_mode))
+        return rdev && rdev == st->st_rdev;
+    return dev == st->st_dev && ino == st->st_ino;
+}
+
 /* Open `path` as one link of a backing chain: `below` lists the files
  * already above it, so that a loop is an error, not a recursion. */
 static int open_link(const char *path, const char *format, unsigned flags,
@@ -198,7 +207,7 @@ static int open_link(const char *path, const char *format, unsigned flags,
                                    IC_CHAIN_MAX);
         }
         for (unsigned k = 0; k < above->chain_len; k++) {
-            if (above->chain[k].dev == st.st_dev && above->chain[k].ino == st.st_ino) {
+            if (same_file(above->chain[k].dev, above->chain[k].ino, above->chain[k].rdev, &st)) {
                 close(fd);
                 return ic_error_format(err, path, "backing chain loops back to %s",
                                        path);
@@ -221,6 +230,7 @@ static int open_link(const char *path, const char *format, unsigned flags,
     }
     img->chain[img->chain_len].dev = st.st_dev;
     img->chain[img->chain_len].ino = st.st_ino;
+    img->chain[img->chain_len].rdev = S_ISBLK(st.st_mode) ? st.st_rdev : 0;
     img->chain_len++;
     if (drv->open(img, fd, err) < 0) {
         free_image(img);
@@ -480,6 +490,21 @@ const char *ic_image_path(const struct ic_image *img)
 struct ic_image *ic_image_backing(const struct ic_image *img)
 {
     return img->backing;
+}
+
+const char *ic_image_reads_file(const struct ic_image *img, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return NULL; /* nothing there yet: nothing to overwrite */
+    for (const struct ic_image *i = img; i; i = i->backing) {
+        if (i->chain_len == 0) /* "null:" and other file-less images */
+            continue;
+        unsigned k = i->chain_len - 1;
+        if (same_file(i->chain[k].dev, i->chain[k].ino, i->chain[k].rdev, &st))
+            return i->path;
+    }
+    return NULL;
 }
 
 uint64_t ic_image_qemu_length(const struct ic_image *img)

@@ -28,6 +28,7 @@ struct ic_image {
     struct {
         dev_t dev;
         ino_t ino;
+        dev_t rdev; /* a block device's, else 0 */
     } chain[IC_CHAIN_MAX];
     unsigned chain_len;
     uint64_t meta_budget; /* left for the images from here down the chain */

@@ -98,6 +98,10 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+/* The file of this image or of its backing chain that `path` names (the
+ * same inode, or the same block device), or NULL: a destination must
+ * never be a file its source reads. */
+const char *ic_image_reads_file(const struct ic_image *img, const char *path);
 /* The length qemu gives an image: a raw file's rounded up to whole
  * 512-byte sectors (the tail reads as zeros). */
 uint64_t ic_image_qemu_length(const struct ic_image *img);

@@ -89,11 +89,16 @@ def check_copy_options(sparse_threshold: int, concurrency: int, request_size: in
         raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
 
 
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
+def _check_not_read(source: Image, dst: str) -> None:
+    """Refuse a destination that is a file the source reads: the source
+    itself, or a file of its backing chain (under any name)."""
+    found = source._img.reads_file(dst)
+    if found is None:
+        return
+    if found == source._img.chain()[0][0]:
+        raise ValueError(f"{dst}: the destination is the source")
+    raise ValueError(f"{dst}: the destination is {found}, a backing file of the source "
+                     f"{source.filename}: writing it would change what the source reads")
 
 
 def _existing_format(path: str) -> str:
@@ -221,8 +226,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     except ImageFormatError as exc:
         raise exc.renamed({"format": "src_format"})
     with source:
-        if not is_null and _same_file(source.filename, dst_name):
-            raise ValueError(f"{dst_name}: the destination is the source")
+        if not is_null:
+            _check_not_read(source, dst_name)
         if is_null:
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:

@@ -494,6 +494,18 @@ static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
     return list;
 }
 
+/* reads_file(path) -> the file of the chain `path` names, or None */
+static PyObject *image_reads_file(ImageObject *self, PyObject *arg)
+{
+    struct ic_image *img = usable(self);
+    PyObject *path_bytes = NULL;
+    if (!img || !PyUnicode_FSConverter(arg, &path_bytes))
+        return NULL;
+    const char *found = ic_image_reads_file(img, PyBytes_AS_STRING(path_bytes));
+    Py_DECREF(path_bytes);
+    return found ? PyUnicode_DecodeFSDefault(found) : Py_NewRef(Py_None);
+}
+
 static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -520,6 +532,8 @@ static PyMethodDef image_methods[] = {
     {"flush", (PyCFunction)image_flush, METH_NOARGS, "flush()"},
     {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, "cache counters"},
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, "forget all cached extents"},
+    {"reads_file", (PyCFunction)image_reads_file, METH_O,
+     "reads_file(path) -> the file of this image's chain that path names, or None"},
     {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS,
      "snapshots() -> [(id, name, vm_state_size, date_sec, date_nsec, vm_clock_nsec, icount)]"},
     {"chain", (PyCFunction)image_chain, METH_NOARGS,
