@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -170,14 +172,27 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if args.target_is_zero and args.create:
         raise ValueError("--target-is-zero needs -n (an existing destination)")
     bar = TextProgress() if args.progress else None
+    result = None
     try:
         result = _convert(args, bar)
+        # complete: a Ctrl-C from now on changes nothing (convert() already
+        # ignores one that comes after the destination was committed)
+        _ignore_sigint()
+    except KeyboardInterrupt:
+        if result is None:
+            raise
+        _ignore_sigint()
     finally:
         if bar is not None:
             bar.close()
     if args.stats == "json":
         print(json.dumps(result.to_dict(), indent=1))
     return 0
+
+
+def _ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
@@ -220,10 +235,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args, extra = _build_parser().parse_known_args(argv)
-    if extra:  # the command's own usage, not the top level's
-        args.parser.error("unrecognized arguments: " + " ".join(extra))
     try:
+        args, extra = _build_parser().parse_known_args(argv)
+        if extra:  # the command's own usage, not the top level's
+            args.parser.error("unrecognized arguments: " + " ".join(extra))
         return args.func(args)
     except (OSError, ValueError, Error) as exc:
         print(f"imgcopy: {_describe(exc)}", file=sys.stderr)

@@ -53,8 +53,9 @@ class CopyResult:
 
 
 def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]]:
-    """A callable (done, total), or an object with .update(n) such as tqdm;
-    the result reports 100% exactly once, at the end."""
+    """A callable (done, total), or an object with .update(n) such as tqdm.
+    The copy reports 100% once, when every byte is written and before the
+    destination is committed: raising there still cancels it."""
     if progress is None:
         return None
     update = getattr(progress, "update", None)
@@ -70,12 +71,7 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
         else:
             progress(done, total)
         last[0] = done
-
-    def report_until_end(done: int, total: int) -> None:
-        if done < total:   # the caller reports the end itself
-            report(done, total)
-    report_until_end.finish = report  # type: ignore[attr-defined]
-    return report_until_end
+    return report
 
 
 def check_copy_options(sparse_threshold: int, concurrency: int, request_size: int) -> None:
@@ -248,28 +244,41 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                 core.close()
                 raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
                                  f"than the source ({source.size} bytes)")
+        # The copy's outcome decides what convert() reports: until the
+        # destination is committed (finish: a new file renamed into place,
+        # a qcow2 image marked complete) an error, the progress callback or
+        # Ctrl-C cancels it and convert() raises; once it is committed,
+        # convert() returns its result, and a Ctrl-C arriving in between is
+        # too late to change anything.
         bar = None
+        t0 = time.monotonic()
         try:
             bar = make_progress(progress, source.size, os.path.basename(source.filename))
             zero_target = fresh if target_is_zero is None else bool(target_is_zero)
             options["target_is_zero"] = zero_target
-            report = _progress_adapter(bar)
-            t0 = time.monotonic()
             counters = _core.copy(source._img, core, sparse_threshold, request_size,
                                   concurrency, out_of_order, zero_target, offload,
-                                  flush and not is_null, report)
-            # only a complete copy marks a new qcow2 image complete, and
-            # puts a new file in place
+                                  flush and not is_null, _progress_adapter(bar))
             core.finish(flush and not is_null)
-            elapsed = time.monotonic() - t0
+        except KeyboardInterrupt:
+            if not core.finished:
+                close_progress(bar, progress)
+                raise
         except BaseException:
             close_progress(bar, progress)  # a bar made here ends its line
             raise
         finally:
             core.close()
-        if report is not None:
-            report.finish(source.size, source.size)  # type: ignore[attr-defined]
-        cache = source.cache_stats()
-    return CopyResult(**counters, elapsed=elapsed, cache_hits=cache["hits"],
-                      cache_misses=cache["misses"], lseek_calls=cache["lseek_calls"],
-                      options=options)
+        return _completed(counters, time.monotonic() - t0, source.cache_stats(), options)
+
+
+def _completed(counters: dict, elapsed: float, cache: dict, options: dict) -> CopyResult:
+    """The result of a committed copy: a Ctrl-C while it is built changes
+    nothing (the destination is complete)."""
+    while True:
+        try:
+            return CopyResult(**counters, elapsed=elapsed, cache_hits=cache["hits"],
+                              cache_misses=cache["misses"], lseek_calls=cache["lseek_calls"],
+                              options=options)
+        except KeyboardInterrupt:
+            continue

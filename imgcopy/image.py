@@ -33,13 +33,10 @@ class Image:
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
         """Close; an image opened "r+" first writes what its format keeps in
-        memory (qcow2 metadata), so that it is complete on disk."""
-        if not self._img.closed and self.mode == "r+":
-            try:
-                self._img.finish(False)
-            finally:
-                self._img.close()
-        self._img.close()
+        memory (qcow2 metadata), so that it is complete on disk.  Calls
+        running in other threads end first; later ones raise ValueError."""
+        # calls still running in other threads end first
+        self._img.close(finish=self.mode == "r+")
 
     @property
     def closed(self) -> bool:

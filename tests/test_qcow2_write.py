@@ -732,3 +732,27 @@ def test_compress_odd_sized_source(tmp_path, size, cluster_size):
         return [(e["start"], e["length"], e["data"], e["zero"], "offset" in e)
                 for e in json.loads(out)]
     assert layout(dst) == layout(ref)
+
+
+@pytest.mark.parametrize("cluster_size", [64 * KiB, 2 * MiB])
+def test_too_large_for_qcow2_says_why_and_leaves_nothing(tmp_path, cluster_size):
+    """A 2^63-512 byte source: qcow2 (its L1 table capped at 32 MiB, as in
+    qemu) cannot hold it at any cluster size; the message says what fits,
+    suggests larger clusters only where they exist, and no file is left."""
+    shm = "/dev/shm"
+    if not os.path.isdir(shm) or not os.access(shm, os.W_OK):
+        pytest.skip("needs a writable /dev/shm (tmpfs holds a 2^63-byte sparse file)")
+    src = os.path.join(shm, "imgcopy-huge-%d.raw" % os.getpid())
+    try:
+        with open(src, "wb") as f:
+            f.truncate((1 << 63) - 512)
+    except OSError as exc:
+        pytest.skip("cannot make a 2^63-byte file: %s" % exc)
+    try:
+        dst = str(tmp_path / "huge.qcow2")
+        with pytest.raises(ValueError, match="holds at most") as info:
+            imgcopy.convert(src, dst, dst_format="qcow2", cluster_size=cluster_size)
+        assert ("larger clusters" in str(info.value)) == (cluster_size < 2 * MiB)
+        assert os.listdir(str(tmp_path)) == []
+    finally:
+        os.unlink(src)

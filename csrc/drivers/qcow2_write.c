@@ -380,17 +380,22 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
         ;
     /* qemu reads a qcow2 size in whole sectors: round up, as qemu-img
      * convert does (the tail past the source reads as zeros) */
+    s->l2_entries = csz / 8;
+    /* the L1 table's 32 MiB (qemu's limit) bound the virtual size */
+    uint64_t most = (uint64_t)(QCOW2_MAX_L1_BYTES / 8) * s->l2_entries * csz;
+    if (img->size > most) {
+        ic_error_value(err, "%s: a qcow2 image with %llu KiB clusters holds at most %llu bytes, "
+                       "not %llu%s", img->path, (unsigned long long)(csz >> 10),
+                       (unsigned long long)most, (unsigned long long)img->size,
+                       csz < (2u << 20) ? " (larger clusters hold more: cluster_size=2M "
+                                          "holds 2 EiB)" : "");
+        goto fail;
+    }
     h->size = (img->size + 511) / 512 * 512;
     img->size = h->size;
     h->refcount_order = REFCOUNT_ORDER;
-    s->l2_entries = csz / 8;
     uint64_t clusters = (h->size + csz - 1) / csz;
     uint64_t l1 = (clusters + s->l2_entries - 1) / s->l2_entries;
-    if (l1 * 8 > QCOW2_MAX_L1_BYTES) {
-        ic_error_value(err, "%s: %llu bytes need an L1 table larger than 32 MiB; use a larger "
-                       "cluster_size", img->path, (unsigned long long)h->size);
-        goto fail;
-    }
     h->l1_size = (uint32_t)l1;
     w->compress = o->compress;
     w->l2 = calloc(l1 ? l1 : 1, sizeof *w->l2);
@@ -1008,29 +1013,63 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
 
 /* ---- finishing ---------------------------------------------------------- */
 
-/* Refcount blocks and table at the end, counting themselves. */
+/* Refcount blocks and table for `clusters` host clusters, counting
+ * themselves when `extra` (they are appended). */
+static void refcount_size(uint64_t clusters, uint64_t csz, int extra, uint64_t *blocks,
+                          uint64_t *table)
+{
+    uint64_t per_block = csz * 8 / 16;
+    *blocks = *table = 0;
+    for (;;) {
+        uint64_t total = clusters + (extra ? *blocks + *table : 0);
+        uint64_t nb = (total + per_block - 1) / per_block;
+        uint64_t nt = (nb * 8 + csz - 1) / csz;
+        if (nb == *blocks && nt == *table)
+            return;
+        *blocks = nb;
+        *table = nt;
+    }
+}
+
+/* A run of `n` free clusters inside the file (the refcount structures a
+ * previous session freed), first fit; 0 when there is none. */
+static uint64_t free_run(struct qcow2_writer *w, uint64_t end_cluster, uint64_t n)
+{
+    uint64_t run = 0;
+    for (uint64_t cl = 1; cl < end_cluster && cl < w->rc_len; cl++) {
+        run = w->rc[cl] ? 0 : run + 1;
+        if (run == n)
+            return cl + 1 - n;
+    }
+    return 0;
+}
+
+/* Refcount blocks and table, counting themselves: in clusters an earlier
+ * session freed when they fit (so that a stable workload keeps a stable
+ * file size), else at the end. */
 static int write_refcounts(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
-    uint64_t per_block = csz * 8 / 16;
-    uint64_t base = w->host_end / csz, blocks = 0, table = 0;
-    for (;;) {
-        uint64_t total = base + blocks + table;
-        uint64_t nb = (total + per_block - 1) / per_block;
-        uint64_t nt = (nb * 8 + csz - 1) / csz;
-        if (nb == blocks && nt == table)
-            break;
-        blocks = nb;
-        table = nt;
+    uint64_t blocks, table, table_off, blocks_off;
+    refcount_size(w->host_end / csz, csz, 0, &blocks, &table);
+    uint64_t inside = free_run(w, w->host_end / csz, table + blocks);
+    if (inside) {
+        table_off = inside * csz;
+        blocks_off = table_off + table * csz;
+        for (uint64_t k = 0; k < table + blocks; k++)
+            w->rc[inside + k] = 1;
+    } else {
+        refcount_size(w->host_end / csz, csz, 1, &blocks, &table);
+        if ((uint64_t)table * csz > QCOW2_MAX_REFTABLE_BYTES)
+            return ic_error_value(err, "%s: refcount table would exceed 8 MiB", img->path);
+        if (alloc_clusters(img, table, &table_off, err) < 0 ||
+            alloc_clusters(img, blocks, &blocks_off, err) < 0)
+            return -1;
     }
     if ((uint64_t)table * csz > QCOW2_MAX_REFTABLE_BYTES)
         return ic_error_value(err, "%s: refcount table would exceed 8 MiB", img->path);
-    uint64_t table_off, blocks_off;
-    if (alloc_clusters(img, table, &table_off, err) < 0 ||
-        alloc_clusters(img, blocks, &blocks_off, err) < 0)
-        return -1;
     w->ref_start = table_off / csz;
     w->ref_clusters = table + blocks;
     uint8_t *buf = calloc(1, (table + blocks) * csz);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "../imgcopy.h"
 
@@ -94,6 +95,8 @@ typedef struct {
     struct ic_image *img;
     int busy;          /* calls running with the GIL released */
     int close_pending; /* close() came while busy: the last call closes */
+    int closing;       /* close() waits for the calls in flight */
+    int finished;      /* finish() succeeded: a new image is complete */
 } ImageObject;
 
 static void image_release(ImageObject *self)
@@ -108,7 +111,7 @@ static void image_release(ImageObject *self)
  * Python file objects. */
 static struct ic_image *usable(ImageObject *self)
 {
-    if (!self->img || self->close_pending) {
+    if (!self->img || self->close_pending || self->closing) {
         PyErr_SetString(PyExc_ValueError, "I/O operation on closed image");
         return NULL;
     }
@@ -238,25 +241,62 @@ static PyObject *image_finish(ImageObject *self, PyObject *args)
     int sync = 1;
     if (!PyArg_ParseTuple(args, "|p", &sync))
         return NULL;
-    return call_unlocked(self, sync ? do_finish : do_finish_nosync);
+    PyObject *r = call_unlocked(self, sync ? do_finish : do_finish_nosync);
+    self->finished = r != NULL;
+    return r;
 }
 
-/* Closing does not finish: an image abandoned half-written stays marked
- * incomplete. */
-static PyObject *image_close(ImageObject *self, PyObject *unused)
+static PyObject *get_finished(ImageObject *self, void *c)
 {
-    (void)unused;
-    if (self->busy)
+    (void)c;
+    return PyBool_FromLong(self->finished);
+}
+
+/* close(finish=False): with finish, what the format holds in memory is
+ * written first and the image marked complete; without, an image
+ * abandoned half-written stays marked incomplete.  Calls still running in
+ * other threads end first (new ones fail as on a closed image): finishing
+ * under a write in flight would leave a healthy image marked incomplete.
+ * A read-only image closed from inside one of its own calls (a copy's
+ * progress callback) is released by that call when it ends. */
+static PyObject *image_close(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"finish", NULL};
+    int finish = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &finish))
+        return NULL;
+    if (!self->img || self->close_pending || self->closing)
+        Py_RETURN_NONE;
+    if (self->busy && !ic_image_writable(self->img)) {
         self->close_pending = 1;
-    else
-        image_release(self);
+        Py_RETURN_NONE;
+    }
+    self->closing = 1;
+    while (self->busy) {
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec nap = {0, 1000000};
+        nanosleep(&nap, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    struct ic_error err = {0};
+    int ret = 0;
+    if (finish) {
+        struct ic_image *img = self->img;
+        Py_BEGIN_ALLOW_THREADS
+        ret = ic_image_finish(img, 0, &err);
+        Py_END_ALLOW_THREADS
+    }
+    image_release(self);
+    self->closing = 0;
+    if (ret < 0)
+        return raise_error(&err);
     Py_RETURN_NONE;
 }
 
 static PyObject *get_closed(ImageObject *self, void *c)
 {
     (void)c;
-    return PyBool_FromLong(!self->img || self->close_pending);
+    return PyBool_FromLong(!self->img || self->close_pending || self->closing);
 }
 
 static PyObject *get_size(ImageObject *self, void *c)
@@ -517,8 +557,9 @@ static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
 }
 
 static PyMethodDef image_methods[] = {
-    {"close", (PyCFunction)image_close, METH_NOARGS,
-     "Close the image (idempotent); a new image not finished stays incomplete."},
+    {"close", (PyCFunction)(void (*)(void))image_close, METH_VARARGS | METH_KEYWORDS,
+     "close(finish=False): close the image (idempotent) once calls in flight end; finish "
+     "first writes held metadata and marks the image complete"},
     {"finish", (PyCFunction)image_finish, METH_VARARGS,
      "finish(sync=True): write held metadata and mark a new image complete"},
     {"block_status", (PyCFunction)image_block_status, METH_VARARGS,
@@ -546,6 +587,7 @@ static PyGetSetDef image_getset[] = {
     {"format", (getter)get_format, NULL, "format name", NULL},
     {"writable", (getter)get_writable, NULL, "opened for writing", NULL},
     {"closed", (getter)get_closed, NULL, "True after close()", NULL},
+    {"finished", (getter)get_finished, NULL, "True once finish() succeeded", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -697,6 +739,8 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         Py_BEGIN_ALLOW_THREADS
         done = ic_copy_wait(c, WAIT_SLICE_MS);
         Py_END_ALLOW_THREADS
+        if (done)
+            break; /* the last report waits for the outcome */
         if (!python_error && progress != Py_None) {
             ic_copy_progress(c, &st);
             PyObject *r = PyObject_CallFunction(progress, "KK", (unsigned long long)st.done,
@@ -715,6 +759,17 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     Py_END_ALLOW_THREADS
     leave(src);
     leave(dst);
+    /* Every byte is written, nothing committed yet (the caller finishes
+     * the destination when this returns): the 100% report and Ctrl-C can
+     * still cancel the copy, however short it was. */
+    if (ret == 0 && !python_error && progress != Py_None) {
+        PyObject *r = PyObject_CallFunction(progress, "KK", (unsigned long long)st.done,
+                                            (unsigned long long)st.total);
+        python_error = r == NULL;
+        Py_XDECREF(r);
+    }
+    if (ret == 0 && !python_error && PyErr_CheckSignals() < 0)
+        python_error = 1;
     PyObject *res = NULL;
     if (python_error)
         res = NULL;
