@@ -867,12 +867,17 @@ int qcow2_write(struct ic_image *img, const void *buf, size_t len, uint64_t off,
 /* Make [off, off+len) read as zeros.  Whole clusters: a v3 zero flag
  * (keeping the host cluster), or for v2 zeros written; compressed ones are
  * released.  Partial clusters get zeros written where they are allocated.
- * Unallocated clusters already read as zeros (no backing file here). */
+ * Unallocated clusters already read as zeros; an overlay's are decided as
+ * a copy decides them (place_overlay_zeros). */
 int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     if (writable(img, err) < 0)
         return -1;
+    if (s->backing) {
+        struct ic_staged_write sw = {.off = off, .len = len};
+        return qcow2_place(img, &sw, err) < 0 ? -1 : commit_overlay_zeros(img, &sw, err);
+    }
     struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
     int ret = 0;
@@ -881,7 +886,6 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
         uint64_t gc = pos / csz;
         int whole = n == csz || (pos % csz == 0 && pos + n >= ic_image_size(img));
         uint64_t zero_host = 0; /* bytes to zero in the host file, if any */
-        int write_zeros = 0;    /* as data, not as a hole: what qemu does */
         pthread_mutex_lock(&w->lock);
         uint64_t *l2 = l2_table(img, gc, err);
         if (!l2) {
@@ -905,28 +909,10 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
                     *e |= QCOW2_OFLAG_ZERO;
                 else
                     zero_host = host + pos % csz;
-            } else if (!*e && s->backing) {
-                /* an overlay must hide what its backing file holds here */
-                if (s->h.version >= 3 && whole) {
-                    *e = QCOW2_OFLAG_ZERO;
-                } else {
-                    uint64_t first_new = w->host_end;
-                    ret = ensure_clusters(img, pos, pos + n, err);
-                    if (ret == 0) {
-                        ic_raw_allocate(s->file, first_new, w->host_end - first_new);
-                        zero_host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
-                        write_zeros = 1;
-                    }
-                }
             }
         }
         pthread_mutex_unlock(&w->lock);
-        if (ret == 0 && zero_host && write_zeros) {
-            uint8_t *zeros = calloc(1, (size_t)n);
-            ret = zeros ? ic_image_pwrite(s->file, zeros, (size_t)n, zero_host, err)
-                        : ic_error_nomem(err);
-            free(zeros);
-        } else if (ret == 0 && zero_host) {
+        if (ret == 0 && zero_host) {
             ret = ic_image_zero(s->file, zero_host, n, 0, err);
         }
         pos += n;
