@@ -2,12 +2,18 @@
  * order and cuts them into work items; N workers read, find zero runs and
  * write, zero or skip.  Every destination byte is touched at most once.
  *
- * Zero runs inside data are found on blocks of `granularity` bytes aligned
- * in the guest (see zero_granularity()); a run becomes a hole when it is at least sparse_threshold
- * long or touches the edge of its data extent (the neighbour reads as
- * zeros anyway), and is written as data otherwise.  A run that reaches the
- * edge of a work item is measured across it by reading ahead or behind, so
- * the verdict never depends on where items were cut. */
+ * Zero runs inside data are judged as qemu-img convert -S judges them, so
+ * that outputs allocate what qemu's do: qemu reads each data extent in
+ * 2 MiB requests counted from the extent's start (an extent longer than
+ * 2 GiB - 512 is several, as its block-status queries are), and inside a
+ * request finds zeros on blocks of the largest power of two not above the
+ * threshold, aligned in the guest and clipped at the request's edges.  A
+ * run of zero blocks becomes a hole when it is at least sparse_threshold
+ * long or touches a request's edge, and is written as data otherwise.
+ * Here those requests are "windows", independent of imgcopy's own request
+ * size; a run that reaches the edge of a work item inside a window is
+ * measured across it by reading ahead or behind, so the verdict never
+ * depends on where items were cut. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,9 +26,13 @@
 /* Zero ranges need no buffer: large requests keep the request count low,
  * this bound keeps progress moving. */
 #define ZERO_REQUEST_MAX (1ull << 30)
+/* qemu-img's read requests (its buffer, which -S does not grow) and its
+ * longest block-status answer: zero runs are judged in these windows */
+#define SPARSE_WINDOW (2ull << 20)
+#define STATUS_MAX ((1ull << 31) - 512)
 #define LOOKAROUND_CHUNK (1u << 20)
 #define BUFFER_ALIGN 4096u
-/* qemu-img's limit too; the request size grows to it at most */
+/* qemu-img's limit too */
 #define MAX_SPARSE_THRESHOLD (16u << 20)
 
 /* What a source run asks of the destination. */
@@ -193,9 +203,18 @@ static int push_item(struct ic_copy *c, const struct work_item *item)
     return ok ? 0 : -1;
 }
 
-/* Cut one extent into items whose edges fall on multiples of the step. */
+/* Cut one extent into items whose edges fall on multiples of the step; a
+ * data extent is first cut where qemu's block-status answers end (unless
+ * the destination writes whole clusters: compression). */
 static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind, uint64_t *seq)
 {
+    if (kind == RUN_DATA && end - start > STATUS_MAX && c->write_align == 1) {
+        for (uint64_t pos = start; pos < end; pos += STATUS_MAX)
+            if (plan_extent(c, pos, end - pos > STATUS_MAX ? pos + STATUS_MAX : end, kind,
+                            seq) < 0)
+                return -1;
+        return 0;
+    }
     int written_zeros = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
     int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !written_zeros &&
                                           c->opt.target_is_zero);
@@ -294,6 +313,7 @@ static void *planner_main(void *arg)
      * An overlay's runs also end where its backing file ends, as qemu-img
      * -B cuts them there. */
     uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
+    uint64_t host_next = UINT64_MAX; /* where a data run's host bytes continue */
     while (pos < size) {
         if (cancelled(c))
             goto out;
@@ -304,13 +324,19 @@ static void *planner_main(void *arg)
         }
         uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
         int kind = run_kind(c, &e, pos);
+        /* qemu's data extents also end where the host bytes stop being
+         * contiguous (another cluster run, another layer, a compressed
+         * cluster): its zero runs are judged from there */
+        int host_break = kind == RUN_DATA && c->write_align == 1 &&
+                         (!(e.flags & IC_EXT_OFFSET_VALID) || e.host_offset != host_next);
         int at_cut = pos == cut;
-        if (run_kind_now >= 0 && (kind != run_kind_now || at_cut)) {
+        if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
             if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
-                (at_cut && flush_data(&al) < 0))
+                ((at_cut || host_break) && flush_data(&al) < 0))
                 goto out;
             run_start = pos;
         }
+        host_next = (e.flags & IC_EXT_OFFSET_VALID) ? e.host_offset + len : UINT64_MAX;
         run_kind_now = kind;
         pos += len;
     }
@@ -466,16 +492,30 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
 }
 
-static uint64_t block_end(const struct ic_copy *c, uint64_t pos, uint64_t limit)
+/* The window (qemu's read request) around `pos`: [*ws, *we). */
+static void window_of(const struct work_item *it, uint64_t pos, uint64_t *ws, uint64_t *we)
 {
+    *ws = it->ext_start + (pos - it->ext_start) / SPARSE_WINDOW * SPARSE_WINDOW;
+    *we = it->ext_end - *ws > SPARSE_WINDOW ? *ws + SPARSE_WINDOW : it->ext_end;
+}
+
+/* The end of the zero-detection block at `pos`: blocks are aligned in the
+ * guest and clipped at windows and at `limit`. */
+static uint64_t block_end(const struct ic_copy *c, const struct work_item *it, uint64_t pos,
+                          uint64_t limit)
+{
+    uint64_t ws, we;
+    window_of(it, pos, &ws, &we);
     uint64_t next = (pos / c->granularity + 1) * c->granularity;
+    if (next > we)
+        next = we;
     return next < limit ? next : limit;
 }
 
 /* Zero bytes that continue a run from `from` (a block boundary) forward
- * or backward, counted in whole blocks, up to `need` bytes; *edge is set
- * when the zeros reach the extent's edge. */
-static int measure_zeros(struct worker *w, const struct work_item *it, uint64_t from,
+ * or backward, counted in whole blocks, up to `need` bytes, inside the
+ * window [ws, we); *edge is set when the zeros reach its edge. */
+static int measure_zeros(struct worker *w, uint64_t ws, uint64_t we, uint64_t from,
                          uint64_t need, int forward, uint64_t *found, int *edge)
 {
     struct ic_copy *c = w->c;
@@ -489,10 +529,10 @@ static int measure_zeros(struct worker *w, const struct work_item *it, uint64_t 
         uint64_t lo, hi;
         if (forward) {
             lo = pos;
-            hi = it->ext_end - pos < chunk ? it->ext_end : pos + chunk;
+            hi = we - pos < chunk ? we : pos + chunk;
         } else {
             hi = pos;
-            lo = pos - it->ext_start < chunk ? it->ext_start : pos - chunk;
+            lo = pos - ws < chunk ? ws : pos - chunk;
         }
         if (lo == hi) {
             *edge = 1;
@@ -511,7 +551,7 @@ static int measure_zeros(struct worker *w, const struct work_item *it, uint64_t 
                 return 0;
         }
         pos = forward ? hi : lo;
-        if (pos == (forward ? it->ext_end : it->ext_start)) {
+        if (pos == (forward ? we : ws)) {
             *edge = 1;
             return 0;
         }
@@ -524,20 +564,22 @@ static int is_hole(struct worker *w, const struct work_item *it, uint64_t za, ui
                    int *verdict)
 {
     uint64_t threshold = w->c->opt.sparse_threshold;
-    uint64_t len = zb - za, found;
+    uint64_t len = zb - za, found, ws, we;
     int edge;
     *verdict = 1;
-    if (za == it->ext_start || zb == it->ext_end || len >= threshold)
+    window_of(it, za, &ws, &we);
+    /* touching or spanning a window's edge, or long enough */
+    if (za == ws || zb >= we || len >= threshold)
         return 0;
     if (za == it->start) {
-        if (measure_zeros(w, it, za, threshold - len, 0, &found, &edge) < 0)
+        if (measure_zeros(w, ws, we, za, threshold - len, 0, &found, &edge) < 0)
             return -1;
         len += found;
         if (edge || len >= threshold)
             return 0;
     }
     if (zb == it->end) {
-        if (measure_zeros(w, it, zb, threshold - len, 1, &found, &edge) < 0)
+        if (measure_zeros(w, ws, we, zb, threshold - len, 1, &found, &edge) < 0)
             return -1;
         len += found;
         if (edge || len >= threshold)
@@ -555,7 +597,7 @@ static int plan_sparse(struct worker *w, const struct work_item *it)
     uint64_t pending = it->start; /* start of data not yet planned */
     uint64_t pos = it->start;
     while (pos < it->end) {
-        uint64_t b1 = block_end(c, pos, it->end);
+        uint64_t b1 = block_end(c, it, pos, it->end);
         if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos))) {
             pos = b1;
             continue;
@@ -563,7 +605,7 @@ static int plan_sparse(struct worker *w, const struct work_item *it)
         uint64_t za = pos;
         pos = b1;
         while (pos < it->end) {
-            b1 = block_end(c, pos, it->end);
+            b1 = block_end(c, it, pos, it->end);
             if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos)))
                 break;
             pos = b1;
