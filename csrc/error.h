@@ -17,6 +17,7 @@ enum ic_remedy {
     IC_REMEDY_NONE = 0,
     IC_REMEDY_AS_RAW, /* open the file as raw bytes (an image format we lack) */
     IC_REMEDY_FORCE,  /* read a dirty or corrupt-flagged image read-only      */
+    IC_REMEDY_FORCE_SHARE, /* read an image another process writes (qemu -U) */
 };
 
 #define IC_ERROR_PATH_MAX 4096

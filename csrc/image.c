@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "image.h"
+#include "lock.h"
 #include "probe.h"
 
 static const struct ic_driver *const drivers[] = {
@@ -157,12 +158,59 @@ static struct ic_image *new_image(const char *path, const struct ic_driver *drv,
     img->open_flags = flags;
     img->size = size;
     img->meta_budget = IC_CHAIN_META_BUDGET;
+    img->guard_fd = -1;
     return img;
+}
+
+/* ---- locks, as qemu takes them (lock.c) ------------------------------- */
+
+enum {
+    CR = IC_PERM_CONSISTENT_READ,
+    W = IC_PERM_WRITE,
+    WU = IC_PERM_WRITE_UNCHANGED,
+    RS = IC_PERM_RESIZE,
+};
+
+/* What an image does to its chain: a writer writes and shares only reads
+ * (as a VM's disk: qemu cannot write what imgcopy writes); a copy's
+ * source reads and lets nobody write (qemu-img convert's source); a
+ * reader reads and shares all (qemu-img map).  A backing file is read,
+ * and written by others only if the image above lets them. */
+static void node_role(unsigned flags, const struct ic_image *above, unsigned *perm,
+                      unsigned *shared)
+{
+    if (above) {
+        *perm = above->lock_perm & CR;
+        *shared = CR | WU | ((above->lock_shared & W) ? W | RS : 0);
+    } else if (flags & IC_OPEN_RDWR) {
+        *perm = CR | W;
+        *shared = CR | WU;
+    } else {
+        *perm = CR;
+        *shared = (flags & IC_OPEN_SOURCE) ? CR | WU : IC_PERM_ALL;
+    }
+}
+
+/* Lock the file of an image of format `drv` playing that role: a qcow2
+ * file's metadata must not change under its reader, and its writer may
+ * grow it; force_share shares everything (readers only). */
+static int lock_file(int fd, const struct ic_driver *drv, unsigned flags, unsigned perm,
+                     unsigned shared, const char *path, struct ic_error *err)
+{
+    if (drv == &ic_driver_qcow2) {
+        perm |= CR | ((perm & W) ? RS : 0);
+        shared &= ~(W | RS);
+    }
+    if (flags & IC_OPEN_FORCE_SHARE)
+        shared = IC_PERM_ALL;
+    return ic_lock_image_fd(fd, perm, shared, path, err);
 }
 
 static void free_image(struct ic_image *img)
 {
     ic_cache_destroy(img);
+    if (img->guard_fd >= 0)
+        close(img->guard_fd);
     if (img->tmp_path) /* never finished: the copy is incomplete */
         unlink(img->tmp_path);
     free(img->tmp_path);
@@ -218,12 +266,22 @@ static int open_link(const char *path, const char *format, unsigned flags,
         close(fd);
         return -1;
     }
+    /* locked before the driver reads a byte of metadata: an image another
+     * process writes reports that, not the state of its header */
+    unsigned perm, shared;
+    node_role(flags, above, &perm, &shared);
+    if (lock_file(fd, drv, flags, perm, shared, path, err) < 0) {
+        close(fd);
+        return -1;
+    }
     struct ic_image *img = new_image(path, drv, flags, 0);
     if (!img) {
         close(fd);
         return ic_error_nomem(err);
     }
     img->meta_budget = above ? above->meta_budget : IC_CHAIN_META_BUDGET;
+    img->lock_perm = perm;
+    img->lock_shared = shared;
     if (above) {
         memcpy(img->chain, above->chain, above->chain_len * sizeof *img->chain);
         img->chain_len = above->chain_len;
@@ -243,6 +301,9 @@ static int open_link(const char *path, const char *format, unsigned flags,
 int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
                   struct ic_error *err)
 {
+    if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "force_share reads an image others may write: it cannot "
+                              "open one for writing");
     return open_link(path, format, flags, NULL, out, err);
 }
 
@@ -259,7 +320,7 @@ int ic_image_probe(const char *path, const char **format, struct ic_error *err)
 int ic_image_open_backing(const struct ic_image *overlay, const char *path, const char *format,
                           struct ic_image **out, struct ic_error *err)
 {
-    unsigned flags = overlay->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE);
+    unsigned flags = overlay->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE | IC_OPEN_FORCE_SHARE);
     /* a backing file named "null:" is a file of that name */
     if (strcmp(path, NULL_PATH) == 0)
         return ic_error_format(err, overlay->path, "backing file '%s' is not an image", path);
@@ -344,10 +405,27 @@ static int create_temporary(const char *path, mode_t mode, char **tmp, struct ic
  * temporary name when `atomic` (the old file, if any, stays whole until
  * the rename; its permissions carry over), else emptied in place (its old
  * blocks must not show through). */
+/* The file a new image will replace stays locked as written from before
+ * the copy to the rename, as qemu's image creation locks it: nobody may
+ * be using it, and nobody can start while the copy runs. */
+static int guard_replaced(const char *path, int *guard, struct ic_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0)
+        return ic_error_os(err, errno, path, "open");
+    if (ic_lock_image_fd(fd, W | RS, IC_PERM_ALL & ~(W | RS), path, err) < 0) {
+        close(fd);
+        return -1;
+    }
+    *guard = fd;
+    return 0;
+}
+
 static int open_for_create(const char *path, int atomic, char **tmp, char **target,
-                           struct ic_error *err)
+                           int *guard, struct ic_error *err)
 {
     *tmp = *target = NULL;
+    *guard = -1;
     struct stat old;
     int exists = stat(path, &old) == 0;
     if (!exists && errno != ENOENT)
@@ -359,6 +437,11 @@ static int open_for_create(const char *path, int atomic, char **tmp, char **targ
         *target = exists ? realpath(path, NULL) : strdup(path);
         if (!*target)
             return exists ? ic_error_os(err, errno, path, "resolve") : ic_error_nomem(err);
+        if (exists && guard_replaced(*target, guard, err) < 0) {
+            free(*target);
+            *target = NULL;
+            return -1;
+        }
         int fd = create_temporary(*target, exists ? old.st_mode & 07777 : 0644, tmp, err);
         int e = fd >= 0 && exists && fchmod(fd, old.st_mode & 07777) < 0 ? errno : 0;
         if (fd < 0 || e) {
@@ -366,9 +449,12 @@ static int open_for_create(const char *path, int atomic, char **tmp, char **targ
                 close(fd);
                 unlink(*tmp);
             }
+            if (*guard >= 0)
+                close(*guard);
             free(*tmp);
             free(*target);
             *tmp = *target = NULL;
+            *guard = -1;
             return e ? ic_error_os(err, e, path, "copy the permissions of the old file") : -1;
         }
         return fd;
@@ -408,23 +494,25 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
             return ic_error_value(err, "compression and preallocation exclude each other");
     }
     char *tmp = NULL, *target = NULL;
-    int fd = -1;
+    int fd = -1, guard = -1;
     if (drv != &ic_driver_null &&
-        (fd = open_for_create(path, (flags & IC_CREATE_ATOMIC) != 0, &tmp, &target, err)) < 0)
+        (fd = open_for_create(path, (flags & IC_CREATE_ATOMIC) != 0, &tmp, &target, &guard,
+                              err)) < 0)
         return -1;
-    struct ic_image *img = new_image(path, drv, (flags & ~IC_CREATE_ATOMIC) | IC_OPEN_RDWR,
-                                     size);
+    unsigned perm = CR | W, shared = CR | WU; /* a writer */
+    struct ic_image *img = NULL;
+    if (fd >= 0 && lock_file(fd, drv, 0, perm, shared, path, err) < 0)
+        goto fail;
+    img = new_image(path, drv, (flags & ~IC_CREATE_ATOMIC) | IC_OPEN_RDWR, size);
     if (!img) {
-        if (fd >= 0)
-            close(fd);
-        if (tmp)
-            unlink(tmp);
-        free(tmp);
-        free(target);
-        return ic_error_nomem(err);
+        ic_error_nomem(err);
+        goto fail;
     }
     img->tmp_path = tmp;
     img->rename_to = target;
+    img->guard_fd = guard;
+    img->lock_perm = perm;
+    img->lock_shared = shared;
     static const struct ic_create_options defaults = {0};
     img->create_opts = opts ? opts : &defaults;
     int r = drv->create(img, fd, fresh, err);
@@ -435,14 +523,35 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
     }
     *out = img;
     return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    if (tmp)
+        unlink(tmp);
+    if (guard >= 0)
+        close(guard);
+    free(tmp);
+    free(target);
+    return -1;
 }
 
 /* The finished image takes the place of `path`. */
 static int rename_into_place(struct ic_image *img, int sync, struct ic_error *err)
 {
     const char *target = img->rename_to;
+    /* the file guarded since the start is the one replaced */
+    struct stat was, now;
+    if (img->guard_fd >= 0 &&
+        (fstat(img->guard_fd, &was) < 0 || stat(target, &now) < 0 || was.st_dev != now.st_dev ||
+         was.st_ino != now.st_ino))
+        return ic_error_os(err, EBUSY, img->path, "the destination was replaced by another "
+                           "file during the copy");
     if (rename(img->tmp_path, target) < 0)
         return ic_error_os(err, errno, img->path, "rename %s over it", img->tmp_path);
+    if (img->guard_fd >= 0) {
+        close(img->guard_fd);
+        img->guard_fd = -1;
+    }
     free(img->tmp_path);
     img->tmp_path = NULL;
     if (!sync)

@@ -22,6 +22,8 @@ struct ic_image {
     char *path;
     char *tmp_path;  /* IC_CREATE_ATOMIC: written here until finished, */
     char *rename_to; /* then renamed over this (`path`, through symlinks) */
+    int guard_fd;    /* the file rename_to names, locked until then, or -1 */
+    unsigned lock_perm, lock_shared; /* what this image does to its chain (lock.h) */
     unsigned open_flags;
     uint64_t size;
     /* the files of the backing chain from the top down to this one */

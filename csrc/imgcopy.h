@@ -48,6 +48,11 @@ enum {
      * removed by ic_image_close() without it, so that `path` never holds an
      * incomplete copy (block devices are written in place) */
     IC_CREATE_ATOMIC = 1u << 4,
+    /* A copy's source: others may not write or resize it meanwhile (as
+     * qemu-img convert locks its source) */
+    IC_OPEN_SOURCE = 1u << 5,
+    /* Read an image others write, as qemu-img -U does (read-only) */
+    IC_OPEN_FORCE_SHARE = 1u << 6,
 };
 
 struct ic_image;

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 from . import sizes
 from ._version import __version__
 from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
-from .errors import Error, ImageFormatError
+from .errors import Error, ImageFormatError, describe_remedies
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
 
@@ -26,7 +26,8 @@ def parse_size(text: str) -> int:
 
 
 # How the CLI spells the options an error's remedies name.
-_FLAGS = {"format": "-f {}", "src_format": "-f {}", "dst_format": "-O {}", "force": "--force"}
+_FLAGS = {"format": "-f {}", "src_format": "-f {}", "dst_format": "-O {}", "force": "--force",
+          "force_share": "-U"}
 
 
 def cli_spelling(options: Dict[str, Any]) -> str:
@@ -48,6 +49,8 @@ def _build_parser() -> argparse.ArgumentParser:
     m.add_argument("-l", "--max-length", type=parse_size, default=None, metavar="N")
     m.add_argument("--force", action="store_true",
                    help="read a qcow2 image marked dirty or corrupt")
+    m.add_argument("-U", "--force-share", dest="force_share", action="store_true",
+                   help="read the image even if another process writes it")
     m.add_argument("filename")
     m.set_defaults(func=_cmd_map, parser=m)
 
@@ -58,6 +61,8 @@ def _build_parser() -> argparse.ArgumentParser:
     i.add_argument("--output", choices=("human", "json"), default="human")
     i.add_argument("--backing-chain", action="store_true",
                    help="show every image of the backing chain")
+    i.add_argument("-U", "--force-share", dest="force_share", action="store_true",
+                   help="read the image even if another process writes it")
     i.add_argument("filename")
     i.set_defaults(func=_cmd_info, parser=i)
 
@@ -70,6 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
                         "that is not raw must be named)")
     c.add_argument("--force", action="store_true",
                    help="read a qcow2 source marked dirty or corrupt")
+    c.add_argument("-U", "--force-share", dest="force_share", action="store_true",
+                   help="read the source even if another process writes it")
     c.add_argument("-c", dest="compress", action="store_true",
                    help="compress the qcow2 destination's clusters")
     c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
@@ -198,8 +205,9 @@ def _ignore_sigint() -> None:
 def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
-        create=args.create, force=args.force, sparse_threshold=args.sparse_threshold,
-        concurrency=args.concurrency, request_size=args.request_size,
+        create=args.create, force=args.force, force_share=args.force_share,
+        sparse_threshold=args.sparse_threshold, concurrency=args.concurrency,
+        request_size=args.request_size,
         out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
@@ -208,7 +216,8 @@ def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
 
 
 def _cmd_map(args: argparse.Namespace) -> int:
-    with open_image(args.filename, args.format, force=args.force) as img:
+    with open_image(args.filename, args.format, force=args.force,
+                    force_share=args.force_share) as img:
         emap = img.extents(args.start_offset, args.max_length)
     text = emap.to_json() if args.output == "json" else emap.to_human(args.filename)
     sys.stdout.write(text)
@@ -217,10 +226,10 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if args.backing_chain:
-        infos = info_chain(args.filename, args.format)
+        infos = info_chain(args.filename, args.format, force_share=args.force_share)
         text = chain_to_json(infos) if args.output == "json" else chain_to_human(infos)
     else:
-        one = info(args.filename, args.format)
+        one = info(args.filename, args.format, force_share=args.force_share)
         text = one.to_json() if args.output == "json" else one.to_human()
     sys.stdout.write(text)
     return 0
@@ -228,6 +237,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.filename is not None:
+        reason = getattr(exc, "reason", None)
+        if reason is not None:  # the C core's: its remedies spelt as flags
+            return (f"{os.fsdecode(exc.filename)}: {reason}"
+                    f"{describe_remedies(getattr(exc, 'remedies', []), cli_spelling)}")
         return f"{os.fsdecode(exc.filename)}: {exc.strerror}"
     if isinstance(exc, ImageFormatError):
         return exc.describe(cli_spelling)

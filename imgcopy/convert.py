@@ -114,6 +114,7 @@ def _existing_format(path: str) -> str:
 
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             dst_format: Optional[str] = None, create: bool = True, force: bool = False,
+            force_share: bool = False,
             sparse_threshold: Size = DEFAULT_SPARSE_THRESHOLD,
             concurrency: int = DEFAULT_CONCURRENCY,
             request_size: Size = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
@@ -131,7 +132,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       a block device included; qcow2 backing chains are followed.
       ``src_format``: "raw" or "qcow2"; None probes (an image of another
       format is refused, not read as raw). ``force``: read a qcow2 source
-      marked dirty or corrupt.
+      marked dirty or corrupt. The source's files are locked as qemu-img convert locks
+      them (nobody may write them during the copy); ``force_share`` reads a
+      source another process writes (qemu-img -U).
 
     Destination:
       ``dst``: a path, a block device, or ``"null:"`` (discard everything;
@@ -141,8 +144,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       ``create``: True makes a new image: a regular file is written under a
       temporary name beside ``dst`` and renamed over it only when the copy
       and its flush succeeded (on failure or Ctrl-C nothing appears at
-      ``dst`` and an old file there is untouched); a block device is
-      written in place. False (``qemu-img convert -n``) writes into an
+      ``dst`` and an old file there is untouched, and locked meanwhile: a
+      file qemu or a VM uses is never replaced); a block device is written
+      in place. False (``qemu-img convert -n``) writes into an
       existing image at least as large as the source, in place, and leaves
       its tail alone: a failed copy leaves it half written (a qcow2 image is
       then flagged corrupt).
@@ -218,7 +222,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                    flush=flush, offload=offload)
 
     try:
-        source = Image(src, src_format, direct=bool(src_direct), force=force)
+        source = Image(src, src_format, direct=bool(src_direct), force=force,
+                       force_share=force_share, _source=True)
     except ImageFormatError as exc:
         raise exc.renamed({"format": "src_format"})
     with source:

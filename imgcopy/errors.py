@@ -18,6 +18,7 @@ class Remedy(NamedTuple):
 CORE_REMEDIES = {
     "as_raw": Remedy({"format": "raw"}, "to read the file as raw bytes"),
     "force": Remedy({"force": True}, "to read it anyway, read-only"),
+    "force_share": Remedy({"force_share": True}, "to read it anyway"),
 }
 
 
@@ -49,10 +50,7 @@ class ImageFormatError(Error, ValueError):
     def describe(self, spell: Callable[[Dict[str, Any]], str] = python_spelling) -> str:
         """The message, with each remedy's options spelt by ``spell``."""
         text = f"{self.filename}: {self.reason}" if self.filename else self.reason
-        hints = [f"{spell(r.options)} {r.purpose}" for r in self.remedies]
-        if hints:
-            text += " (pass " + ", or ".join(hints) + ")"
-        return text
+        return text + describe_remedies(self.remedies, spell)
 
     def __str__(self) -> str:
         return self.describe()
@@ -66,3 +64,21 @@ class ImageFormatError(Error, ValueError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.reason, self.filename, self.remedies))
+
+
+def describe_remedies(remedies: Sequence[Remedy],
+                      spell: Callable[[Dict[str, Any]], str] = python_spelling) -> str:
+    """" (pass OPTIONS PURPOSE, or ...)", or "" without remedies."""
+    hints = [f"{spell(r.options)} {r.purpose}" for r in remedies]
+    return " (pass " + ", or ".join(hints) + ")" if hints else ""
+
+
+def os_error(errnum: int, reason: str, filename: Optional[str],
+             remedy: Optional[str] = None) -> OSError:
+    """An OSError of the C core (the subclass its errno selects), with
+    ``.reason`` and ``.remedies`` as ImageFormatError has them."""
+    remedies = [CORE_REMEDIES[remedy]] if remedy in CORE_REMEDIES else []
+    exc = OSError(errnum, reason + describe_remedies(remedies), filename)
+    exc.reason = reason  # type: ignore[attr-defined]
+    exc.remedies = remedies  # type: ignore[attr-defined]
+    return exc

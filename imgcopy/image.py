@@ -22,13 +22,15 @@ class Image:
     """An open disk image.  Use as a context manager, or call close()."""
 
     def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
-                 direct: bool = False, force: bool = False) -> None:
+                 direct: bool = False, force: bool = False, force_share: bool = False,
+                 _source: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
         self.filename = os.fsdecode(os.fspath(path))
         self.mode = mode
-        self._img = _core.Image(path, format, mode == "r+", direct, force)
+        self._img = _core.Image(path, format, mode == "r+", direct, force, force_share,
+                                _source)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -137,15 +139,22 @@ class Image:
 
 
 def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
-         force: bool = False) -> Image:
+         force: bool = False, force_share: bool = False) -> Image:
     """Open a disk image: ``mode`` "r" (read-only) or "r+" (read-write);
     ``format`` None probes the file.  ``force`` reads a qcow2 image marked
-    dirty or corrupt (read-only only)."""
-    return Image(path, format, mode, force=force)
+    dirty or corrupt (read-only only).
+
+    The image's files are locked as qemu locks them: while it is open, qemu
+    (and imgcopy) cannot open for writing an image read here, nor open at
+    all one written here (raw files: read).  An image another process
+    writes raises ``BlockingIOError`` (an ``OSError``, errno EAGAIN) unless
+    ``force_share`` reads it anyway (qemu-img -U; read-only only)."""
+    return Image(path, format, mode, force=force, force_share=force_share)
 
 
 def map(path: PathArg, format: Optional[str] = None, start: int = 0,
-        length: Optional[int] = None, *, force: bool = False) -> ExtentMap:
+        length: Optional[int] = None, *, force: bool = False,
+        force_share: bool = False) -> ExtentMap:
     """The extent map of an image, like ``qemu-img map``."""
-    with open(path, format, force=force) as img:
+    with open(path, format, force=force, force_share=force_share) as img:
         return img.extents(start, length)

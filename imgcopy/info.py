@@ -319,12 +319,13 @@ def _compressed_clusters(emap: Any, cluster_size: int) -> int:
     return n
 
 
-def info(path: PathArg, format: Optional[str] = None) -> ImageInfo:
+def info(path: PathArg, format: Optional[str] = None, *,
+         force_share: bool = False) -> ImageInfo:
     """Format, sizes, cluster size, backing file and compressed clusters of
     an image, as ``qemu-img info`` reports them.  Images marked dirty or
     corrupt are read too (``dirty_flag`` says so)."""
     filename = os.fsdecode(os.fspath(path))
-    with open_image(path, format, force=True) as img:
+    with open_image(path, format, force=True, force_share=force_share) as img:
         fmt = img.format
         size = img.size
         chain = [(name, f) for name, f in img.backing_chain]
@@ -358,11 +359,12 @@ def info(path: PathArg, format: Optional[str] = None) -> ImageInfo:
 
 
 
-def info_chain(path: PathArg, format: Optional[str] = None) -> List[ImageInfo]:
+def info_chain(path: PathArg, format: Optional[str] = None, *,
+               force_share: bool = False) -> List[ImageInfo]:
     """``info`` of the image and of every backing file, nearest first
     (``qemu-img info --backing-chain``)."""
-    top = info(path, format)
-    return [top] + [info(name, fmt) for name, fmt in top.backing_chain]
+    top = info(path, format, force_share=force_share)
+    return [top] + [info(name, fmt, force_share=force_share) for name, fmt in top.backing_chain]
 
 
 def chain_to_json(infos: List[ImageInfo]) -> str:

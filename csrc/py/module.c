@@ -33,34 +33,45 @@ static PyObject *Error;
 static PyObject *ImageFormatError;
 static PyObject *UnsupportedOperation;
 
+static PyObject *OSErrorFactory; /* imgcopy.errors.os_error */
+
+static const char *remedy_code(enum ic_remedy remedy)
+{
+    switch (remedy) {
+    case IC_REMEDY_AS_RAW:
+        return "as_raw";
+    case IC_REMEDY_FORCE:
+        return "force";
+    case IC_REMEDY_FORCE_SHARE:
+        return "force_share";
+    case IC_REMEDY_NONE:
+        break;
+    }
+    return NULL;
+}
+
 static PyObject *raise_error(const struct ic_error *err)
 {
     switch (err->kind) {
     case IC_ERR_OS: {
         const char *what = strerror(err->errnum);
-        PyObject *msg = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", what, err->msg)
-                                    : PyUnicode_FromString(what);
+        PyObject *reason = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", what, err->msg)
+                                       : PyUnicode_FromString(what);
         PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path) : Py_NewRef(Py_None);
-        if (msg && path) {
-            PyObject *args = Py_BuildValue("(iOO)", err->errnum, msg, path);
-            if (args) {
-                PyErr_SetObject(PyExc_OSError, args);
-                Py_DECREF(args);
-            }
+        PyObject *exc = reason && path
+                            ? PyObject_CallFunction(OSErrorFactory, "iOOz", err->errnum, reason,
+                                                    path, remedy_code(err->remedy))
+                            : NULL;
+        if (exc) {
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
         }
-        Py_XDECREF(msg);
+        Py_XDECREF(reason);
         Py_XDECREF(path);
         return NULL;
     }
     case IC_ERR_FORMAT: {
-        static const char *const remedies[] = {
-            [IC_REMEDY_NONE] = NULL,
-            [IC_REMEDY_AS_RAW] = "as_raw",
-            [IC_REMEDY_FORCE] = "force",
-        };
-        const char *remedy = (unsigned)err->remedy < sizeof remedies / sizeof remedies[0]
-                                 ? remedies[err->remedy]
-                                 : NULL;
+        const char *remedy = remedy_code(err->remedy);
         PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path)
                                       : Py_NewRef(Py_None);
         PyObject *exc = path ? PyObject_CallFunction(ImageFormatError, "sOz", err->msg, path,
@@ -188,12 +199,14 @@ static int parse_pair(PyObject *args, const char *n1, uint64_t *a, const char *n
 /* Paths arrive through PyUnicode_FSConverter, which refuses embedded NULs. */
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "format", "writable", "direct", "force", NULL};
+    static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
+                             "source", NULL};
     PyObject *path_bytes = NULL;
     const char *format = NULL;
-    int writable = 0, direct = 0, force = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zppp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &writable, &direct, &force))
+    int writable = 0, direct = 0, force = 0, force_share = 0, source = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zppppp", kwlist, PyUnicode_FSConverter,
+                                     &path_bytes, &format, &writable, &direct, &force,
+                                     &force_share, &source))
         return -1;
     if (self->img) {
         Py_DECREF(path_bytes);
@@ -207,7 +220,9 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
     Py_BEGIN_ALLOW_THREADS
     ret = ic_image_open(path, format,
                         (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
-                            (force ? IC_OPEN_FORCE : 0),
+                            (force ? IC_OPEN_FORCE : 0) |
+                            (force_share ? IC_OPEN_FORCE_SHARE : 0) |
+                            (source ? IC_OPEN_SOURCE : 0),
                         &img, &err);
     Py_END_ALLOW_THREADS
     Py_DECREF(path_bytes);
@@ -969,8 +984,9 @@ PyMODINIT_FUNC PyInit__core(void)
         goto fail;
     Error = PyObject_GetAttrString(errors, "Error");
     ImageFormatError = PyObject_GetAttrString(errors, "ImageFormatError");
+    OSErrorFactory = PyObject_GetAttrString(errors, "os_error");
     Py_DECREF(errors);
-    if (!Error || !ImageFormatError)
+    if (!Error || !ImageFormatError || !OSErrorFactory)
         goto fail;
     if (PyType_Ready(&ImageType) < 0)
         goto fail;
