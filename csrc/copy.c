@@ -1,19 +1,9 @@
 /* The copy engine: one planner thread walks the source's extents in guest
- * order and cuts them into work items; N workers read, find zero runs and
- * write, zero or skip.  Every destination byte is touched at most once.
- *
- * Zero runs inside data are judged as qemu-img convert -S judges them, so
- * that outputs allocate what qemu's do: qemu reads each data extent in
- * 2 MiB requests counted from the extent's start (an extent longer than
- * 2 GiB - 512 is several, as its block-status queries are), and inside a
- * request finds zeros on blocks of the largest power of two not above the
- * threshold, aligned in the guest and clipped at the request's edges.  A
- * run of zero blocks becomes a hole when it is at least sparse_threshold
- * long or touches a request's edge, and is written as data otherwise.
- * Here those requests are "windows", independent of imgcopy's own request
- * size; a run that reaches the edge of a work item inside a window is
- * measured across it by reading ahead or behind, so the verdict never
- * depends on where items were cut. */
+ * order and cuts them into work items; N workers read, find zero runs
+ * (sparse.c) and write, zero or skip.  Every destination byte is touched
+ * at most once.  Steps that must follow guest order (host allocation in
+ * formats that allocate in guest order, the writes of an in-order copy)
+ * are turns that each item takes and passes in sequence. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -21,132 +11,26 @@
 #include <string.h>
 #include <time.h>
 
-#include "image.h"
+#include "copy_internal.h"
+#include "request_log.h"
+#include "sparse.h"
 
-/* Zero ranges need no buffer: large requests keep the request count low,
- * this bound keeps progress moving. */
-#define ZERO_REQUEST_MAX (1ull << 30)
-/* qemu-img's read requests (its buffer, which -S does not grow) and its
- * longest block-status answer: zero runs are judged in these windows */
-#define SPARSE_WINDOW (2ull << 20)
-#define STATUS_MAX ((1ull << 31) - 512)
 #define LOOKAROUND_CHUNK (1u << 20)
 #define BUFFER_ALIGN 4096u
 /* qemu-img's limit too */
 #define MAX_SPARSE_THRESHOLD (16u << 20)
 
-/* What a source run asks of the destination. */
-enum {
-    RUN_ZERO = 0,    /* reads as zeros: zero or skip it                  */
-    RUN_DATA = 1,    /* read it, find its zero runs, write the rest      */
-    RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
-};
-
-struct work_item {
-    uint64_t start, end;         /* guest range of this item            */
-    uint64_t ext_start, ext_end; /* the source extent it belongs to     */
-    uint64_t seq;                /* guest order, for in-order writes    */
-    int kind;                    /* RUN_*                               */
-};
-
-struct ic_copy {
-    struct ic_image *src, *dst;
-    struct ic_copy_options opt;
-    uint64_t granularity;
-    uint64_t write_align; /* the destination writes whole units of this */
-    uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
-
-    pthread_mutex_t lock;
-    pthread_cond_t changed; /* queue, turn, cancellation or completion */
-    struct work_item *queue;
-    size_t qcap, qhead, qcount;
-    int planner_done;
-    uint64_t next_write_seq; /* in-order writes */
-    uint64_t next_place_seq; /* host allocation in guest order */
-    int ordered_place;
-    int dst_overlay; /* the destination reads what it lacks from a backing file */
-    uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
-    int cancelled;
-    int failed;
-    struct ic_error error;
-    unsigned live_threads;
-    int complete;
-
-    pthread_t planner;
-    int planner_started;
-    pthread_t *workers;
-    unsigned nthreads; /* started: planner + workers */
-
-    atomic_int offload_refused;
-    atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
-    atomic_uint_fast64_t read_requests, write_requests, zero_requests;
-    atomic_uint_fast64_t extents, done;
-};
-
-/* ---- request log -------------------------------------------------------- */
-
-struct ic_request_log {
-    pthread_mutex_t lock;
-    struct ic_request *items;
-    size_t count, cap;
-    int failed;
-};
-
-struct ic_request_log *ic_request_log_new(void)
-{
-    struct ic_request_log *log = calloc(1, sizeof *log);
-    if (log)
-        pthread_mutex_init(&log->lock, NULL);
-    return log;
-}
-
-void ic_request_log_free(struct ic_request_log *log)
-{
-    if (!log)
-        return;
-    pthread_mutex_destroy(&log->lock);
-    free(log->items);
-    free(log);
-}
-
-static void log_request(struct ic_request_log *log, uint64_t off, uint64_t len, uint32_t kind)
-{
-    if (!log)
-        return;
-    pthread_mutex_lock(&log->lock);
-    if (log->count == log->cap && !log->failed) {
-        size_t nc = log->cap ? log->cap * 2 : 1024;
-        struct ic_request *ni = realloc(log->items, nc * sizeof *ni);
-        if (ni) {
-            log->items = ni;
-            log->cap = nc;
-        } else {
-            log->failed = 1;
-        }
-    }
-    if (log->count < log->cap)
-        log->items[log->count++] = (struct ic_request){.offset = off, .length = len, .kind = kind};
-    pthread_mutex_unlock(&log->lock);
-}
-
-static int by_offset(const void *a, const void *b)
-{
-    const struct ic_request *x = a, *y = b;
-    return x->offset < y->offset ? -1 : x->offset > y->offset;
-}
-
-const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count)
-{
-    *count = log->failed ? 0 : log->count;
-    if (log->failed || !log->count)
-        return NULL;
-    qsort(log->items, log->count, sizeof *log->items, by_offset);
-    return log->items;
-}
-
 /* ---- shared state ------------------------------------------------------ */
 
-static void fail(struct ic_copy *c, const struct ic_error *err)
+/* Cancellation wakes every waiter (lock held). */
+static void wake_all(struct ic_copy *c)
+{
+    pthread_cond_broadcast(&c->queue_changed);
+    for (size_t i = 0; i < c->turn_slots; i++)
+        pthread_cond_broadcast(&c->turn_changed[i]);
+}
+
+void ic_copy_fail(struct ic_copy *c, const struct ic_error *err)
 {
     pthread_mutex_lock(&c->lock);
     if (!c->failed) {
@@ -154,11 +38,11 @@ static void fail(struct ic_copy *c, const struct ic_error *err)
         c->error = *err;
     }
     c->cancelled = 1;
-    pthread_cond_broadcast(&c->changed);
+    wake_all(c);
     pthread_mutex_unlock(&c->lock);
 }
 
-static int cancelled(struct ic_copy *c)
+int ic_copy_cancelled(struct ic_copy *c)
 {
     pthread_mutex_lock(&c->lock);
     int r = c->cancelled;
@@ -167,7 +51,7 @@ static int cancelled(struct ic_copy *c)
 }
 
 /* The last thread out makes the destination durable, then reports. */
-static void thread_exit(struct ic_copy *c)
+void ic_copy_thread_exit(struct ic_copy *c)
 {
     pthread_mutex_lock(&c->lock);
     int last = --c->live_threads == 0;
@@ -176,179 +60,31 @@ static void thread_exit(struct ic_copy *c)
     if (flush) {
         struct ic_error err = {0};
         if (ic_image_flush(c->dst, &err) < 0)
-            fail(c, &err);
+            ic_copy_fail(c, &err);
     }
     if (last) {
         pthread_mutex_lock(&c->lock);
         c->complete = 1;
-        pthread_cond_broadcast(&c->changed);
+        pthread_cond_broadcast(&c->finished);
         pthread_mutex_unlock(&c->lock);
     }
 }
 
-/* ---- planner ----------------------------------------------------------- */
+/* ---- the queue --------------------------------------------------------- */
 
-static int push_item(struct ic_copy *c, const struct work_item *item)
+int ic_copy_push(struct ic_copy *c, const struct work_item *item)
 {
     pthread_mutex_lock(&c->lock);
     while (c->qcount == c->qcap && !c->cancelled)
-        pthread_cond_wait(&c->changed, &c->lock);
+        pthread_cond_wait(&c->queue_changed, &c->lock);
     int ok = !c->cancelled;
     if (ok) {
         c->queue[(c->qhead + c->qcount) % c->qcap] = *item;
         c->qcount++;
-        pthread_cond_broadcast(&c->changed);
+        pthread_cond_broadcast(&c->queue_changed);
     }
     pthread_mutex_unlock(&c->lock);
     return ok ? 0 : -1;
-}
-
-/* Cut one extent into items whose edges fall on multiples of the step; a
- * data extent is first cut where qemu's block-status answers end (unless
- * the destination writes whole clusters: compression). */
-static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind, uint64_t *seq)
-{
-    if (kind == RUN_DATA && end - start > STATUS_MAX && c->write_align == 1) {
-        for (uint64_t pos = start; pos < end; pos += STATUS_MAX)
-            if (plan_extent(c, pos, end - pos > STATUS_MAX ? pos + STATUS_MAX : end, kind,
-                            seq) < 0)
-                return -1;
-        return 0;
-    }
-    int written_zeros = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
-    int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !written_zeros &&
-                                          c->opt.target_is_zero);
-    /* a skipped range costs nothing, however long: one item */
-    uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size
-                    : skipped                         ? UINT64_MAX
-                                                      : ZERO_REQUEST_MAX;
-    for (uint64_t pos = start; pos < end;) {
-        uint64_t next = (pos / step + 1) * step;
-        if (next > end || next < pos)
-            next = end;
-        struct work_item item = {
-            .start = pos, .end = next, .ext_start = start, .ext_end = end,
-            .seq = (*seq)++, .kind = kind,
-        };
-        if (push_item(c, &item) < 0)
-            return -1;
-        pos = next;
-    }
-    return 0;
-}
-
-/* Zero and unallocated ranges read as zeros, whatever DATA says.  For an
- * overlay destination, as qemu-img -B does: what the source's own backing
- * chain holds (depth above 0) is left to the overlay's backing file, and
- * so are zeros past the end of that file (the overlay reads zeros there). */
-static int run_kind(const struct ic_copy *c, const struct ic_extent *e, uint64_t pos)
-{
-    int data = (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
-    if (c->dst_overlay && (e->depth > 0 || (!data && pos >= c->backing_end)))
-        return RUN_BACKING;
-    return data ? RUN_DATA : RUN_ZERO;
-}
-
-/* Source runs become items; with a destination that writes whole
- * clusters (compression), a zero run keeps only its cluster-aligned inside
- * and its ragged edges join the data around it (they read as zeros). */
-struct aligner {
-    struct ic_copy *c;
-    uint64_t align, size, seq;
-    uint64_t data_start, data_end; /* pending data run, not yet planned */
-    int have_data;
-};
-
-static int flush_data(struct aligner *a)
-{
-    int r = 0;
-    if (a->have_data && a->data_end > a->data_start)
-        r = plan_extent(a->c, a->data_start, a->data_end, RUN_DATA, &a->seq);
-    a->have_data = 0;
-    return r;
-}
-
-static void add_data(struct aligner *a, uint64_t start, uint64_t end)
-{
-    if (!a->have_data) {
-        a->data_start = start;
-        a->have_data = 1;
-    }
-    a->data_end = end;
-}
-
-static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
-{
-    atomic_fetch_add(&a->c->extents, 1);
-    if (kind == RUN_DATA) {
-        add_data(a, start, end);
-        return 0;
-    }
-    uint64_t al = a->align;
-    uint64_t zs = start % al ? (start / al + 1) * al : start;
-    uint64_t ze = end == a->size ? end : end / al * al;
-    if (zs >= ze) {
-        add_data(a, start, end);
-        return 0;
-    }
-    if (zs > start)
-        add_data(a, start, zs);
-    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, kind, &a->seq) < 0)
-        return -1;
-    if (end > ze)
-        add_data(a, ze, end);
-    return 0;
-}
-
-static void *planner_main(void *arg)
-{
-    struct ic_copy *c = arg;
-    uint64_t size = ic_image_size(c->src);
-    uint64_t run_start = 0, pos = 0;
-    int run_kind_now = -1;
-    struct ic_error err = {0};
-    struct aligner al = {.c = c, .align = c->write_align, .size = size};
-    /* neighbours of one kind are one extent: the cache may answer a long
-     * extent in pieces, and zero runs at extent edges are judged by it.
-     * An overlay's runs also end where its backing file ends, as qemu-img
-     * -B cuts them there. */
-    uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
-    uint64_t host_next = UINT64_MAX; /* where a data run's host bytes continue */
-    while (pos < size) {
-        if (cancelled(c))
-            goto out;
-        struct ic_extent e;
-        if (ic_image_block_status(c->src, pos, size - pos, &e, &err) < 0) {
-            fail(c, &err);
-            goto out;
-        }
-        uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
-        int kind = run_kind(c, &e, pos);
-        /* qemu's data extents also end where the host bytes stop being
-         * contiguous (another cluster run, another layer, a compressed
-         * cluster): its zero runs are judged from there */
-        int host_break = kind == RUN_DATA && c->write_align == 1 &&
-                         (!(e.flags & IC_EXT_OFFSET_VALID) || e.host_offset != host_next);
-        int at_cut = pos == cut;
-        if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
-            if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
-                ((at_cut || host_break) && flush_data(&al) < 0))
-                goto out;
-            run_start = pos;
-        }
-        host_next = (e.flags & IC_EXT_OFFSET_VALID) ? e.host_offset + len : UINT64_MAX;
-        run_kind_now = kind;
-        pos += len;
-    }
-    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
-        flush_data(&al);
-out:
-    pthread_mutex_lock(&c->lock);
-    c->planner_done = 1;
-    pthread_cond_broadcast(&c->changed);
-    pthread_mutex_unlock(&c->lock);
-    thread_exit(c);
-    return NULL;
 }
 
 /* ---- workers ----------------------------------------------------------- */
@@ -372,26 +108,34 @@ struct worker {
         uint64_t off, len;
     } behind[SETTLE_DEPTH]; /* ring of this worker's recent data writes */
     unsigned nbehind, ibehind;
-    uint8_t *buf;     /* request_size */
-    uint8_t *scratch; /* look-around reads */
-    size_t scratch_size;
+    uint8_t *buf; /* request_size */
+    struct ic_sparse sparse; /* zero runs; its scratch buffer is ours */
     struct action *acts;
     struct ic_staged_write *staged;
     size_t nacts, cap;
     struct ic_error err;
 };
 
+static void free_worker(struct worker *w)
+{
+    free(w->buf);
+    free(w->sparse.scratch);
+    free(w->acts);
+    free(w->staged);
+    free(w);
+}
+
 static int pop_item(struct ic_copy *c, struct work_item *item)
 {
     pthread_mutex_lock(&c->lock);
     while (c->qcount == 0 && !c->planner_done && !c->cancelled)
-        pthread_cond_wait(&c->changed, &c->lock);
+        pthread_cond_wait(&c->queue_changed, &c->lock);
     int ok = !c->cancelled && c->qcount > 0;
     if (ok) {
         *item = c->queue[c->qhead];
         c->qhead = (c->qhead + 1) % c->qcap;
         c->qcount--;
-        pthread_cond_broadcast(&c->changed);
+        pthread_cond_broadcast(&c->queue_changed);
     }
     pthread_mutex_unlock(&c->lock);
     return ok;
@@ -432,9 +176,10 @@ static int take_turn(struct ic_copy *c, struct turns *t, int which)
     if (t->passed & bit) /* a turn comes once: taking it again is a bug */
         return -1;
     uint64_t *counter = turn_counter(c, which);
+    pthread_cond_t *mine = &c->turn_changed[t->seq % c->turn_slots];
     pthread_mutex_lock(&c->lock);
     while (*counter != t->seq && !c->cancelled)
-        pthread_cond_wait(&c->changed, &c->lock);
+        pthread_cond_wait(mine, &c->lock);
     int ok = !c->cancelled;
     pthread_mutex_unlock(&c->lock);
     if (!ok)
@@ -451,7 +196,9 @@ static void pass_turn(struct ic_copy *c, struct turns *t, int which)
     uint64_t *counter = turn_counter(c, which);
     pthread_mutex_lock(&c->lock);
     (*counter)++;
-    pthread_cond_broadcast(&c->changed);
+    /* only the item whose turn it is now waits on this slot (and perhaps
+     * one waiting for the other kind of turn with the same number) */
+    pthread_cond_broadcast(&c->turn_changed[*counter % c->turn_slots]);
     pthread_mutex_unlock(&c->lock);
     t->held &= ~bit;
     t->passed |= bit;
@@ -492,135 +239,28 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
 }
 
-/* The window (qemu's read request) around `pos`: [*ws, *we). */
-static void window_of(const struct work_item *it, uint64_t pos, uint64_t *ws, uint64_t *we)
+static int read_for_sparse(void *ctx, void *buf, uint64_t off, uint64_t len)
 {
-    *ws = it->ext_start + (pos - it->ext_start) / SPARSE_WINDOW * SPARSE_WINDOW;
-    *we = it->ext_end - *ws > SPARSE_WINDOW ? *ws + SPARSE_WINDOW : it->ext_end;
+    return read_source(ctx, buf, off, len);
 }
 
-/* The end of the zero-detection block at `pos`: blocks are aligned in the
- * guest and clipped at windows and at `limit`. */
-static uint64_t block_end(const struct ic_copy *c, const struct work_item *it, uint64_t pos,
-                          uint64_t limit)
-{
-    uint64_t ws, we;
-    window_of(it, pos, &ws, &we);
-    uint64_t next = (pos / c->granularity + 1) * c->granularity;
-    if (next > we)
-        next = we;
-    return next < limit ? next : limit;
-}
+struct split {
+    struct worker *w;
+    const struct work_item *it;
+};
 
-/* Zero bytes that continue a run from `from` (a block boundary) forward
- * or backward, counted in whole blocks, up to `need` bytes, inside the
- * window [ws, we); *edge is set when the zeros reach its edge. */
-static int measure_zeros(struct worker *w, uint64_t ws, uint64_t we, uint64_t from,
-                         uint64_t need, int forward, uint64_t *found, int *edge)
+static void emit_piece(void *ctx, uint64_t off, uint64_t len, int data)
 {
-    struct ic_copy *c = w->c;
-    uint64_t g = c->granularity, pos = from;
-    *found = 0;
-    *edge = 0;
-    while (*found < need) {
-        uint64_t chunk = (need - *found + g - 1) / g * g;
-        if (chunk > w->scratch_size)
-            chunk = w->scratch_size;
-        uint64_t lo, hi;
-        if (forward) {
-            lo = pos;
-            hi = we - pos < chunk ? we : pos + chunk;
-        } else {
-            hi = pos;
-            lo = pos - ws < chunk ? ws : pos - chunk;
-        }
-        if (lo == hi) {
-            *edge = 1;
-            return 0;
-        }
-        if (read_source(w, w->scratch, lo, hi - lo) < 0)
-            return -1;
-        for (uint64_t k = 0; k < hi - lo; k += g) {
-            /* blocks walk away from `from`; only the last may be partial */
-            uint64_t n = hi - lo - k < g ? hi - lo - k : g;
-            uint64_t b0 = forward ? lo + k : hi - k - n;
-            if (!ic_is_zero(w->scratch + (b0 - lo), (size_t)n))
-                return 0;
-            *found += n;
-            if (*found >= need)
-                return 0;
-        }
-        pos = forward ? hi : lo;
-        if (pos == (forward ? we : ws)) {
-            *edge = 1;
-            return 0;
-        }
-    }
-    return 0;
-}
-
-/* Does the zero run [za, zb) of this item become a hole? */
-static int is_hole(struct worker *w, const struct work_item *it, uint64_t za, uint64_t zb,
-                   int *verdict)
-{
-    uint64_t threshold = w->c->opt.sparse_threshold;
-    uint64_t len = zb - za, found, ws, we;
-    int edge;
-    *verdict = 1;
-    window_of(it, za, &ws, &we);
-    /* touching or spanning a window's edge, or long enough */
-    if (za == ws || zb >= we || len >= threshold)
-        return 0;
-    if (za == it->start) {
-        if (measure_zeros(w, ws, we, za, threshold - len, 0, &found, &edge) < 0)
-            return -1;
-        len += found;
-        if (edge || len >= threshold)
-            return 0;
-    }
-    if (zb == it->end) {
-        if (measure_zeros(w, ws, we, zb, threshold - len, 1, &found, &edge) < 0)
-            return -1;
-        len += found;
-        if (edge || len >= threshold)
-            return 0;
-    }
-    *verdict = 0;
-    return 0;
+    struct split *sp = ctx;
+    add_action(sp->w, off, len, data ? sp->w->buf + (off - sp->it->start) : NULL, data);
 }
 
 /* Cut the item's data into data runs and holes. */
 static int plan_sparse(struct worker *w, const struct work_item *it)
 {
-    struct ic_copy *c = w->c;
-    const uint8_t *buf = w->buf;
-    uint64_t pending = it->start; /* start of data not yet planned */
-    uint64_t pos = it->start;
-    while (pos < it->end) {
-        uint64_t b1 = block_end(c, it, pos, it->end);
-        if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos))) {
-            pos = b1;
-            continue;
-        }
-        uint64_t za = pos;
-        pos = b1;
-        while (pos < it->end) {
-            b1 = block_end(c, it, pos, it->end);
-            if (!ic_is_zero(buf + (pos - it->start), (size_t)(b1 - pos)))
-                break;
-            pos = b1;
-        }
-        int hole;
-        if (is_hole(w, it, za, pos, &hole) < 0)
-            return -1;
-        if (!hole)
-            continue;
-        add_action(w, pending, za - pending, buf + (pending - it->start), 1);
-        add_action(w, za, pos - za, NULL, 0);
-        pending = pos;
-    }
-    add_action(w, pending, it->end - pending, buf + (pending - it->start), 1);
-    return 0;
+    struct split ctx = {w, it};
+    return ic_sparse_split(&w->sparse, w->buf, it->start, it->end, it->ext_start, it->ext_end,
+                           emit_piece, &ctx);
 }
 
 /* Kernel copy for a whole data item; 1 when the kernel refused (the item
@@ -632,7 +272,7 @@ static int offload_item(struct worker *w, const struct work_item *it, struct tur
     if (take_turn(c, t, TURN_WRITE) < 0)
         return 0;
     if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
-        log_request(c->opt.log, it->start, len, IC_REQ_WRITE);
+        ic_request_log_add(c->opt.log, it->start, len, IC_REQ_WRITE);
         atomic_fetch_add(&c->bytes_read, len);
         atomic_fetch_add(&c->read_requests, 1);
         atomic_fetch_add(&c->bytes_written, len);
@@ -683,13 +323,13 @@ static int execute(struct worker *w, struct turns *t)
         const struct action *a = &w->acts[k];
         if (!a->data && c->opt.target_is_zero) {
             atomic_fetch_add(&c->bytes_skipped, a->len);
-            log_request(c->opt.log, a->off, a->len, IC_REQ_SKIP);
+            ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
         }
         ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
         if (ret < 0)
             break;
-        log_request(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
+        ic_request_log_add(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
         atomic_fetch_add(a->data ? &c->bytes_written : &c->bytes_zeroed, a->len);
         atomic_fetch_add(a->data ? &c->write_requests : &c->zero_requests, 1);
     }
@@ -698,7 +338,7 @@ static int execute(struct worker *w, struct turns *t)
     for (size_t k = committed; k < nstaged; k++)
         ic_image_unstage(c->dst, &w->staged[k]);
     /* a failure of ours was recorded; one caused by cancellation was not */
-    return ret < 0 && !cancelled(c) ? -1 : 0;
+    return ret < 0 && !ic_copy_cancelled(c) ? -1 : 0;
 }
 
 static int copy_item(struct worker *w, const struct work_item *it, struct turns *t)
@@ -708,7 +348,7 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
     w->nacts = 0;
     if (it->kind == RUN_BACKING) {
         atomic_fetch_add(&c->bytes_skipped, len);
-        log_request(c->opt.log, it->start, len, IC_REQ_SKIP);
+        ic_request_log_add(c->opt.log, it->start, len, IC_REQ_SKIP);
         return 0;
     }
     if (it->kind == RUN_ZERO) {
@@ -724,11 +364,11 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
             return r;
     }
     if (read_source(w, w->buf, it->start, len) < 0)
-        return cancelled(c) ? 0 : -1;
+        return ic_copy_cancelled(c) ? 0 : -1;
     if (c->opt.sparse_threshold == 0)
         add_action(w, it->start, len, w->buf, 1);
     else if (plan_sparse(w, it) < 0)
-        return cancelled(c) ? 0 : -1;
+        return ic_copy_cancelled(c) ? 0 : -1;
     return execute(w, t);
 }
 
@@ -759,7 +399,7 @@ static void *worker_main(void *arg)
         struct turns t = {.seq = it.seq};
         int r = copy_item(w, &it, &t);
         if (r < 0)
-            fail(c, &w->err); /* cancels first: end_turns waits for nobody */
+            ic_copy_fail(c, &w->err); /* cancels first: end_turns waits for nobody */
         end_turns(c, &t);
         if (r < 0)
             break;
@@ -769,12 +409,8 @@ static void *worker_main(void *arg)
         }
         atomic_fetch_add(&c->done, it.end - it.start);
     }
-    free(w->buf);
-    free(w->scratch);
-    free(w->acts);
-    free(w->staged);
-    free(w);
-    thread_exit(c);
+    free_worker(w);
+    ic_copy_thread_exit(c);
     return NULL;
 }
 
@@ -782,7 +418,11 @@ static void *worker_main(void *arg)
 
 static void free_copy(struct ic_copy *c)
 {
-    pthread_cond_destroy(&c->changed);
+    pthread_cond_destroy(&c->queue_changed);
+    pthread_cond_destroy(&c->finished);
+    for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
+        pthread_cond_destroy(&c->turn_changed[i]);
+    free(c->turn_changed);
     pthread_mutex_destroy(&c->lock);
     free(c->queue);
     free(c->workers);
@@ -802,41 +442,29 @@ static int check_options(const struct ic_copy_options *o, struct ic_error *err)
     return 0;
 }
 
-/* Zero runs are found on blocks aligned to the largest power of two not
- * above the threshold, as qemu-img convert -S aligns them. */
-static uint64_t zero_granularity(uint64_t threshold)
-{
-    if (threshold == 0)
-        return 4096;
-    uint64_t g = 512;
-    while (g * 2 <= threshold)
-        g *= 2;
-    return g;
-}
-
 static struct worker *new_worker(struct ic_copy *c)
 {
     struct worker *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
     w->c = c;
+    uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
     /* look-around reads: a whole number of blocks, at least one */
     uint64_t want = c->opt.sparse_threshold < LOOKAROUND_CHUNK ? c->opt.sparse_threshold
                                                                : LOOKAROUND_CHUNK;
-    w->scratch_size = want / c->granularity * c->granularity;
-    if (w->scratch_size < c->granularity)
-        w->scratch_size = c->granularity;
-    /* at most a data run and a hole per block, merged neighbours aside */
-    w->cap = (size_t)(c->opt.request_size / c->granularity) + 4;
+    size_t scratch_size = want / g * g < g ? g : want / g * g;
+    w->sparse = (struct ic_sparse){.threshold = c->opt.sparse_threshold, .granularity = g,
+                                   .scratch_size = scratch_size, .read = read_for_sparse,
+                                   .ctx = w};
+    /* at most a data run and a hole per block (windows cut some), merged
+     * neighbours aside */
+    w->cap = (size_t)(c->opt.request_size / g) * 2 + 4;
     w->acts = calloc(w->cap, sizeof *w->acts);
     w->staged = calloc(w->cap, sizeof *w->staged);
     if (!w->acts || !w->staged ||
         posix_memalign((void **)&w->buf, BUFFER_ALIGN, c->opt.request_size) ||
-        posix_memalign((void **)&w->scratch, BUFFER_ALIGN, w->scratch_size)) {
-        free(w->buf);
-        free(w->acts);
-        free(w->staged);
-        free(w);
+        posix_memalign((void **)&w->sparse.scratch, BUFFER_ALIGN, scratch_size)) {
+        free_worker(w);
         return NULL;
     }
     return w;
@@ -867,25 +495,37 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (c->opt.sparse_threshold)
             c->opt.sparse_threshold = c->write_align;
     }
-    c->granularity = zero_granularity(c->opt.sparse_threshold);
     /* blocks tile the requests, so that none straddles two work items and
      * the output never depends on the request size */
-    if (c->opt.request_size % c->granularity)
-        c->opt.request_size = (c->opt.request_size / c->granularity + 1) * c->granularity;
+    uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
+    if (c->opt.request_size % g)
+        c->opt.request_size = (c->opt.request_size / g + 1) * g;
     c->qcap = 4 * (size_t)opt->concurrency;
     c->queue = calloc(c->qcap, sizeof *c->queue);
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
     if (opt->sparse_threshold == 0)
         c->zeros = calloc(1, c->opt.request_size);
-    if (pthread_mutex_init(&c->lock, NULL)) {
+    /* items in flight: those queued and one per worker; twice that many
+     * slots keep any two waiting items on different ones */
+    c->turn_slots = 2 * (c->qcap + opt->concurrency);
+    c->turn_changed = calloc(c->turn_slots, sizeof *c->turn_changed);
+    pthread_condattr_t monotonic;
+    if (pthread_mutex_init(&c->lock, NULL) || pthread_condattr_init(&monotonic) ||
+        pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC)) {
         free(c->queue);
         free(c->workers);
         free(c->zeros);
+        free(c->turn_changed);
         free(c);
         return ic_error_nomem(err);
     }
-    pthread_cond_init(&c->changed, NULL);
-    if (!c->queue || !c->workers || (opt->sparse_threshold == 0 && !c->zeros)) {
+    pthread_cond_init(&c->queue_changed, NULL);
+    pthread_cond_init(&c->finished, &monotonic);
+    pthread_condattr_destroy(&monotonic);
+    for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
+        pthread_cond_init(&c->turn_changed[i], NULL);
+    if (!c->queue || !c->workers || !c->turn_changed ||
+        (opt->sparse_threshold == 0 && !c->zeros)) {
         free_copy(c);
         return ic_error_nomem(err);
     }
@@ -907,32 +547,27 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (w)
             e = pthread_create(&c->workers[i], NULL, worker_main, w);
         if (e) {
-            if (w) {
-                free(w->buf);
-                free(w->scratch);
-                free(w->acts);
-                free(w->staged);
-                free(w);
-            }
+            if (w)
+                free_worker(w);
             pthread_mutex_lock(&c->lock);
             c->live_threads--;
             pthread_mutex_unlock(&c->lock);
             struct ic_error e2 = {0};
             ic_error_os(&e2, e, NULL, "start worker thread");
-            fail(c, &e2);
+            ic_copy_fail(c, &e2);
             break;
         }
         c->nthreads++;
     }
-    int e = pthread_create(&c->planner, NULL, planner_main, c);
+    int e = pthread_create(&c->planner, NULL, ic_copy_planner, c);
     if (e) {
         struct ic_error e2 = {0};
         ic_error_os(&e2, e, NULL, "start planner thread");
-        fail(c, &e2);
+        ic_copy_fail(c, &e2);
         pthread_mutex_lock(&c->lock);
         c->planner_done = 1;
         pthread_mutex_unlock(&c->lock);
-        thread_exit(c); /* the planner's share */
+        ic_copy_thread_exit(c); /* the planner's share */
     } else {
         c->planner_started = 1;
     }
@@ -943,7 +578,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
 int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms)
 {
     struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += timeout_ms / 1000;
     deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) {
@@ -952,7 +587,7 @@ int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms)
     }
     pthread_mutex_lock(&c->lock);
     while (!c->complete) {
-        if (pthread_cond_timedwait(&c->changed, &c->lock, &deadline) == ETIMEDOUT)
+        if (pthread_cond_timedwait(&c->finished, &c->lock, &deadline) == ETIMEDOUT)
             break;
     }
     int done = c->complete;
@@ -979,7 +614,7 @@ void ic_copy_cancel(struct ic_copy *c)
     pthread_mutex_lock(&c->lock);
     if (!c->complete)
         c->cancelled = 1;
-    pthread_cond_broadcast(&c->changed);
+    wake_all(c);
     pthread_mutex_unlock(&c->lock);
 }
 
@@ -992,7 +627,7 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
     if (out)
         ic_copy_progress(c, out);
     int ret = 0;
-    if (c->opt.log && c->opt.log->failed && !c->failed) {
+    if (ic_request_log_failed(c->opt.log) && !c->failed) {
         ic_error_nomem(&c->error);
         c->failed = 1;
     }

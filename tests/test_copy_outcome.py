@@ -76,18 +76,32 @@ def test_sigint_at_any_moment_agrees_with_the_destination(tmp_path, small_source
     """SIGINT sent at random moments around the end of short copies: exit 0
     with the complete copy in place, or 130 with "interrupted" and nothing
     in place; never killed by the signal (-2), never 130 with a copy."""
+    # the command line's main(), once Python has started and imported it
+    # (a Ctrl-C during start-up is Python's, not the copy's)
+    code = ("import os, sys\nfrom imgcopy.cli import main\nos.write(1, b'R')\n"
+            "sys.exit(main(sys.argv[1:]))\n")
+
+    def start(dst):
+        proc = subprocess.Popen([sys.executable, "-c", code, "convert", small_source, dst],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=imgcopy_env)
+        assert proc.stdout.read(1) == b"R"
+        return proc
+
+    # how long a copy runs on this machine now: signals fall before, during
+    # and after it (however loaded the machine is)
+    durations = []
+    for i in range(3):
+        t0 = time.monotonic()
+        proc = start(str(tmp_path / ("timing%d.raw" % i)))
+        proc.communicate(timeout=30)
+        durations.append(time.monotonic() - t0)
+    span = 1.5 * sorted(durations)[1]
     rng = random.Random(11)
     seen = set()
     for i in range(60):
         dst = str(tmp_path / ("out%d.raw" % i))
-        # the command line's main(), once Python has started and imported it
-        # (a Ctrl-C during start-up is Python's, not the copy's)
-        code = ("import os, sys\nfrom imgcopy.cli import main\nos.write(1, b'R')\n"
-                "sys.exit(main(sys.argv[1:]))\n")
-        proc = subprocess.Popen([sys.executable, "-c", code, "convert", small_source, dst],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=imgcopy_env)
-        assert proc.stdout.read(1) == b"R"
-        time.sleep(rng.uniform(0.0, 0.04))
+        proc = start(dst)
+        time.sleep(rng.uniform(0.0, span))
         try:
             proc.send_signal(signal.SIGINT)
         except ProcessLookupError:

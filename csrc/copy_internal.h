@@ -1,0 +1,71 @@
+/* The copy engine's shared state: copy.c runs the threads (queue, turns,
+ * workers, life cycle), planner.c cuts the source into work items. */
+#ifndef IMGCOPY_COPY_INTERNAL_H
+#define IMGCOPY_COPY_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "image.h"
+
+/* What a source run asks of the destination. */
+enum {
+    RUN_ZERO = 0,    /* reads as zeros: zero or skip it                  */
+    RUN_DATA = 1,    /* read it, find its zero runs, write the rest      */
+    RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
+};
+
+struct work_item {
+    uint64_t start, end;         /* guest range of this item            */
+    uint64_t ext_start, ext_end; /* the source extent it belongs to     */
+    uint64_t seq;                /* guest order, for in-order writes    */
+    int kind;                    /* RUN_*                               */
+};
+
+struct ic_copy {
+    struct ic_image *src, *dst;
+    struct ic_copy_options opt;
+    uint64_t write_align; /* the destination writes whole units of this */
+    uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
+
+    pthread_mutex_t lock;
+    pthread_cond_t queue_changed; /* an item in or out, the planner done  */
+    pthread_cond_t *turn_changed; /* per slot of turn_slots: turn seq % n  */
+    size_t turn_slots;
+    pthread_cond_t finished;      /* complete (CLOCK_MONOTONIC waits)      */
+    struct work_item *queue;
+    size_t qcap, qhead, qcount;
+    int planner_done;
+    uint64_t next_write_seq; /* in-order writes */
+    uint64_t next_place_seq; /* host allocation in guest order */
+    int ordered_place;
+    int dst_overlay; /* the destination reads what it lacks from a backing file */
+    uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
+    int cancelled;
+    int failed;
+    struct ic_error error;
+    unsigned live_threads;
+    int complete;
+
+    pthread_t planner;
+    int planner_started;
+    pthread_t *workers;
+    unsigned nthreads; /* started: planner + workers */
+
+    atomic_int offload_refused;
+    atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
+    atomic_uint_fast64_t read_requests, write_requests, zero_requests;
+    atomic_uint_fast64_t extents, done;
+};
+
+/* copy.c */
+int ic_copy_push(struct ic_copy *c, const struct work_item *item); /* -1: cancelled */
+void ic_copy_fail(struct ic_copy *c, const struct ic_error *err);
+int ic_copy_cancelled(struct ic_copy *c);
+/* The last thread out makes the destination durable, then reports. */
+void ic_copy_thread_exit(struct ic_copy *c);
+
+/* planner.c: the planner thread's body */
+void *ic_copy_planner(void *copy);
+
+#endif

@@ -1,0 +1,160 @@
+/* The planner: one thread walks the source's extents in guest order and
+ * cuts them into work items for the workers (copy.c): data to read, zeros
+ * to write or skip, ranges an overlay's backing file holds. */
+#include <stdlib.h>
+
+#include "copy_internal.h"
+#include "sparse.h"
+
+/* Zero ranges need no buffer: large requests keep the request count low,
+ * this bound keeps progress moving. */
+#define ZERO_REQUEST_MAX (1ull << 30)
+
+/* Cut one extent into items whose edges fall on multiples of the step; a
+ * data extent is first cut where qemu's block-status answers end (unless
+ * the destination writes whole clusters: compression). */
+static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind, uint64_t *seq)
+{
+    if (kind == RUN_DATA && end - start > IC_SPARSE_STATUS_MAX && c->write_align == 1) {
+        for (uint64_t pos = start; pos < end; pos += IC_SPARSE_STATUS_MAX)
+            if (plan_extent(c, pos, end - pos > IC_SPARSE_STATUS_MAX ? pos + IC_SPARSE_STATUS_MAX : end, kind,
+                            seq) < 0)
+                return -1;
+        return 0;
+    }
+    int written_zeros = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
+    int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !written_zeros &&
+                                          c->opt.target_is_zero);
+    /* a skipped range costs nothing, however long: one item */
+    uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size
+                    : skipped                         ? UINT64_MAX
+                                                      : ZERO_REQUEST_MAX;
+    for (uint64_t pos = start; pos < end;) {
+        uint64_t next = (pos / step + 1) * step;
+        if (next > end || next < pos)
+            next = end;
+        struct work_item item = {
+            .start = pos, .end = next, .ext_start = start, .ext_end = end,
+            .seq = (*seq)++, .kind = kind,
+        };
+        if (ic_copy_push(c, &item) < 0)
+            return -1;
+        pos = next;
+    }
+    return 0;
+}
+
+/* Zero and unallocated ranges read as zeros, whatever DATA says.  For an
+ * overlay destination, as qemu-img -B does: what the source's own backing
+ * chain holds (depth above 0) is left to the overlay's backing file, and
+ * so are zeros past the end of that file (the overlay reads zeros there). */
+static int run_kind(const struct ic_copy *c, const struct ic_extent *e, uint64_t pos)
+{
+    int data = (e->flags & IC_EXT_DATA) && !(e->flags & IC_EXT_ZERO);
+    if (c->dst_overlay && (e->depth > 0 || (!data && pos >= c->backing_end)))
+        return RUN_BACKING;
+    return data ? RUN_DATA : RUN_ZERO;
+}
+
+/* Source runs become items; with a destination that writes whole
+ * clusters (compression), a zero run keeps only its cluster-aligned inside
+ * and its ragged edges join the data around it (they read as zeros). */
+struct aligner {
+    struct ic_copy *c;
+    uint64_t align, size, seq;
+    uint64_t data_start, data_end; /* pending data run, not yet planned */
+    int have_data;
+};
+
+static int flush_data(struct aligner *a)
+{
+    int r = 0;
+    if (a->have_data && a->data_end > a->data_start)
+        r = plan_extent(a->c, a->data_start, a->data_end, RUN_DATA, &a->seq);
+    a->have_data = 0;
+    return r;
+}
+
+static void add_data(struct aligner *a, uint64_t start, uint64_t end)
+{
+    if (!a->have_data) {
+        a->data_start = start;
+        a->have_data = 1;
+    }
+    a->data_end = end;
+}
+
+static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
+{
+    atomic_fetch_add(&a->c->extents, 1);
+    if (kind == RUN_DATA) {
+        add_data(a, start, end);
+        return 0;
+    }
+    uint64_t al = a->align;
+    uint64_t zs = start % al ? (start / al + 1) * al : start;
+    uint64_t ze = end == a->size ? end : end / al * al;
+    if (zs >= ze) {
+        add_data(a, start, end);
+        return 0;
+    }
+    if (zs > start)
+        add_data(a, start, zs);
+    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, kind, &a->seq) < 0)
+        return -1;
+    if (end > ze)
+        add_data(a, ze, end);
+    return 0;
+}
+
+void *ic_copy_planner(void *arg)
+{
+    struct ic_copy *c = arg;
+    uint64_t size = ic_image_size(c->src);
+    uint64_t run_start = 0, pos = 0;
+    int run_kind_now = -1;
+    struct ic_error err = {0};
+    struct aligner al = {.c = c, .align = c->write_align, .size = size};
+    /* neighbours of one kind are one extent: the cache may answer a long
+     * extent in pieces, and zero runs at extent edges are judged by it.
+     * An overlay's runs also end where its backing file ends, as qemu-img
+     * -B cuts them there. */
+    uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
+    uint64_t host_next = UINT64_MAX; /* where a data run's host bytes continue */
+    while (pos < size) {
+        if (ic_copy_cancelled(c))
+            goto out;
+        struct ic_extent e;
+        if (ic_image_block_status(c->src, pos, size - pos, &e, &err) < 0) {
+            ic_copy_fail(c, &err);
+            goto out;
+        }
+        uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
+        int kind = run_kind(c, &e, pos);
+        /* qemu's data extents also end where the host bytes stop being
+         * contiguous (another cluster run, another layer, a compressed
+         * cluster): its zero runs are judged from there */
+        int host_break = kind == RUN_DATA && c->write_align == 1 &&
+                         (!(e.flags & IC_EXT_OFFSET_VALID) || e.host_offset != host_next);
+        int at_cut = pos == cut;
+        if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
+            if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
+                ((at_cut || host_break) && flush_data(&al) < 0))
+                goto out;
+            run_start = pos;
+        }
+        host_next = (e.flags & IC_EXT_OFFSET_VALID) ? e.host_offset + len : UINT64_MAX;
+        run_kind_now = kind;
+        pos += len;
+    }
+    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
+        flush_data(&al);
+out:
+    pthread_mutex_lock(&c->lock);
+    c->planner_done = 1;
+    pthread_cond_broadcast(&c->queue_changed);
+    pthread_mutex_unlock(&c->lock);
+    ic_copy_thread_exit(c);
+    return NULL;
+}
+
