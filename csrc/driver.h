@@ -1,25 +1,54 @@
-/* What a format or protocol driver provides to the image layer.  Every
- * operation returns 0 or -1 with details in `err`; none exits or prints. */
+/* What a protocol or format driver provides to the image layer.  Every
+ * operation returns 0 or -1 with details in `err`; none exits or prints.
+ *
+ * A protocol driver reaches bytes (a file or block device, the null sink;
+ * later NBD, a member of a tar file).  A format driver interprets the bytes
+ * of a child image, img->file, which is a protocol image; it answers for
+ * its own layer only: block status says where its layer does not hold a
+ * range (IC_EXT_BELOW), and reads of such ranges go to
+ * ic_image_read_below(); the image layer walks the backing chain.  "raw"
+ * is no driver: a raw image is its protocol image.
+ *
+ * Required of every driver: name, kind, close, pread, block_status; of
+ * protocols: open; of writable drivers: pwrite.  Everything else is
+ * optional and has a default in the image layer (image_io.c). */
 #ifndef IMGCOPY_DRIVER_H
 #define IMGCOPY_DRIVER_H
 
 #include <stdint.h>
-#include <sys/stat.h>
 
 #include "imgcopy.h"
 
 struct ic_image;
 
+/* An extent a format's own layer does not hold: the backing file (or
+ * zeros past its end) answers for it. */
+#define IC_EXT_BELOW (1u << 30)
+
+enum ic_driver_kind { IC_PROTOCOL, IC_FORMAT };
+
 struct ic_driver {
-    const char *name; /* probe.c recognises the format's files */
-    /* Fill img->drv_state and img->size.  `fd` becomes the driver's, which
-     * closes it on failure too. */
-    int (*open)(struct ic_image *img, int fd, struct ic_error *err);
-    /* Lay out a new image of img->size bytes in `fd` (an empty regular
-     * file, or a block device to reuse); set *fresh when it reads as zeros.
-     * NULL for formats that cannot be written. */
-    int (*create)(struct ic_image *img, int fd, int *fresh, struct ic_error *err);
+    const char *name;
+    enum ic_driver_kind kind;
+    /* the format a protocol image reports (NULL: "raw") */
+    const char *format_name;
+
+    /* protocols: open what `path` names; fill img->size.  img->open_flags
+     * say how. */
+    int (*open_protocol)(struct ic_image *img, const char *path, struct ic_error *err);
+    /* protocols: a destination of img->size bytes at `path`, new (a file:
+     * with IC_CREATE_ATOMIC under a temporary name) or reused (a block
+     * device); *fresh when it reads as zeros */
+    int (*create_protocol)(struct ic_image *img, const char *path, int *fresh,
+                           struct ic_error *err);
+    /* formats: read the layout from img->file; fill img->size and, for a
+     * backing file, img->backing_name and img->backing_format */
+    int (*open)(struct ic_image *img, struct ic_error *err);
+    /* formats: lay out a new image of img->size bytes on img->file (and
+     * img->backing, opened by the image layer, for an overlay) */
+    int (*create)(struct ic_image *img, int *fresh, struct ic_error *err);
     void (*close)(struct ic_image *img);
+
     /* Thread-safe for concurrent calls; ranges are inside the image. */
     int (*pread)(struct ic_image *img, void *buf, size_t len, uint64_t off,
                  struct ic_error *err);
@@ -28,27 +57,6 @@ struct ic_driver {
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
     int (*flush)(struct ic_image *img, struct ic_error *err);
-    /* Optional staged writes (see ic_staged_write); without them commit
-     * is one pwrite. */
-    int (*stage)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
-    int (*place)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
-    int (*commit)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
-    void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
-    /* Optional page-cache hints: `written` = the range was written earlier
-     * and writeback was started; wait for it and drop its pages.  `read` =
-     * the range will not be read again. */
-    void (*settle_written)(struct ic_image *img, uint64_t off, uint64_t len);
-    void (*settle_read)(struct ic_image *img, uint64_t off, uint64_t len);
-    /* Optional: the internal snapshots found at open. */
-    int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
-    /* Optional: write what is held in memory and mark the image complete. */
-    int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
-    /* Optional: writes must cover whole units of this size. */
-    uint64_t (*write_alignment)(const struct ic_image *img);
-    /* Optional: copy in the kernel to another image of the same driver;
-     * -1 with errnum ENOTSUP when it cannot. */
-    int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
-                      struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
      * `end`, covering `want` and, cheaply, more after it: the caller holds
      * the cache lock and records everything appended. */
@@ -57,17 +65,57 @@ struct ic_driver {
     /* block_status is as cheap at any offset as after the last answer:
      * the cache asks from the query, not from the start of the gap. */
     int random_access_status;
+
+    /* Staged writes (see ic_staged_write); without them commit is one
+     * pwrite (or zero). */
+    int (*stage)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    int (*place)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    int (*commit)(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
+    void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
+    /* Writes must cover whole units of this size. */
+    uint64_t (*write_alignment)(const struct ic_image *img);
+    /* Write what is held in memory and mark the image complete (a format),
+     * put a new file in place (a protocol); the image layer finishes the
+     * format, then its file. */
+    int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
+    /* The internal snapshots found at open. */
+    int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
+
+    /* Services of a protocol to the format above it, and to the copy: */
+    /* the file's size becomes `size` (a qcow2 host file as it fills) */
+    int (*truncate)(struct ic_image *img, uint64_t size, struct ic_error *err);
+    /* give [off, off+len) disk space (a hint; never changes what it reads) */
+    void (*allocate)(struct ic_image *img, uint64_t off, uint64_t len);
+    /* bytes of disk the file holds */
+    uint64_t (*allocated_bytes)(struct ic_image *img);
+    /* whether [off, off+len) surely reads as zeros without reading it (a
+     * hole): probing never reads holes */
+    int (*reads_as_hole)(struct ic_image *img, uint64_t off, uint64_t len);
+    /* qemu's image locks (lock.h) on what this protocol opened */
+    int (*lock)(struct ic_image *img, unsigned perm, unsigned shared, struct ic_error *err);
+    /* the files the image reads, as (dev, ino, rdev) for aliasing checks;
+     * 0 when it has none */
+    int (*identity)(struct ic_image *img, uint64_t *dev, uint64_t *ino, uint64_t *rdev);
+    /* page-cache hints: `written` = the range was written earlier and
+     * writeback was started: wait for it and drop its pages; `read` = the
+     * range will not be read again */
+    void (*settle_written)(struct ic_image *img, uint64_t off, uint64_t len);
+    void (*settle_read)(struct ic_image *img, uint64_t off, uint64_t len);
+    /* copy in the kernel to another image of the same driver; -1 with
+     * errnum ENOTSUP when it cannot */
+    int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                      struct ic_error *err);
 };
 
-extern const struct ic_driver ic_driver_raw;
-extern const struct ic_driver ic_driver_qcow2;
-extern const struct ic_driver ic_driver_null;
+/* registry.c: every protocol and format, and lookups in them */
+const struct ic_driver *ic_format_driver(const char *name);  /* NULL: raw or unknown */
+const struct ic_driver *ic_protocol_for(const char *path);
+/* "raw" and the format drivers; and those that can write new images */
+size_t ic_formats(const char **names, size_t cap);
+size_t ic_writable_formats(const char **names, size_t cap);
 
-/* fstat of a raw image's file (qcow2 asks how much of it is allocated). */
-int ic_raw_fstat(struct ic_image *img, struct stat *st);
-/* Give [off, off+len) of a raw image's file disk space (a hint). */
-void ic_raw_allocate(struct ic_image *img, uint64_t off, uint64_t len);
-/* Grow or shrink a raw image's file (a qcow2 host file as it fills). */
-int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err);
+extern const struct ic_driver ic_protocol_file;
+extern const struct ic_driver ic_protocol_null;
+extern const struct ic_driver ic_format_qcow2;
 
 #endif

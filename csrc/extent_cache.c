@@ -49,7 +49,47 @@ static void answer(const struct ic_interval *iv, uint64_t off, uint64_t len, str
     out->host_offset = (iv->flags & IC_EXT_OFFSET_VALID) ? iv->host + (off - iv->start) : 0;
 }
 
-/* Ask the driver about the gap holding `off` and record what it says. */
+static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic_error *err)
+{
+    return ic_extent_list_push(out, e) < 0 ? ic_error_nomem(err) : 0;
+}
+
+/* What a format's layer does not hold: the backing file answers, one
+ * level deeper (a raw backing file's length rounded up to 512 bytes, as
+ * qemu sees it); past its end, or without one, it reads as zeros. */
+static int expand_below(struct ic_image *img, uint64_t start, uint64_t end,
+                        struct ic_extent_list *out, struct ic_error *err)
+{
+    struct ic_image *b = img->backing;
+    uint64_t bsize = b ? ic_image_size(b) : 0, tail = b ? ic_image_qemu_length(b) : 0;
+    uint64_t pos = start;
+    while (pos < end && pos < bsize) {
+        struct ic_extent e;
+        uint64_t lim = end < bsize ? end : bsize;
+        if (ic_image_block_status(b, pos, lim - pos, &e, err) < 0)
+            return -1;
+        e.depth++;
+        if (push(out, &e, err) < 0)
+            return -1;
+        pos += e.length;
+    }
+    if (pos < end && pos < tail) {
+        uint64_t lim = end < tail ? end : tail;
+        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
+                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+        if (push(out, &e, err) < 0)
+            return -1;
+        pos = lim;
+    }
+    if (pos < end) {
+        struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
+        return push(out, &e, err);
+    }
+    return 0;
+}
+
+/* Ask the driver about the gap holding `off` and record what it says (and
+ * what the backing chain says where a format's layer holds nothing). */
 static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
 {
     uint64_t gap_start, gap_end;
@@ -63,23 +103,39 @@ static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
         return -1;
 
     uint64_t expect = gap_start;
-    size_t n = img->walk.count;
-    struct ic_interval *ivs = malloc((n ? n : 1) * sizeof *ivs);
-    if (!ivs)
-        return ic_error_nomem(err);
-    for (size_t i = 0; i < n; i++) {
+    struct ic_extent_list below = {0};
+    int has_below = 0;
+    for (size_t i = 0; i < img->walk.count; i++) {
         const struct ic_extent *e = &img->walk.items[i];
-        if (e->start != expect || e->length == 0 || e->start + e->length > gap_end) {
-            free(ivs);
+        if (e->start != expect || e->length == 0 || e->start + e->length > gap_end)
             return ic_error_os(err, EIO, img->path,
                                "driver %s answered block status out of order at %llu",
                                img->drv->name, (unsigned long long)e->start);
-        }
         expect = e->start + e->length;
-        ivs[i] = to_interval(e);
+        has_below |= (e->flags & IC_EXT_BELOW) != 0;
     }
-    int r = ic_imap_assign_run(&img->cache, ivs, n);
+    const struct ic_extent_list *answer = &img->walk;
+    if (has_below) {
+        for (size_t i = 0; i < img->walk.count; i++) {
+            const struct ic_extent *e = &img->walk.items[i];
+            if ((e->flags & IC_EXT_BELOW
+                     ? expand_below(img, e->start, e->start + e->length, &below, err)
+                     : push(&below, e, err)) < 0) {
+                ic_extent_list_free(&below);
+                return -1;
+            }
+        }
+        answer = &below;
+    }
+    size_t n = answer->count;
+    struct ic_interval *ivs = malloc((n ? n : 1) * sizeof *ivs);
+    int r = ivs ? 0 : -1;
+    for (size_t i = 0; ivs && i < n; i++)
+        ivs[i] = to_interval(&answer->items[i]);
+    if (ivs)
+        r = ic_imap_assign_run(&img->cache, ivs, n);
     free(ivs);
+    ic_extent_list_free(&below);
     if (r < 0)
         return ic_error_nomem(err);
     if (expect <= off)

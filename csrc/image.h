@@ -4,8 +4,8 @@
 #define IMGCOPY_IMAGE_H
 
 #include <pthread.h>
-#include <sys/types.h>
 #include <stdatomic.h>
+#include <sys/types.h>
 
 #include "driver.h"
 #include "imgcopy.h"
@@ -15,26 +15,29 @@
 #define IC_CHAIN_MAX 64
 /* Metadata a whole backing chain may hold in memory (qcow2 L1 tables). */
 #define IC_CHAIN_META_BUDGET (256u << 20)
+#define IC_BACKING_NAME_MAX 4096
+
+struct ic_file_id {
+    uint64_t dev, ino, rdev; /* rdev: a block device's, else 0 */
+};
 
 struct ic_image {
     const struct ic_driver *drv;
     void *drv_state;
     char *path;
-    char *tmp_path;  /* IC_CREATE_ATOMIC: written here until finished, */
-    char *rename_to; /* then renamed over this (`path`, through symlinks) */
-    int guard_fd;    /* the file rename_to names, locked until then, or -1 */
-    unsigned lock_perm, lock_shared; /* what this image does to its chain (lock.h) */
     unsigned open_flags;
     uint64_t size;
+    struct ic_image *file;    /* a format's protocol image (owned), or NULL */
+    struct ic_image *backing; /* the image below (owned), or NULL */
+    /* set by a format's open: its backing file as stored, and its format
+     * ("": probe it) */
+    char backing_name[IC_BACKING_NAME_MAX];
+    char backing_format[32];
     /* the files of the backing chain from the top down to this one */
-    struct {
-        dev_t dev;
-        ino_t ino;
-        dev_t rdev; /* a block device's, else 0 */
-    } chain[IC_CHAIN_MAX];
+    struct ic_file_id chain[IC_CHAIN_MAX];
     unsigned chain_len;
     uint64_t meta_budget; /* left for the images from here down the chain */
-    struct ic_image *backing; /* owned by the driver; set by it */
+    unsigned lock_perm, lock_shared; /* what this image does to its chain (lock.h) */
     const struct ic_create_options *create_opts; /* during create() only */
 
     /* extent cache (extent_cache.c) */
@@ -46,19 +49,28 @@ struct ic_image {
     atomic_uint_fast64_t lseek_calls; /* counted by drivers */
 };
 
-/* For drivers: open a backing file read-only, below `overlay` in its
- * chain; wrap a file descriptor as a raw image (the host file of qcow2). */
-int ic_image_open_backing(const struct ic_image *overlay, const char *path, const char *format,
-                          struct ic_image **out, struct ic_error *err);
-int ic_image_wrap_fd(const struct ic_image *owner, int fd, struct ic_image **out,
-                     struct ic_error *err);
-
 /* Reserve metadata memory from the chain's budget; -1 when it is spent. */
 int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);
 
+/* For format drivers: guest bytes of [off, off+len) their layer does not
+ * hold, from the backing file (zeros past its end, or without one). */
+int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                        struct ic_error *err);
+/* For format drivers, of their protocol image (img->file): */
+int ic_image_truncate(struct ic_image *file, uint64_t size, struct ic_error *err);
+void ic_image_allocate(struct ic_image *file, uint64_t off, uint64_t len);
+uint64_t ic_image_allocated_bytes(struct ic_image *file);
+int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len);
+
+/* Internal to the image layer (image.c, image_io.c). */
+struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
+                              uint64_t size);
+void ic_image_free(struct ic_image *img);
+
 int ic_cache_init(struct ic_image *img);
 void ic_cache_destroy(struct ic_image *img);
-/* The extent at `off`, at most `len` long, from memory or the driver. */
+/* The extent at `off`, at most `len` long, from memory or the driver (and
+ * the backing chain, for what a format's layer does not hold). */
 int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
                           struct ic_extent *out, struct ic_error *err);
 /* Driver hooks after they changed the image. */

@@ -1,26 +1,20 @@
-/* null: a destination that discards everything and reads as zeros, for
- * measuring how fast a source can be read. */
+/* The null protocol ("null:"): a destination that discards everything and
+ * reads as zeros, for measuring how fast a source can be read. */
 #include <string.h>
-#include <unistd.h>
 
 #include "../image.h"
 
-static int open_null(struct ic_image *img, int fd, struct ic_error *err)
+static int null_create(struct ic_image *img, const char *path, int *fresh,
+                       struct ic_error *err)
 {
     (void)img;
+    (void)path;
     (void)err;
-    if (fd >= 0)
-        close(fd);
+    *fresh = 1;
     return 0;
 }
 
-static int create_null(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
-{
-    *fresh = 1;
-    return open_null(img, fd, err);
-}
-
-static void close_null(struct ic_image *img)
+static void null_close(struct ic_image *img)
 {
     (void)img;
 }
@@ -49,19 +43,8 @@ static int null_pwrite(struct ic_image *img, const void *buf, size_t len, uint64
 static int null_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                      struct ic_error *err)
 {
-    (void)img;
-    (void)off;
-    (void)len;
     (void)flags;
-    (void)err;
-    return 0;
-}
-
-static int null_flush(struct ic_image *img, struct ic_error *err)
-{
-    (void)img;
-    (void)err;
-    return 0;
+    return null_pwrite(img, NULL, (size_t)len, off, err);
 }
 
 static int null_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
@@ -75,14 +58,15 @@ static int null_block_status(struct ic_image *img, uint64_t start, uint64_t end,
     return 0;
 }
 
-const struct ic_driver ic_driver_null = {
+const struct ic_driver ic_protocol_null = {
     .name = "null",
-    .open = open_null,
-    .create = create_null,
-    .close = close_null,
+    .kind = IC_PROTOCOL,
+    .format_name = "null",
+    .create_protocol = null_create,
+    .close = null_close,
     .pread = null_pread,
     .pwrite = null_pwrite,
     .zero = null_zero,
-    .flush = null_flush,
     .block_status = null_block_status,
+    .random_access_status = 1,
 };

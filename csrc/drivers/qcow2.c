@@ -211,9 +211,6 @@ int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
     return ret;
 }
 
-static int read_below(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
-                      struct ic_error *err);
-
 int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
                             struct ic_error *err)
 {
@@ -223,27 +220,11 @@ int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
     uint8_t *buf = malloc(csz);
     if (!buf)
         return ic_error_nomem(err);
-    int ret = read_below(img, buf, n, off, err);
+    int ret = ic_image_read_below(img, buf, (size_t)n, off, err);
     if (ret == 0)
         ret = ic_image_pwrite(s->file, buf, n, host, err);
     free(buf);
     return ret;
-}
-
-/* Guest bytes of [off, off+len) that this image does not hold. */
-static int read_below(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
-                      struct ic_error *err)
-{
-    struct qcow2_state *s = state(img);
-    uint64_t n = 0;
-    if (s->backing) {
-        uint64_t bsize = ic_image_size(s->backing);
-        n = off >= bsize ? 0 : (bsize - off < len ? bsize - off : len);
-        if (n && ic_image_pread(s->backing, buf, (size_t)n, off, err) < 0)
-            return -1;
-    }
-    memset(buf + n, 0, (size_t)(len - n));
-    return 0;
 }
 
 static int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
@@ -290,7 +271,7 @@ static int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t of
                 memset(buf, 0, (size_t)n);
                 break;
             case CL_UNALLOCATED:
-                ret = read_below(img, buf, n, off, err);
+                ret = ic_image_read_below(img, buf, (size_t)n, off, err);
                 break;
             case CL_COMPRESSED:
                 if (!cbuf && !(cbuf = malloc(csz)))
@@ -387,11 +368,8 @@ out:
 static int detect_prealloc(struct ic_image *img)
 {
     struct qcow2_state *s = state(img);
-    struct stat st;
-    if (ic_raw_fstat(s->file, &st) < 0)
-        return 0;
     uint64_t csz = s->h.cluster_size;
-    uint64_t real_clusters = (uint64_t)st.st_blocks * 512 / csz;
+    uint64_t real_clusters = ic_image_allocated_bytes(s->file) / csz;
     uint64_t threshold = real_clusters * 10 / 9;
     if (threshold < real_clusters + 2)
         threshold = real_clusters + 2;
@@ -420,40 +398,13 @@ static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic
     return 0;
 }
 
-/* Guest range [start, end) unallocated here: the backing file answers,
- * one level deeper; past its end, or without one, it reads as zeros. */
-static int status_below(struct ic_image *img, uint64_t start, uint64_t end,
-                        struct ic_extent_list *out, struct ic_error *err)
+/* Guest range [start, end) unallocated here: the image layer asks the
+ * backing file. */
+static int status_below(uint64_t start, uint64_t end, struct ic_extent_list *out,
+                        struct ic_error *err)
 {
-    struct qcow2_state *s = state(img);
-    uint64_t bsize = s->backing ? ic_image_size(s->backing) : 0;
-    uint64_t pos = start;
-    while (pos < end && pos < bsize) {
-        struct ic_extent e;
-        uint64_t lim = end < bsize ? end : bsize;
-        if (ic_image_block_status(s->backing, pos, lim - pos, &e, err) < 0)
-            return -1;
-        e.depth++;
-        if (push(out, &e, err) < 0)
-            return -1;
-        pos += e.length;
-    }
-    /* qemu sees a raw file's length rounded up to whole 512-byte sectors:
-     * the backing answers for that tail too, as zeros it holds */
-    uint64_t tail = s->backing ? ic_image_qemu_length(s->backing) : 0;
-    if (pos < end && pos < tail) {
-        uint64_t lim = end < tail ? end : tail;
-        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
-                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-        if (push(out, &e, err) < 0)
-            return -1;
-        pos = lim;
-    }
-    if (pos < end) {
-        struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
-        return push(out, &e, err);
-    }
-    return 0;
+    struct ic_extent e = {.start = start, .length = end - start, .flags = IC_EXT_BELOW};
+    return push(out, &e, err);
 }
 
 /* A run of data clusters at host offset `host`: in a preallocated image,
@@ -519,7 +470,7 @@ static int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end
             uint64_t run_end = l1_index >= s->h.l1_size ? end : l1_end * s->l2_entries * csz;
             if (run_end > end || run_end < pos)
                 run_end = end;
-            if (status_below(img, pos, run_end, out, err) < 0)
+            if (status_below(pos, run_end, out, err) < 0)
                 return -1;
             if (pos > want)
                 extra += (run_end - pos) / csz + 1;
@@ -549,7 +500,7 @@ static int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end
             int r = 0;
             switch (c.kind) {
             case CL_UNALLOCATED:
-                r = status_below(img, pos, run_end, out, err);
+                r = status_below(pos, run_end, out, err);
                 break;
             case CL_ZERO:
                 e.flags = IC_EXT_ZERO | IC_EXT_PRESENT;
@@ -592,10 +543,6 @@ static void free_state(struct qcow2_state *s)
     qcow2_writer_free(s->w, s->h.l1_size);
     free(s->l1);
     free(s->snapshots);
-    if (s->backing)
-        ic_image_close(s->backing);
-    if (s->file)
-        ic_image_close(s->file);
     pthread_mutex_destroy(&s->l2_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
     free(s);
@@ -605,21 +552,6 @@ static void qcow2_close(struct ic_image *img)
 {
     free_state(state(img));
     img->drv_state = NULL;
-}
-
-/* Backing file names are relative to the overlay's directory. */
-int qcow2_backing_path(const struct ic_image *img, const char *name, char *out, size_t cap,
-                       struct ic_error *err)
-{
-    const char *slash = strrchr(img->path, '/');
-    int n;
-    if (name[0] == '/' || !slash)
-        n = snprintf(out, cap, "%s", name);
-    else
-        n = snprintf(out, cap, "%.*s/%s", (int)(slash - img->path), img->path, name);
-    if (n < 0 || (size_t)n >= cap)
-        return ic_error_format(err, img->path, "backing file name too long");
-    return 0;
 }
 
 static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *err)
@@ -681,34 +613,20 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
     if (!s->slots)
         return ic_error_nomem(err);
 
-    if (s->h.backing_name[0]) {
-        char path[IC_ERROR_PATH_MAX];
-        const char *fmt = s->h.backing_format[0] ? s->h.backing_format : NULL;
-        if (fmt && strcmp(fmt, "raw") != 0 && strcmp(fmt, "qcow2") != 0)
-            return ic_error_format(err, img->path, "backing file format '%s' is not supported",
-                                   fmt);
-        if (qcow2_backing_path(img, s->h.backing_name, path, sizeof path, err) < 0 ||
-            ic_image_open_backing(img, path, fmt, &s->backing, err) < 0)
-            return -1;
-        img->backing = s->backing;
-    }
+    /* the image layer opens the backing file this image names */
+    snprintf(img->backing_name, sizeof img->backing_name, "%s", s->h.backing_name);
+    snprintf(img->backing_format, sizeof img->backing_format, "%s", s->h.backing_format);
     return 0;
 }
 
-static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
+static int qcow2_open(struct ic_image *img, struct ic_error *err)
 {
-
     struct qcow2_state *s = calloc(1, sizeof *s);
-    if (!s) {
-        close(fd);
+    if (!s)
         return ic_error_nomem(err);
-    }
     pthread_mutex_init(&s->l2_lock, NULL);
     pthread_mutex_init(&s->prealloc_lock, NULL);
-    if (ic_image_wrap_fd(img, fd, &s->file, err) < 0) {
-        free_state(s);
-        return -1;
-    }
+    s->file = img->file;
     img->drv_state = s;
     if (load(img, s, err) < 0 ||
         ((img->open_flags & IC_OPEN_RDWR) && qcow2_open_writer(img, err) < 0)) {
@@ -719,8 +637,9 @@ static int qcow2_open(struct ic_image *img, int fd, struct ic_error *err)
     return 0;
 }
 
-const struct ic_driver ic_driver_qcow2 = {
+const struct ic_driver ic_format_qcow2 = {
     .name = "qcow2",
+    .kind = IC_FORMAT,
     .open = qcow2_open,
     .create = qcow2_create,
     .close = qcow2_close,

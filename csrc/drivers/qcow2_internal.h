@@ -22,8 +22,7 @@ struct l2_slot {
 
 struct qcow2_state {
     struct qcow2_header h;
-    struct ic_image *file;    /* the host file, as a raw image */
-    struct ic_image *backing; /* or NULL */
+    struct ic_image *file;    /* the host file: img->file, the image layer's */
     uint64_t *l1;             /* host byte order */
     uint64_t l2_entries;      /* entries per L2 table */
 
@@ -64,7 +63,7 @@ int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t
 
 /* qcow2_write.c */
 struct qcow2_writer;
-int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err);
+int qcow2_create(struct ic_image *img, int *fresh, struct ic_error *err);
 /* In-memory L2 entries of a writable image; returns 0 and sets *found=0
  * when the table was never loaded (the reader then asks the file). */
 int qcow2_writer_l2(struct qcow2_state *s, uint64_t gc, uint64_t n, uint64_t *out, int *found);
@@ -81,8 +80,6 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err);
 /* qcow2.c: the backing's data of guest cluster gc, into host cluster `host`. */
 int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
                             struct ic_error *err);
-int qcow2_backing_path(const struct ic_image *img, const char *name, char *out, size_t cap,
-                       struct ic_error *err);
 /* qcow2.c: inflate the compressed cluster `entry` into host cluster `host`. */
 int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
                           struct ic_error *err);

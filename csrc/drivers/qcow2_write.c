@@ -96,7 +96,7 @@ static int cover(struct ic_image *img, uint64_t end, struct ic_error *err)
     if (end <= w->file_size)
         return 0;
     uint64_t size = end + GROW_STEP;
-    if (ic_raw_resize(s->file, size, err) < 0)
+    if (ic_image_truncate(s->file, size, err) < 0)
         return -1;
     w->file_size = size;
     return 0;
@@ -224,7 +224,7 @@ static int ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end, str
             qcow2_copy_compressed(img, old_entry, fresh, err) < 0)
             return -1;
         /* an overlay's cluster written in part: the rest from the backing */
-        if (!old_entry && !whole && s->backing &&
+        if (!old_entry && !whole && img->backing &&
             qcow2_copy_from_backing(img, gc, fresh, err) < 0)
             return -1;
     }
@@ -308,27 +308,16 @@ static int valid_cluster_size(uint64_t c)
     return c >= 512 && c <= (2u << 20) && (c & (c - 1)) == 0;
 }
 
-/* A new overlay: its backing file must open (relative to the overlay's
- * directory, as readers will resolve it) and its name fit the header
- * cluster. */
-static int open_backing(struct ic_image *img, const struct ic_create_options *o,
+/* A new overlay names its backing file (the image layer opened it) as the
+ * caller wrote it, within the header cluster. */
+static int name_backing(struct ic_image *img, const struct ic_create_options *o,
                         struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     size_t nlen = strlen(o->backing_file);
-    const char *fmt = o->backing_format;
-    if (nlen == 0 || nlen > QCOW2_MAX_BACKING_NAME)
-        return ic_error_value(err, "backing file name must be 1 to 1023 bytes");
-    if (fmt && strcmp(fmt, "raw") != 0 && strcmp(fmt, "qcow2") != 0)
-        return ic_error_value(err, "backing format must be raw or qcow2, not '%s'", fmt);
-    char path[IC_ERROR_PATH_MAX];
-    if (qcow2_backing_path(img, o->backing_file, path, sizeof path, err) < 0 ||
-        ic_image_open_backing(img, path, fmt, &s->backing, err) < 0)
-        return -1;
-    img->backing = s->backing;
     snprintf(s->h.backing_name, sizeof s->h.backing_name, "%s", o->backing_file);
     snprintf(s->h.backing_format, sizeof s->h.backing_format, "%s",
-             ic_image_format(s->backing));
+             ic_image_format(img->backing));
     size_t need = HEADER_V3_LEN + 8 + 64 + 8 + nlen;
     if (need > s->h.cluster_size)
         return ic_error_value(err, "backing file name too long for %llu-byte clusters",
@@ -349,29 +338,25 @@ static int preallocate(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
-int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
+int qcow2_create(struct ic_image *img, int *fresh, struct ic_error *err)
 {
     const struct ic_create_options *o = img->create_opts;
     uint64_t csz = o->cluster_size ? o->cluster_size : 65536;
-    if (!valid_cluster_size(csz)) {
-        close(fd);
+    if (!valid_cluster_size(csz))
         return ic_error_value(err, "cluster_size must be a power of two from 512 to 2 MiB");
-    }
     struct qcow2_state *s = calloc(1, sizeof *s);
     struct qcow2_writer *w = calloc(1, sizeof *w);
     if (!s || !w) {
         free(s);
         free(w);
-        close(fd);
         return ic_error_nomem(err);
     }
     pthread_mutex_init(&s->l2_lock, NULL);
     pthread_mutex_init(&s->prealloc_lock, NULL);
     pthread_mutex_init(&w->lock, NULL);
     s->w = w;
+    s->file = img->file;
     img->drv_state = s;
-    if (ic_image_wrap_fd(img, fd, &s->file, err) < 0)
-        goto fail;
 
     struct qcow2_header *h = &s->h;
     h->version = o->compat_v2 ? 2 : 3;
@@ -407,7 +392,7 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
     }
     /* header cluster, then the L1 table; everything else is appended */
     uint64_t l1_clusters = (l1 * 8 + csz - 1) / csz;
-    if (ic_raw_resize(s->file, 0, err) < 0 || cover(img, (1 + l1_clusters) * csz, err) < 0)
+    if (ic_image_truncate(s->file, 0, err) < 0 || cover(img, (1 + l1_clusters) * csz, err) < 0)
         goto fail;
     w->rc[0] = 1;
     for (uint64_t i = 0; i < l1_clusters; i++)
@@ -417,26 +402,19 @@ int qcow2_create(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
     /* metadata clusters own their whole disk space, as qemu's do: qemu-img
      * takes an image whose file holds fewer blocks than its refcounts say
      * for a metadata-preallocated one, and maps it differently */
-    ic_raw_allocate(s->file, 0, w->host_end);
-    if (o->backing_file && open_backing(img, o, err) < 0)
+    ic_image_allocate(s->file, 0, w->host_end);
+    if (img->backing && name_backing(img, o, err) < 0)
         goto fail;
     if (o->prealloc_metadata && preallocate(img, err) < 0)
         goto fail;
     if (write_header(img, 0, err) < 0)
         goto fail;
     w->marked = 1;
-    *fresh = s->backing == NULL; /* an overlay reads its backing file */
+    *fresh = img->backing == NULL; /* an overlay reads its backing file */
     return 0;
 fail:
     qcow2_writer_free(w, s->h.l1_size);
     s->w = NULL;
-    if (s->backing)
-        ic_image_close(s->backing);
-    img->backing = NULL;
-    if (s->file)
-        ic_image_close(s->file);
-    else
-        close(fd);
     free(s->l1);
     pthread_mutex_destroy(&s->l2_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
@@ -629,13 +607,12 @@ int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
 static int backing_reads_zero(struct ic_image *img, uint64_t a, uint64_t b, int *zero,
                               struct ic_error *err)
 {
-    struct qcow2_state *s = state(img);
-    uint64_t bsize = ic_image_size(s->backing);
+    uint64_t bsize = ic_image_size(img->backing);
     *zero = 1;
     while (a < b && a < bsize) {
         struct ic_extent e;
         uint64_t lim = b < bsize ? b : bsize;
-        if (ic_image_block_status(s->backing, a, lim - a, &e, err) < 0)
+        if (ic_image_block_status(img->backing, a, lim - a, &e, err) < 0)
             return -1;
         if (!(e.flags & IC_EXT_ZERO)) {
             *zero = 0;
@@ -747,14 +724,14 @@ int qcow2_place(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
     struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
     int ret = 0;
-    if (!sw->buf && !s->backing) /* zeros without a backing file: at commit */
+    if (!sw->buf && !img->backing) /* zeros without a backing file: at commit */
         return 0;
     pthread_mutex_lock(&w->lock);
     if (!sw->buf) {
         uint64_t first_new = w->host_end;
         ret = place_overlay_zeros(img, sw, err);
         if (ret == 0 && w->host_end > first_new)
-            ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+            ic_image_allocate(s->file, first_new, w->host_end - first_new);
     } else if (!sw->priv) {
         /* the clusters this write allocates form one run at the end */
         uint64_t first_new = w->host_end;
@@ -765,7 +742,7 @@ int qcow2_place(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
          * space past the old end of file, so they read as zeros already,
          * and no other write can touch them before this place() ends. */
         if (ret == 0 && w->host_end > first_new)
-            ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+            ic_image_allocate(s->file, first_new, w->host_end - first_new);
     } else {
         struct staged *st = sw->priv;
         unsigned x = 62 - (s->h.cluster_bits - 8);
@@ -817,7 +794,7 @@ int qcow2_commit(struct ic_image *img, struct ic_staged_write *sw, struct ic_err
     struct staged *st = sw->priv;
     int ret = 0;
     if (!sw->buf)
-        return s->backing ? commit_overlay_zeros(img, sw, err)
+        return img->backing ? commit_overlay_zeros(img, sw, err)
                           : qcow2_write_zeroes(img, sw->off, sw->len, err);
     if (st) {
         for (size_t i = 0; i < st->n && ret == 0; i++)
@@ -874,7 +851,7 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
     struct qcow2_state *s = state(img);
     if (writable(img, err) < 0)
         return -1;
-    if (s->backing) {
+    if (img->backing) {
         struct ic_staged_write sw = {.off = off, .len = len};
         return qcow2_place(img, &sw, err) < 0 ? -1 : commit_overlay_zeros(img, &sw, err);
     }
@@ -901,7 +878,7 @@ int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct 
                 uint64_t first_new = w->host_end;
                 ret = ensure_clusters(img, pos, pos + n, err);
                 if (ret == 0) {
-                    ic_raw_allocate(s->file, first_new, w->host_end - first_new);
+                    ic_image_allocate(s->file, first_new, w->host_end - first_new);
                     zero_host = (*e & QCOW2_OFFSET_MASK) + pos % csz;
                 }
             } else if (host && !(*e & QCOW2_OFLAG_ZERO)) {
@@ -928,7 +905,7 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     const struct qcow2_header *h = &s->h;
-    if (s->backing)
+    if (h->backing_name[0])
         return ic_error_format(err, img->path, "writing into a qcow2 image with a backing "
                                "file is not supported yet");
     if (h->nb_snapshots)
@@ -1120,7 +1097,7 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
     if (ret == 0)
         ret = write_refcounts(img, err);
     if (ret == 0)
-        ret = ic_raw_resize(s->file, w->host_end, err);
+        ret = ic_image_truncate(s->file, w->host_end, err);
     /* the metadata is durable before the header says it is complete */
     if (ret == 0 && sync)
         ret = ic_image_flush(s->file, err);

@@ -1,7 +1,14 @@
-/* raw: a regular file or a block device, guest offset == host offset. */
+/* The file protocol: a regular file or a block device.  A raw image is
+ * this protocol's image; a format's image reads its host file through it.
+ * It also creates destinations (a new file under a temporary name, renamed
+ * into place by finish()), takes qemu's image locks and learns the zero
+ * methods the kernel accepts. */
 #include <errno.h>
 #include <stdio.h>
 #include <fcntl.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <stdatomic.h>
@@ -11,28 +18,13 @@
 #include <unistd.h>
 
 #include "../image.h"
+#include "../lock.h"
+#include "file.h"
 
 /* Extents a walk learns past the one asked for: enough that a forward
  * map costs one walk per this many extents, few enough that a query
  * stays cheap. */
 #define WALK_EXTRA_EXTENTS 256
-
-/* Zero methods, learnt at run time; a set bit means the kernel refused. */
-enum {
-    NO_PUNCH_HOLE = 1u << 0,
-    NO_ZERO_RANGE = 1u << 1,
-    NO_BLKZEROOUT = 1u << 2,
-};
-
-struct raw_state {
-    int fd;
-    int fd_direct;       /* O_DIRECT twin of fd, or -1 */
-    int writeback;       /* start writeback behind each write */
-    int is_blockdev;
-    uint64_t alloc_unit; /* st_blksize: the granularity of SEEK_DATA answers */
-    atomic_int no_seek_hole;
-    atomic_uint zero_refused;
-};
 
 static struct raw_state *state(struct ic_image *img)
 {
@@ -43,7 +35,7 @@ static struct raw_state *state(struct ic_image *img)
  * satisfies every logical block size in use. */
 #define DIRECT_ALIGN 4096u
 
-static int open_raw_state(struct ic_image *img, int fd, struct ic_error *err)
+int ic_file_adopt(struct ic_image *img, int fd, struct ic_error *err)
 {
     struct stat st;
     if (fstat(fd, &st) < 0)
@@ -53,6 +45,7 @@ static int open_raw_state(struct ic_image *img, int fd, struct ic_error *err)
         return ic_error_nomem(err);
     s->fd = fd;
     s->fd_direct = -1;
+    s->guard_fd = -1;
     s->is_blockdev = S_ISBLK(st.st_mode);
     s->alloc_unit = st.st_blksize > 0 ? (uint64_t)st.st_blksize : 4096;
     s->writeback = (img->open_flags & IC_OPEN_WRITEBACK) != 0;
@@ -86,9 +79,42 @@ static int open_raw_state(struct ic_image *img, int fd, struct ic_error *err)
     return 0;
 }
 
-static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
+/* Images are regular files or block devices; the descriptor, opened with
+ * O_NONBLOCK so that a FIFO could not hang us, blocks again. */
+int ic_file_disk_or_file(int fd, const struct stat *st, const char *path, struct ic_error *err)
 {
-    if (open_raw_state(img, fd, err) < 0) {
+    if (!S_ISREG(st->st_mode) && !S_ISBLK(st->st_mode)) {
+        close(fd);
+        return ic_error_value(err, "%s: not a regular file or block device", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fcntl");
+    }
+    return fd;
+}
+
+static int open_file(struct ic_image *img, const char *path, struct ic_error *err)
+{
+    int mode = (img->open_flags & IC_OPEN_RDWR) ? O_RDWR : O_RDONLY;
+    int fd = open(path, mode | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return ic_error_os(err, errno, path, "open");
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int e = errno;
+        close(fd);
+        return ic_error_os(err, e, path, "fstat");
+    }
+    if (S_ISDIR(st.st_mode)) {
+        close(fd);
+        return ic_error_os(err, EISDIR, path, "open");
+    }
+    if ((fd = ic_file_disk_or_file(fd, &st, path, err)) < 0)
+        return -1;
+    if (ic_file_adopt(img, fd, err) < 0) {
         close(fd);
         return -1;
     }
@@ -97,36 +123,14 @@ static int open_raw(struct ic_image *img, int fd, struct ic_error *err)
 
 static void close_raw(struct ic_image *img);
 
-static int create_raw(struct ic_image *img, int fd, int *fresh, struct ic_error *err)
-{
-    uint64_t want = img->size;
-    struct stat st;
-    if (fstat(fd, &st) < 0 || (S_ISREG(st.st_mode) && ftruncate(fd, (off_t)want) < 0)) {
-        int e = errno;
-        close(fd);
-        return ic_error_os(err, e, img->path, "resize to %llu bytes", (unsigned long long)want);
-    }
-    if (open_raw(img, fd, err) < 0)
-        return -1;
-    if (img->size < want) {
-        uint64_t have = img->size;
-        close_raw(img);
-        return ic_error_value(err, "%s: the device holds %llu bytes, %llu are needed",
-                              img->path, (unsigned long long)have, (unsigned long long)want);
-    }
-    /* a disk keeps what it held; an emptied file reads as zeros */
-    *fresh = S_ISREG(st.st_mode);
-    return 0;
-}
-
-void ic_raw_allocate(struct ic_image *img, uint64_t off, uint64_t len)
+static void file_allocate(struct ic_image *img, uint64_t off, uint64_t len)
 {
     /* mode 0: never changes what the range reads */
     (void)fallocate(state(img)->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
     ic_cache_forget(img, off, off + len);
 }
 
-int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err)
+static int file_truncate(struct ic_image *img, uint64_t size, struct ic_error *err)
 {
     if (ftruncate(state(img)->fd, (off_t)size) < 0)
         return ic_error_os(err, errno, img->path, "resize to %llu bytes",
@@ -135,9 +139,38 @@ int ic_raw_resize(struct ic_image *img, uint64_t size, struct ic_error *err)
     return 0;
 }
 
-int ic_raw_fstat(struct ic_image *img, struct stat *st)
+static uint64_t file_allocated_bytes(struct ic_image *img)
 {
-    return fstat(state(img)->fd, st);
+    struct stat st;
+    return fstat(state(img)->fd, &st) < 0 ? 0 : (uint64_t)st.st_blocks * 512;
+}
+
+static int file_identity(struct ic_image *img, uint64_t *dev, uint64_t *ino, uint64_t *rdev)
+{
+    struct stat st;
+    if (fstat(state(img)->fd, &st) < 0)
+        return 0;
+    *dev = st.st_dev;
+    *ino = st.st_ino;
+    *rdev = S_ISBLK(st.st_mode) ? st.st_rdev : 0;
+    return 1;
+}
+
+static int file_lock(struct ic_image *img, unsigned perm, unsigned shared, struct ic_error *err)
+{
+    return ic_lock_image_fd(state(img)->fd, perm, shared, img->path, err);
+}
+
+/* Whether [off, end) reads as zeros without holding data: a hole, or an
+ * unwritten extent.  Probing never reads such a range: reading an unwritten
+ * extent leaves zero pages in the page cache, which ext4's SEEK_DATA then
+ * reports as data, and probing must not change the map. */
+static int file_reads_as_hole(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    off_t data = lseek(state(img)->fd, (off_t)off, SEEK_DATA);
+    if (data < 0)
+        return errno == ENXIO; /* EINVAL: no SEEK_DATA here, read it */
+    return (uint64_t)data >= off + len;
 }
 
 static void close_raw(struct ic_image *img)
@@ -147,6 +180,12 @@ static void close_raw(struct ic_image *img)
         close(s->fd);
         if (s->fd_direct >= 0)
             close(s->fd_direct);
+        if (s->tmp_path) /* never finished: the copy is incomplete */
+            unlink(s->tmp_path);
+        if (s->guard_fd >= 0)
+            close(s->guard_fd);
+        free(s->tmp_path);
+        free(s->rename_to);
         free(s);
         img->drv_state = NULL;
     }
@@ -474,17 +513,25 @@ static int raw_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
     return 0;
 }
 
-const struct ic_driver ic_driver_raw = {
-    .name = "raw",
-    .open = open_raw,
-    .create = create_raw,
+const struct ic_driver ic_protocol_file = {
+    .name = "file",
+    .kind = IC_PROTOCOL,
+    .open_protocol = open_file,
+    .create_protocol = ic_file_create,
     .close = close_raw,
     .pread = raw_pread,
     .pwrite = raw_pwrite,
     .zero = raw_zero,
     .flush = raw_flush,
     .block_status = raw_block_status,
-    .copy_range = raw_copy_range,
+    .finish = ic_file_finish,
+    .truncate = file_truncate,
+    .allocate = file_allocate,
+    .allocated_bytes = file_allocated_bytes,
+    .reads_as_hole = file_reads_as_hole,
+    .lock = file_lock,
+    .identity = file_identity,
     .settle_written = raw_settle_written,
     .settle_read = raw_settle_read,
+    .copy_range = raw_copy_range,
 };

@@ -1,0 +1,44 @@
+/* The file protocol's state, shared by file.c (I/O, block status, locks)
+ * and file_create.c (new destinations). */
+#ifndef IMGCOPY_FILE_H
+#define IMGCOPY_FILE_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "../image.h"
+
+/* Zero methods, learnt at run time; a set bit means the kernel refused. */
+enum {
+    NO_PUNCH_HOLE = 1u << 0,
+    NO_ZERO_RANGE = 1u << 1,
+    NO_BLKZEROOUT = 1u << 2,
+};
+
+struct raw_state {
+    int fd;
+    int fd_direct;       /* O_DIRECT twin of fd, or -1 */
+    int writeback;       /* start writeback behind each write */
+    int is_blockdev;
+    uint64_t alloc_unit; /* st_blksize: the granularity of SEEK_DATA answers */
+    atomic_int no_seek_hole;
+    atomic_uint zero_refused;
+    /* IC_CREATE_ATOMIC: written under tmp_path until finish() renames it
+     * over rename_to (`path`, through symlinks); the file it replaces stays
+     * locked as written meanwhile (guard_fd) */
+    char *tmp_path;
+    char *rename_to;
+    int guard_fd;
+};
+
+/* Make `fd` the image's (it becomes the driver's on success). */
+int ic_file_adopt(struct ic_image *img, int fd, struct ic_error *err);
+/* Keep regular files and block devices (blocking again); close anything
+ * else with an error. */
+int ic_file_disk_or_file(int fd, const struct stat *st, const char *path, struct ic_error *err);
+/* file_create.c */
+int ic_file_create(struct ic_image *img, const char *path, int *fresh, struct ic_error *err);
+int ic_file_finish(struct ic_image *img, int sync, struct ic_error *err);
+
+#endif

@@ -1,0 +1,283 @@
+/* Queries and I/O of the image layer: bounds checks, then the driver, or
+ * the default of an optional operation. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "image.h"
+
+uint64_t ic_image_size(const struct ic_image *img)
+{
+    return img->size;
+}
+
+const char *ic_image_format(const struct ic_image *img)
+{
+    if (img->drv->kind == IC_FORMAT)
+        return img->drv->name;
+    return img->drv->format_name ? img->drv->format_name : "raw";
+}
+
+const char *ic_image_path(const struct ic_image *img)
+{
+    return img->path;
+}
+
+struct ic_image *ic_image_backing(const struct ic_image *img)
+{
+    return img->backing;
+}
+
+const char *ic_image_reads_file(const struct ic_image *img, const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) < 0)
+        return NULL; /* nothing there yet: nothing to overwrite */
+    struct ic_file_id id = {st.st_dev, st.st_ino, S_ISBLK(st.st_mode) ? st.st_rdev : 0};
+    for (const struct ic_image *i = img; i; i = i->backing) {
+        if (i->chain_len == 0) /* "null:" and other file-less images */
+            continue;
+        const struct ic_file_id *own = &i->chain[i->chain_len - 1];
+        if (own->rdev || id.rdev ? own->rdev == id.rdev
+                                 : own->dev == id.dev && own->ino == id.ino)
+            return i->path;
+    }
+    return NULL;
+}
+
+uint64_t ic_image_qemu_length(const struct ic_image *img)
+{
+    return img->drv->kind == IC_PROTOCOL ? (img->size + 511) / 512 * 512 : img->size;
+}
+
+int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count)
+{
+    if (img->drv->snapshots)
+        return img->drv->snapshots(img, out, count);
+    *out = NULL;
+    *count = 0;
+    return 0;
+}
+
+int ic_image_has_backing_file(const struct ic_image *img)
+{
+    return img->backing != NULL;
+}
+
+int ic_image_writable(const struct ic_image *img)
+{
+    return (img->open_flags & IC_OPEN_RDWR) != 0;
+}
+
+static int check_range(const struct ic_image *img, uint64_t offset, uint64_t length,
+                       struct ic_error *err)
+{
+    if (offset > img->size || length > img->size - offset)
+        return ic_error_value(err,
+                              "range %llu+%llu is outside the image (size %llu)",
+                              (unsigned long long)offset, (unsigned long long)length,
+                              (unsigned long long)img->size);
+    return 0;
+}
+
+int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length,
+                          struct ic_extent *out, struct ic_error *err)
+{
+    if (length == 0)
+        return ic_error_value(err, "block status of an empty range");
+    if (check_range(img, offset, length, err) < 0)
+        return -1;
+    return ic_cache_block_status(img, offset, length, out, err);
+}
+
+int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
+                 struct ic_extent_list *out, struct ic_error *err)
+{
+    if (start > end || check_range(img, start, end - start, err) < 0)
+        return ic_error_value(err, "map range %llu..%llu is outside the image (size %llu)",
+                              (unsigned long long)start, (unsigned long long)end,
+                              (unsigned long long)img->size);
+    uint64_t pos = start;
+    while (pos < end) {
+        struct ic_extent e;
+        if (ic_cache_block_status(img, pos, end - pos, &e, err) < 0)
+            return -1;
+        if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
+            out->items[out->count - 1].length += e.length;
+        else if (ic_extent_list_push(out, &e) < 0)
+            return ic_error_nomem(err);
+        pos += e.length;
+    }
+    return 0;
+}
+
+int ic_image_pread(struct ic_image *img, void *buf, size_t len, uint64_t offset,
+                   struct ic_error *err)
+{
+    if (check_range(img, offset, len, err) < 0)
+        return -1;
+    return img->drv->pread(img, buf, len, offset, err);
+}
+
+int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t offset,
+                    struct ic_error *err)
+{
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, offset, len, err) < 0)
+        return -1;
+    return img->drv->pwrite(img, buf, len, offset, err);
+}
+
+/* Zeros written, for drivers without a way of their own. */
+static int write_zeros(struct ic_image *img, uint64_t off, uint64_t len, struct ic_error *err)
+{
+    static const uint8_t zeros[64 << 10];
+    for (uint64_t done = 0; done < len;) {
+        uint64_t n = len - done < sizeof zeros ? len - done : sizeof zeros;
+        if (img->drv->pwrite(img, zeros, (size_t)n, off + done, err) < 0)
+            return -1;
+        done += n;
+    }
+    return 0;
+}
+
+int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsigned flags,
+                  struct ic_error *err)
+{
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, offset, length, err) < 0)
+        return -1;
+    if (length == 0)
+        return 0;
+    if (img->drv->zero)
+        return img->drv->zero(img, offset, length, flags, err);
+    if (flags & IC_ZERO_FAST)
+        return ic_error_os(err, ENOTSUP, img->path, "no fast way to zero");
+    return write_zeros(img, offset, length, err);
+}
+
+int ic_image_flush(struct ic_image *img, struct ic_error *err)
+{
+    if (img->drv->flush)
+        return img->drv->flush(img, err);
+    return img->file ? ic_image_flush(img->file, err) : 0;
+}
+
+int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
+                        struct ic_error *err)
+{
+    if (!ic_image_writable(dst))
+        return ic_error_readonly(err, dst->path);
+    if (check_range(src, off, len, err) < 0 || check_range(dst, off, len, err) < 0)
+        return -1;
+    if (src->drv != dst->drv || !src->drv->copy_range)
+        return ic_error_os(err, ENOTSUP, dst->path, "no in-kernel copy from %s to %s",
+                           src->drv->name, dst->drv->name);
+    return src->drv->copy_range(src, dst, off, len, err);
+}
+
+int ic_image_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    w->priv = NULL;
+    w->scratch[0] = w->scratch[1] = 0;
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, w->off, w->len, err) < 0)
+        return -1;
+    return img->drv->stage ? img->drv->stage(img, w, err) : 0;
+}
+
+int ic_image_place(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    return img->drv->place ? img->drv->place(img, w, err) : 0;
+}
+
+int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err)
+{
+    if (img->drv->commit)
+        return img->drv->commit(img, w, err);
+    if (!w->buf)
+        return ic_image_zero(img, w->off, w->len, IC_ZERO_MAY_UNMAP, err);
+    return img->drv->pwrite(img, w->buf, (size_t)w->len, w->off, err);
+}
+
+void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
+{
+    if (img->drv->unstage)
+        img->drv->unstage(img, w);
+    w->priv = NULL;
+}
+
+int ic_image_places_in_order(const struct ic_image *img)
+{
+    return img->drv->place != NULL;
+}
+
+uint64_t ic_image_write_alignment(const struct ic_image *img)
+{
+    return img->drv->write_alignment ? img->drv->write_alignment(img) : 1;
+}
+
+int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err)
+{
+    if (!ic_image_writable(img))
+        return 0;
+    if (img->drv->finish && img->drv->finish(img, sync, err) < 0)
+        return -1;
+    /* a format's metadata first, then its file (a new one renamed into
+     * place) */
+    return img->file ? ic_image_finish(img->file, sync, err) : 0;
+}
+
+void ic_image_settle_written(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    if (img->drv->settle_written)
+        img->drv->settle_written(img, off, len);
+}
+
+void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    if (img->drv->settle_read)
+        img->drv->settle_read(img, off, len);
+}
+
+int ic_image_read_below(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
+                        struct ic_error *err)
+{
+    uint8_t *buf = vbuf;
+    uint64_t n = 0;
+    if (img->backing) {
+        uint64_t bsize = ic_image_size(img->backing);
+        n = off >= bsize ? 0 : (bsize - off < len ? bsize - off : len);
+        if (n && ic_image_pread(img->backing, buf, (size_t)n, off, err) < 0)
+            return -1;
+    }
+    memset(buf + n, 0, (size_t)(len - n));
+    return 0;
+}
+
+int ic_image_truncate(struct ic_image *file, uint64_t size, struct ic_error *err)
+{
+    if (!file->drv->truncate)
+        return ic_error_os(err, ENOTSUP, file->path, "resize");
+    return file->drv->truncate(file, size, err);
+}
+
+void ic_image_allocate(struct ic_image *file, uint64_t off, uint64_t len)
+{
+    if (file->drv->allocate && len)
+        file->drv->allocate(file, off, len);
+}
+
+uint64_t ic_image_allocated_bytes(struct ic_image *file)
+{
+    return file->drv->allocated_bytes ? file->drv->allocated_bytes(file) : 0;
+}
+
+int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len)
+{
+    return file->drv->reads_as_hole && len ? file->drv->reads_as_hole(file, off, len) : 0;
+}

@@ -1,0 +1,65 @@
+/* Every protocol and format imgcopy has: the one list the image layer,
+ * probing and Python's lists of formats come from.  A new format is its
+ * driver and a line here. */
+#include <string.h>
+
+#include "driver.h"
+
+static const struct ic_driver *const formats[] = {
+    &ic_format_qcow2,
+};
+
+/* by what a path looks like; the file protocol takes the rest */
+static const struct {
+    const char *path;
+    const struct ic_driver *drv;
+} protocol_paths[] = {
+    {"null:", &ic_protocol_null},
+};
+
+const struct ic_driver *ic_format_driver(const char *name)
+{
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        if (strcmp(formats[i]->name, name) == 0)
+            return formats[i];
+    return NULL;
+}
+
+const struct ic_driver *ic_protocol_for(const char *path)
+{
+    for (size_t i = 0; i < sizeof protocol_paths / sizeof protocol_paths[0]; i++)
+        if (strcmp(path, protocol_paths[i].path) == 0)
+            return protocol_paths[i].drv;
+    return &ic_protocol_file;
+}
+
+static size_t list(const char **names, size_t cap, int writable)
+{
+    size_t n = 0;
+    if (n < cap)
+        names[n] = "raw";
+    n++;
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++) {
+        if (writable && !formats[i]->create)
+            continue;
+        if (n < cap)
+            names[n] = formats[i]->name;
+        n++;
+    }
+    return n;
+}
+
+size_t ic_formats(const char **names, size_t cap)
+{
+    return list(names, cap, 0);
+}
+
+size_t ic_writable_formats(const char **names, size_t cap)
+{
+    return list(names, cap, 1);
+}
+
+int ic_format_readable(const char *format)
+{
+    return strcmp(format, "raw") == 0 || ic_format_driver(format) != NULL;
+}
