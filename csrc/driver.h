@@ -80,6 +80,8 @@ struct ic_driver {
     int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
     /* The internal snapshots found at open. */
     int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
+    /* What the header says, for info (`out` arrives zeroed). */
+    void (*describe)(struct ic_image *img, struct ic_image_info *out);
 
     /* Services of a protocol to the format above it, and to the copy: */
     /* the file's size becomes `size` (a qcow2 host file as it fills) */

@@ -60,6 +60,13 @@ int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, siz
     return 0;
 }
 
+void ic_image_describe(struct ic_image *img, struct ic_image_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (img->drv->describe)
+        img->drv->describe(img, out);
+}
+
 int ic_image_has_backing_file(const struct ic_image *img)
 {
     return img->backing != NULL;

@@ -183,6 +183,28 @@ struct ic_snapshot {
 /* The image's internal snapshots, in table order (none for most formats). */
 int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
 
+/* What qemu-img info reports of an image beyond its sizes, as its format's
+ * driver parsed it (info never parses a header a second time). */
+enum ic_info_kind { IC_INFO_STRING, IC_INFO_INT, IC_INFO_BOOL };
+struct ic_info_field {
+    const char *key; /* qemu's name, e.g. "refcount-bits" */
+    enum ic_info_kind kind;
+    int64_t number; /* INT, BOOL */
+    char text[32];  /* STRING */
+};
+#define IC_INFO_MAX_FIELDS 16
+struct ic_image_info {
+    uint64_t cluster_size; /* 0: the format has none */
+    int dirty;             /* not cleanly shut down */
+    int has_backing;
+    char backing_name[1024]; /* as the image stores it */
+    char backing_format[16]; /* "": not stored */
+    /* qemu-img info's "format-specific" data, in its order */
+    size_t nfields;
+    struct ic_info_field fields[IC_INFO_MAX_FIELDS];
+};
+void ic_image_describe(struct ic_image *img, struct ic_image_info *out);
+
 void ic_image_cache_stats(struct ic_image *img, struct ic_cache_stats *out);
 void ic_image_drop_cache(struct ic_image *img);
 

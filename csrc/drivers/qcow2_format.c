@@ -26,6 +26,18 @@ uint32_t qcow2_be32(const void *p)
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
 }
 
+void qcow2_put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+void qcow2_put_be32(uint8_t *p, uint32_t v)
+{
+    for (int i = 3; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
 static uint16_t be16(const uint8_t *b)
 {
     return (uint16_t)(b[0] << 8 | b[1]);
@@ -384,4 +396,57 @@ int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32
     *entry_len = ((uint64_t)QCOW2_SNAPSHOT_FIXED + e->extra_data_size + e->id_str_size +
                   e->name_size + 7) / 8 * 8;
     return 0;
+}
+
+/* ---- writing ------------------------------------------------------------ */
+
+void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h, size_t *len)
+{
+    int v2 = q->version == 2;
+    *len = v2 ? QCOW2_HEADER_V2_LEN : QCOW2_HEADER_V3_LEN;
+    memset(h, 0, QCOW2_HEADER_MAX);
+    if (q->backing_name[0]) {
+        size_t flen = strlen(q->backing_format), nlen = strlen(q->backing_name);
+        uint8_t *ext = h + *len;
+        qcow2_put_be32(ext, QCOW2_EXT_BACKING_FORMAT);
+        qcow2_put_be32(ext + 4, (uint32_t)flen);
+        memcpy(ext + 8, q->backing_format, flen);
+        size_t name_off = *len + 8 + (flen + 7) / 8 * 8 + 8; /* after the end marker */
+        memcpy(h + name_off, q->backing_name, nlen);
+        qcow2_put_be64(h + 8, name_off);
+        qcow2_put_be32(h + 16, (uint32_t)nlen);
+        *len = name_off + nlen;
+    }
+    /* an incomplete v2 image has no magic: nothing takes it for qcow2 */
+    if (complete || !v2)
+        memcpy(h, QCOW2_MAGIC, 4);
+    qcow2_put_be32(h + 4, q->version);
+    qcow2_put_be32(h + 20, q->cluster_bits);
+    qcow2_put_be64(h + 24, q->size);
+    qcow2_put_be32(h + 36, q->l1_size);
+    qcow2_put_be64(h + 40, q->l1_table_offset);
+    qcow2_put_be64(h + 48, q->refcount_table_offset);
+    qcow2_put_be32(h + 56, q->refcount_table_clusters);
+    if (!v2) {
+        qcow2_put_be64(h + 72, complete ? 0 : QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT);
+        qcow2_put_be32(h + 96, q->refcount_order);
+        qcow2_put_be32(h + 100, QCOW2_HEADER_V3_LEN);
+    }
+}
+
+void qcow2_patch_header(const uint8_t *found, const struct qcow2_header *q, int complete,
+                        uint8_t *h, size_t *len)
+{
+    *len = q->version == 2 ? QCOW2_HEADER_V2_LEN : QCOW2_HEADER_V3_MIN;
+    memcpy(h, found, *len);
+    if (q->version == 2)
+        memcpy(h, complete ? QCOW2_MAGIC : "\0\0\0\0", 4);
+    qcow2_put_be64(h + 48, q->refcount_table_offset);
+    qcow2_put_be32(h + 56, q->refcount_table_clusters);
+    if (q->version >= 3) {
+        uint64_t marks = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
+        uint64_t in = q->incompatible & ~marks;
+        qcow2_put_be64(h + 72, complete ? in : in | marks);
+        qcow2_put_be64(h + 88, 0);
+    }
 }

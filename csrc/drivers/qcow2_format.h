@@ -13,6 +13,7 @@
 #define QCOW2_HEADER_V2_LEN 72
 #define QCOW2_HEADER_V3_MIN 104
 #define QCOW2_HEADER_READ 112 /* v3 up to and with compression_type */
+#define QCOW2_HEADER_V3_LEN 112 /* the header imgcopy writes */
 #define QCOW2_MIN_CLUSTER_BITS 9
 #define QCOW2_MAX_CLUSTER_BITS 21
 #define QCOW2_MAX_L1_BYTES (32u << 20)      /* qemu's limit */
@@ -42,6 +43,8 @@ enum {
     QCOW2_INCOMPAT_COMPRESSION = 1u << 3,
     QCOW2_INCOMPAT_EXTL2 = 1u << 4,
 };
+
+enum { QCOW2_COMPAT_LAZY_REFCOUNTS = 1u << 0 };
 
 enum {
     QCOW2_AUTOCLEAR_BITMAPS = 1u << 0,
@@ -102,6 +105,8 @@ struct qcow2_snapshot_entry {
 
 uint64_t qcow2_be64(const void *p);
 uint32_t qcow2_be32(const void *p);
+void qcow2_put_be64(uint8_t *p, uint64_t v);
+void qcow2_put_be32(uint8_t *p, uint32_t v);
 
 /* Every check qemu makes of a header on opening it, the error naming the
  * field as docs/interop/qcow2.txt spells it.  `buf` holds the first `len`
@@ -126,5 +131,17 @@ int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size);
 int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32_t index,
                                struct qcow2_snapshot_entry *e, uint64_t *entry_len,
                                const char *path, struct ic_error *err);
+
+/* Room for a header imgcopy writes: the v3 header, a backing format
+ * extension, the end marker and a backing file name. */
+#define QCOW2_HEADER_MAX (QCOW2_HEADER_V3_LEN + 8 + 64 + 8 + QCOW2_MAX_BACKING_NAME + 1)
+/* A new image's header (`h`: QCOW2_HEADER_MAX bytes): incomplete, it is
+ * marked dirty and corrupt (v3) or has no magic (v2). */
+void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h, size_t *len);
+/* An existing image keeps its header (`found`) and extensions; only the
+ * refcount table, the feature bits (the in-progress marks; auto-clear
+ * bits, which writers must clear) and, for v2, the magic change. */
+void qcow2_patch_header(const uint8_t *found, const struct qcow2_header *q, int complete,
+                        uint8_t *h, size_t *len);
 
 #endif

@@ -1,35 +1,74 @@
-/* Shared by the qcow2 reader (qcow2.c) and writer (qcow2_write.c). */
+/* The qcow2 driver's parts, by data structure, each depending only on the
+ * ones listed before it:
+ *   qcow2_format.c  the header: parsed, checked, written (pure functions)
+ *   qcow2_codec.c   compressed clusters: L2 entry codec, inflate, deflate
+ *   qcow2_l2.c      the L2 tables, one store for reading and writing
+ *   qcow2_alloc.c   refcounts and host allocation
+ *   qcow2_tables.c  the snapshot table and bitmap directory
+ *   qcow2_read.c    reads and block status
+ *   qcow2_write.c   staged writes, zeros, finishing
+ *   qcow2_create.c  new images, and writers of existing ones
+ *   qcow2.c         the state's life (open, create, close), the driver table */
 #ifndef IMGCOPY_QCOW2_INTERNAL_H
 #define IMGCOPY_QCOW2_INTERNAL_H
 
 #include <pthread.h>
+#include <string.h>
 
 #include "../image.h"
 #include "qcow2_format.h"
 
-/* L2 tables kept in memory, whatever the cluster size. */
+/* Clean L2 tables kept in memory, whatever the cluster size. */
 #define L2_CACHE_BYTES (32u << 20)
 #define L2_CACHE_MIN_SLOTS 4u
 #define L2_CACHE_MAX_SLOTS 256u
 /* Clusters a block-status walk classifies past the one asked for. */
 #define WALK_EXTRA_CLUSTERS 4096u
+/* imgcopy writes 16-bit refcounts, as qemu does. */
+#define QCOW2_WRITE_REFCOUNT_ORDER 4
+#define QCOW2_REFCOUNT_MAX 0xffffu
 
+/* A clean table's place in the LRU. */
 struct l2_slot {
-    uint64_t offset; /* host offset of the table; 0 = empty slot */
-    uint64_t used;   /* LRU tick */
-    uint64_t *entries;
+    uint64_t l1_index; /* UINT64_MAX: free */
+    uint64_t used;     /* LRU tick */
+};
+
+/* Tables by L1 index.  Clean ones (as on disk) are evicted least recently
+ * used first; dirty ones (changed since finish() last wrote them) stay
+ * until it writes them. */
+struct l2_store {
+    uint64_t **tables; /* per L1 index: entries in host byte order, or NULL */
+    uint8_t *dirty;    /* per L1 index */
+    struct l2_slot *slots;
+    unsigned nslots;
+    uint64_t tick;
+};
+
+/* What a writable image keeps beyond the reader's state. */
+struct qcow2_writer {
+    int existing; /* opened, not created: its header is patched, not rewritten */
+    uint8_t header[QCOW2_HEADER_READ]; /* existing: the header as found */
+    int compress;
+    int marked; /* the header says incomplete: written to since finish() */
+    /* host allocation (qcow2_alloc.c) */
+    uint16_t *rc; /* refcount per host cluster */
+    uint64_t rc_len;
+    uint64_t host_end;    /* first free byte, a cluster boundary */
+    uint64_t file_size;   /* the host file's size, >= host_end */
+    uint64_t comp_cursor; /* where the next compressed cluster may go; 0: none */
+    uint64_t ref_start, ref_clusters; /* refcount structures finish() wrote */
 };
 
 struct qcow2_state {
     struct qcow2_header h;
-    struct ic_image *file;    /* the host file: img->file, the image layer's */
-    uint64_t *l1;             /* host byte order */
-    uint64_t l2_entries;      /* entries per L2 table */
+    struct ic_image *file; /* the host file: img->file, the image layer's */
+    uint64_t *l1;          /* host byte order */
+    uint64_t l2_entries;   /* entries per L2 table */
 
-    pthread_mutex_t l2_lock;
-    struct l2_slot *slots;
-    unsigned nslots;
-    uint64_t tick;
+    /* guards the L1 and L2 tables and the writer's allocation state */
+    pthread_mutex_t meta_lock;
+    struct l2_store l2;
 
     /* qemu asks the host file about holes under data clusters only when
      * the image looks metadata-preallocated; decided on first use */
@@ -37,23 +76,92 @@ struct qcow2_state {
     int prealloc_checked;
     int prealloc;
 
-    struct qcow2_writer *w; /* a new image being written, or NULL */
+    struct qcow2_writer *w; /* a writable image, or NULL */
 
     struct ic_snapshot *snapshots; /* the snapshot table, read at open */
     size_t nsnapshots;
 };
-
-
 
 static inline struct qcow2_state *qcow2_state_of(struct ic_image *img)
 {
     return img->drv_state;
 }
 
-/* qcow2.c: metadata of the host file; reads past its end return zeros,
- * as qemu's do. */
-int qcow2_read_meta(struct ic_image *img, void *buf, uint64_t len, uint64_t off,
-                    const char *what, struct ic_error *err);
+static inline int qcow2_corrupt(struct ic_image *img, struct ic_error *err, const char *what,
+                                uint64_t value)
+{
+    return ic_error_format(err, img->path, "corrupt qcow2 image: %s (0x%llx)", what,
+                           (unsigned long long)value);
+}
+
+/* Bytes of the host file; reads past its end return zeros, as qemu's do. */
+static inline int qcow2_read_meta(struct ic_image *img, void *buf, uint64_t len, uint64_t off,
+                                  const char *what, struct ic_error *err)
+{
+    struct ic_image *file = qcow2_state_of(img)->file;
+    if (off > QCOW2_MAX_OFFSET || len > QCOW2_MAX_OFFSET - off)
+        return qcow2_corrupt(img, err, what, off);
+    uint64_t fsize = ic_image_size(file);
+    uint64_t n = off >= fsize ? 0 : (fsize - off < len ? fsize - off : len);
+    if (n && ic_image_pread(file, buf, (size_t)n, off, err) < 0)
+        return -1;
+    memset((uint8_t *)buf + n, 0, (size_t)(len - n));
+    return 0;
+}
+
+/* qcow2_codec.c: a compressed cluster's L2 entry names `len` bytes at
+ * host offset `host`. */
+void qcow2_compressed_decode(const struct qcow2_header *h, uint64_t entry, uint64_t *host,
+                             uint64_t *len);
+uint64_t qcow2_compressed_encode(const struct qcow2_header *h, uint64_t host, uint64_t len);
+/* The compressed cluster of L2 entry `entry`, inflated into `out` (one
+ * cluster). */
+int qcow2_inflate_cluster(struct ic_image *img, uint64_t entry, uint8_t *out,
+                          struct ic_error *err);
+/* One cluster deflated as qemu does (raw deflate, 4 KiB window) into at
+ * most `cap` bytes: 0, 1 when it does not fit (stored as it is), -1
+ * without memory. */
+int qcow2_deflate_cluster(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
+                          size_t *out_len);
+
+/* qcow2_l2.c.  Needs s->l1 and s->h.  Without meta_lock held: */
+int qcow2_l2_init(struct ic_image *img, struct ic_error *err);
+void qcow2_l2_free(struct qcow2_state *s);
+/* Up to `n` entries from guest cluster `gc` on, within one table: *got of
+ * them.  A table that does not exist reads as zero entries. */
+int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, uint64_t *got,
+                 struct ic_error *err);
+/* Whether L1 entry i has a table, in memory or on disk. */
+int qcow2_l2_has_table(struct qcow2_state *s, uint64_t l1_index);
+/* With meta_lock held: */
+/* The table of guest cluster gc, to change: loaded or made, and kept
+ * until finish() writes it. */
+uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error *err);
+/* The entries of table i when it has changes to write, else NULL. */
+const uint64_t *qcow2_l2_dirty(const struct qcow2_state *s, uint64_t l1_index);
+/* Every changed table is written (s->l1 says where): they become clean. */
+void qcow2_l2_written(struct qcow2_state *s);
+
+/* qcow2_alloc.c.  With meta_lock held (but for count_refcounted): */
+/* The writer's refcounts from the image's refcount structures; those are
+ * freed (write_refcounts writes new ones at the end). */
+int qcow2_alloc_load(struct ic_image *img, struct ic_error *err);
+/* `n` whole clusters at the end of the file. */
+int qcow2_alloc_clusters(struct ic_image *img, uint64_t n, uint64_t *host, struct ic_error *err);
+/* `len` bytes for a compressed cluster. */
+int qcow2_alloc_bytes(struct ic_image *img, uint64_t len, uint64_t *host, struct ic_error *err);
+/* Drop one reference to the host cluster at `host` / to the bytes of the
+ * compressed cluster of L2 entry `entry`. */
+void qcow2_release_cluster(struct qcow2_state *s, uint64_t host);
+void qcow2_release_compressed(struct qcow2_state *s, uint64_t entry);
+/* Refcount table and blocks for every host cluster, written. */
+int qcow2_write_refcounts(struct ic_image *img, struct ic_error *err);
+void qcow2_alloc_free(struct qcow2_writer *w);
+/* qemu's test for metadata preallocation: how many of the first
+ * `end_cluster` host clusters have a refcount, counting up to `threshold`;
+ * -1 when the refcount structures are unreadable.  Any state. */
+int qcow2_count_refcounted(struct ic_image *img, uint64_t end_cluster, uint64_t threshold,
+                           uint64_t *count);
 
 /* qcow2_tables.c: the snapshot table and the bitmap directory, read and
  * checked at open as qemu does. */
@@ -61,29 +169,34 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err);
 int qcow2_check_bitmaps(struct ic_image *img, struct ic_error *err);
 int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
 
+/* qcow2_read.c */
+int qcow2_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                struct ic_error *err);
+int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                       struct ic_extent_list *out, struct ic_error *err);
+
 /* qcow2_write.c */
-struct qcow2_writer;
-int qcow2_create(struct ic_image *img, int *fresh, struct ic_error *err);
-/* In-memory L2 entries of a writable image; returns 0 and sets *found=0
- * when the table was never loaded (the reader then asks the file). */
-int qcow2_writer_l2(struct qcow2_state *s, uint64_t gc, uint64_t n, uint64_t *out, int *found);
-int qcow2_writer_has_table(struct qcow2_state *s, uint64_t l1_index);
 int qcow2_stage(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
 int qcow2_place(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
 int qcow2_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_error *err);
 void qcow2_unstage(struct ic_image *img, struct ic_staged_write *w);
-int qcow2_write(struct ic_image *img, const void *buf, size_t len, uint64_t off,
-                struct ic_error *err);
-int qcow2_write_zeroes(struct ic_image *img, uint64_t off, uint64_t len, struct ic_error *err);
+int qcow2_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                 struct ic_error *err);
+int qcow2_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
+               struct ic_error *err);
+int qcow2_flush(struct ic_image *img, struct ic_error *err);
 int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
-int qcow2_open_writer(struct ic_image *img, struct ic_error *err);
-/* qcow2.c: the backing's data of guest cluster gc, into host cluster `host`. */
-int qcow2_copy_from_backing(struct ic_image *img, uint64_t gc, uint64_t host,
-                            struct ic_error *err);
-/* qcow2.c: inflate the compressed cluster `entry` into host cluster `host`. */
-int qcow2_copy_compressed(struct ic_image *img, uint64_t entry, uint64_t host,
-                          struct ic_error *err);
-void qcow2_writer_free(struct qcow2_writer *w, uint64_t l1_size);
 uint64_t qcow2_write_alignment(const struct ic_image *img);
+/* With meta_lock held: the clusters under guest [off, end) get host
+ * clusters of their own, which a write may fill. */
+int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
+                          struct ic_error *err);
+/* The header, marked complete or not. */
+int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
+
+/* qcow2_create.c: the writer of a new image (the state allocated, its
+ * header to fill) or of an opened one. */
+int qcow2_create_new(struct ic_image *img, int *fresh, struct ic_error *err);
+int qcow2_open_writer(struct ic_image *img, struct ic_error *err);
 
 #endif

@@ -1,0 +1,279 @@
+/* qcow2 reads and block status in qemu-img map's terms: what this image's
+ * own layer holds (data, zero clusters, compressed clusters); what it
+ * does not hold, the image layer asks the backing file.  The file is
+ * untrusted input: every entry is checked before use. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "qcow2_internal.h"
+
+/* ---- cluster classification ------------------------------------------- */
+
+enum cluster_kind { CL_UNALLOCATED, CL_ZERO, CL_NORMAL, CL_COMPRESSED };
+
+struct cluster {
+    enum cluster_kind kind;
+    uint64_t host;      /* NORMAL, ZERO with preallocation: cluster start */
+    uint64_t entry;     /* COMPRESSED: the L2 entry */
+    int host_valid;
+};
+
+static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    memset(c, 0, sizeof *c);
+    if (entry & QCOW2_OFLAG_COMPRESSED) {
+        c->kind = CL_COMPRESSED;
+        c->entry = entry;
+        uint64_t len;
+        qcow2_compressed_decode(&s->h, entry, &c->host, &len);
+        if (c->host < s->h.cluster_size)
+            return qcow2_corrupt(img, err, "compressed cluster overlaps the header", c->host);
+        return 0;
+    }
+    uint64_t host = entry & QCOW2_OFFSET_MASK;
+    if (host && (host % s->h.cluster_size || host < s->h.cluster_size))
+        return qcow2_corrupt(img, err, "misplaced data cluster", host);
+    if ((entry & QCOW2_OFLAG_ZERO) && s->h.version < 3)
+        return qcow2_corrupt(img, err, "zero cluster in a version 2 image", entry);
+    if (entry & QCOW2_OFLAG_ZERO) {
+        c->kind = CL_ZERO;
+        c->host = host;
+        c->host_valid = host != 0;
+    } else if (host) {
+        c->kind = CL_NORMAL;
+        c->host = host;
+        c->host_valid = 1;
+    } else {
+        if (entry & QCOW2_OFLAG_COPIED)
+            return qcow2_corrupt(img, err, "data cluster at offset 0", entry);
+        c->kind = CL_UNALLOCATED;
+    }
+    return 0;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
+                       struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint8_t *buf = vbuf;
+    uint64_t csz = s->h.cluster_size;
+    uint8_t *cbuf = NULL;
+    uint64_t entries[512];
+    int ret = 0;
+    while (len > 0 && ret == 0) {
+        uint64_t gc = off / csz, got;
+        uint64_t want = (off % csz + len + csz - 1) / csz;
+        if (want > 512)
+            want = 512;
+        if (qcow2_l2_get(img, gc, want, entries, &got, err) < 0)
+            return free(cbuf), -1;
+        for (uint64_t i = 0; i < got && len > 0 && ret == 0;) {
+            struct cluster c;
+            if (classify(img, entries[i], &c, err) < 0) {
+                ret = -1;
+                break;
+            }
+            uint64_t in = off % csz;
+            uint64_t n = csz - in < len ? csz - in : len;
+            /* contiguous clusters of the same kind go in one request */
+            uint64_t j = i + 1;
+            while (j < got && n < len) {
+                struct cluster d;
+                if (classify(img, entries[j], &d, err) < 0)
+                    return free(cbuf), -1;
+                if (d.kind != c.kind || c.kind == CL_COMPRESSED ||
+                    (c.kind == CL_NORMAL && d.host != c.host + (j - i) * csz))
+                    break;
+                n += csz < len - n ? csz : len - n;
+                j++;
+            }
+            switch (c.kind) {
+            case CL_NORMAL:
+                ret = qcow2_read_meta(img, buf, n, c.host + in, "unreadable data cluster", err);
+                break;
+            case CL_ZERO:
+                memset(buf, 0, (size_t)n);
+                break;
+            case CL_UNALLOCATED:
+                ret = ic_image_read_below(img, buf, (size_t)n, off, err);
+                break;
+            case CL_COMPRESSED:
+                if (!cbuf && !(cbuf = malloc(csz)))
+                    return ic_error_nomem(err);
+                ret = qcow2_inflate_cluster(img, c.entry, cbuf, err);
+                if (ret == 0)
+                    memcpy(buf, cbuf + in, (size_t)n);
+                break;
+            }
+            buf += n;
+            off += n;
+            len -= (size_t)n;
+            i = j;
+        }
+    }
+    free(cbuf);
+    return ret;
+}
+
+/* ---- block status ----------------------------------------------------- */
+
+/* qemu's test (qcow2_detect_metadata_preallocation): more clusters have a
+ * refcount than the file has blocks allocated for. */
+static int detect_prealloc(struct ic_image *img)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t csz = s->h.cluster_size;
+    uint64_t real_clusters = ic_image_allocated_bytes(s->file) / csz;
+    uint64_t threshold = real_clusters * 10 / 9;
+    if (threshold < real_clusters + 2)
+        threshold = real_clusters + 2;
+    uint64_t end_cluster = (ic_image_size(s->file) + csz - 1) / csz, count = 0;
+    /* like qemu, an unreadable refcount structure just means "no" */
+    return qcow2_count_refcounted(img, end_cluster, threshold, &count) == 0 && count >= threshold;
+}
+
+static int preallocated(struct ic_image *img)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    pthread_mutex_lock(&s->prealloc_lock);
+    if (!s->prealloc_checked) {
+        s->prealloc = detect_prealloc(img);
+        s->prealloc_checked = 1;
+    }
+    int r = s->prealloc;
+    pthread_mutex_unlock(&s->prealloc_lock);
+    return r;
+}
+
+static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic_error *err)
+{
+    if (ic_extent_list_push(out, e) < 0)
+        return ic_error_nomem(err);
+    return 0;
+}
+
+/* Guest range [start, end) unallocated here: the image layer asks the
+ * backing file. */
+static int status_below(uint64_t start, uint64_t end, struct ic_extent_list *out,
+                        struct ic_error *err)
+{
+    struct ic_extent e = {.start = start, .length = end - start, .flags = IC_EXT_BELOW};
+    return push(out, &e, err);
+}
+
+/* A run of data clusters at host offset `host`: in a preallocated image,
+ * holes of the host file read as zeros (qemu's BDRV_BLOCK_RECURSE). */
+static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint64_t host,
+                       struct ic_extent_list *out, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint32_t flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID;
+    if (!preallocated(img)) {
+        struct ic_extent e = {.start = start, .length = end - start, .host_offset = host,
+                              .flags = flags};
+        return push(out, &e, err);
+    }
+    uint64_t fsize = ic_image_size(s->file);
+    for (uint64_t pos = start; pos < end;) {
+        uint64_t h = host + (pos - start);
+        struct ic_extent e = {.start = pos, .host_offset = h, .flags = flags};
+        if (h >= fsize) {
+            e.length = end - pos;
+            e.flags |= IC_EXT_ZERO;
+        } else {
+            struct ic_extent f;
+            uint64_t lim = end - pos < fsize - h ? end - pos : fsize - h;
+            if (ic_image_block_status(s->file, h, lim, &f, err) < 0)
+                return -1;
+            e.length = f.length;
+            if (f.flags & IC_EXT_ZERO)
+                e.flags |= IC_EXT_ZERO;
+        }
+        if (push(out, &e, err) < 0)
+            return -1;
+        pos += e.length;
+    }
+    return 0;
+}
+
+int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                              struct ic_extent_list *out, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t csz = s->h.cluster_size;
+    uint64_t entries[512];
+    uint64_t pos = start, extra = 0;
+    while (pos < end && (pos <= want || extra < WALK_EXTRA_CLUSTERS)) {
+        uint64_t gc = pos / csz, got;
+        /* whole L2 ranges without a table are one unallocated run: a
+         * petabyte of nothing maps in one step */
+        uint64_t l1_index = gc / s->l2_entries, l1_end = l1_index;
+        while (l1_end < s->h.l1_size && !qcow2_l2_has_table(s, l1_end) &&
+               l1_end * s->l2_entries * csz < end)
+            l1_end++;
+        if (l1_end > l1_index || l1_index >= s->h.l1_size) {
+            uint64_t run_end = l1_index >= s->h.l1_size ? end : l1_end * s->l2_entries * csz;
+            if (run_end > end || run_end < pos)
+                run_end = end;
+            if (status_below(pos, run_end, out, err) < 0)
+                return -1;
+            if (pos > want)
+                extra += (run_end - pos) / csz + 1;
+            pos = run_end;
+            continue;
+        }
+        uint64_t n = (end - gc * csz + csz - 1) / csz;
+        if (qcow2_l2_get(img, gc, n < 512 ? n : 512, entries, &got, err) < 0)
+            return -1;
+        for (uint64_t i = 0; i < got && pos < end;) {
+            struct cluster c;
+            if (classify(img, entries[i], &c, err) < 0)
+                return -1;
+            /* the run of clusters like this one, host offsets contiguous */
+            uint64_t j = i + 1;
+            for (; j < got; j++) {
+                struct cluster d;
+                if (classify(img, entries[j], &d, err) < 0)
+                    return -1;
+                if (d.kind != c.kind || d.host_valid != c.host_valid ||
+                    (c.host_valid && d.host != c.host + (j - i) * csz))
+                    break;
+            }
+            uint64_t run_end = (gc + j) * csz < end ? (gc + j) * csz : end;
+            uint64_t host = c.host + (pos - (gc + i) * csz);
+            struct ic_extent e = {.start = pos, .length = run_end - pos};
+            int r = 0;
+            switch (c.kind) {
+            case CL_UNALLOCATED:
+                r = status_below(pos, run_end, out, err);
+                break;
+            case CL_ZERO:
+                e.flags = IC_EXT_ZERO | IC_EXT_PRESENT;
+                if (c.host_valid) {
+                    e.flags |= IC_EXT_OFFSET_VALID;
+                    e.host_offset = host;
+                }
+                r = push(out, &e, err);
+                break;
+            case CL_NORMAL:
+                r = status_data(img, pos, run_end, host, out, err);
+                break;
+            case CL_COMPRESSED:
+                e.flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_COMPRESSED;
+                r = push(out, &e, err);
+                break;
+            }
+            if (r < 0)
+                return -1;
+            if (pos > want)
+                extra += j - i;
+            pos = run_end;
+            i = j;
+        }
+    }
+    return 0;
+}
+
