@@ -1,64 +1,25 @@
-"""Shared fixtures for the imgcopy test-suite.
+"""Shared fixtures of the imgcopy test-suite: the ones that make images,
+mount file systems or set up devices for more than one test module.
 
-qemu-img is the oracle: every map/block-status answer of imgcopy is compared
-with what ``qemu-img map -f raw`` prints for the same file.  The oracle
-helpers live in tests/imagegen.py (a plain module, importable from test
-modules); they are re-exported here and offered as fixtures.  Nothing here
-imports imgcopy at collection time and nothing is autouse, so this conftest
-is harmless for test modules that do not need qemu (tests/test_c_units.py).
+qemu's tools are the oracle (tests/oracles.py); the images come from the
+generators in tests/gen/.  Nothing here imports imgcopy at collection time
+and nothing is autouse, so this conftest is harmless for test modules that
+do not need qemu (tests/test_c_units.py).
 """
 
 import os
-import subprocess
-import types
+import shutil
+import sys
 
 import pytest
 
-from . import imagegen
-from .imagegen import (  # noqa: F401  (re-exported)
-    NO_QEMU_IO_REASON,
-    NO_QEMU_REASON,
-    QEMU_IMG,
-    QEMU_IO,
-    GenImage,
-    QemuMap,
-    _require_qemu_img,
-    clip_entries,
-    entry_tuple,
-    extent_tuple,
-    find_covering,
-    map_args,
-    qemu_img,
-    qemu_map,
-    qemu_map_human,
-    sha256_file,
-)
-
-
-@pytest.fixture(name="qemu_map")
-def _qemu_map_fixture():
-    """qemu_map(path, fmt="raw", start=None, length=None) -> QemuMap(extents, text).
-
-    Skips the test if qemu-img is missing.
-    """
-    _require_qemu_img()
-    return qemu_map
-
-
-@pytest.fixture(name="qemu_map_human")
-def _qemu_map_human_fixture():
-    """qemu_map_human(path, fmt="raw", start=None, length=None) -> stdout (str)."""
-    _require_qemu_img()
-    return qemu_map_human
-
-
-@pytest.fixture
-def oracle():
-    """Namespace with all oracle helpers (qemu_map, clip_entries, ...)."""
-    _require_qemu_img()
-    names = ("qemu_img", "map_args", "qemu_map", "qemu_map_human", "entry_tuple",
-             "extent_tuple", "clip_entries", "find_covering", "sha256_file")
-    return types.SimpleNamespace(QEMU_IMG=QEMU_IMG, **{n: getattr(imagegen, n) for n in names})
+from .convert_helpers import corpus_script, imgcopy_child_env
+from .gen import raw_kinds
+from .gen.convert_sources import SourceSet
+from .gen.qcow2_images import Store
+from .gen.raw_kinds import GenImage
+from .gen.sparse import make_sparse as _make_sparse
+from .oracles import QemuMap, qemu_map, qemu_map_human, require_qemu_img, require_qemu_io, run
 
 
 @pytest.fixture
@@ -73,10 +34,10 @@ def make_image(image_dir):
     """Factory: make_image(kind, seed) -> GenImage(path, size, kind, seed)."""
 
     def _make(kind, seed, name=None):
-        if imagegen.needs_qemu_io(kind) and QEMU_IO is None:
-            pytest.skip(NO_QEMU_IO_REASON)
+        if raw_kinds.needs_qemu_io(kind):
+            require_qemu_io()
         path = str(image_dir / (name or "%s-%d.img" % (kind, seed)))
-        size = imagegen.make_image(path, kind, seed)
+        size = raw_kinds.make_image(path, kind, seed)
         return GenImage(path, size, kind, seed)
 
     return _make
@@ -88,7 +49,7 @@ def make_sparse(image_dir):
 
     def _make(name, size, data=()):
         path = str(image_dir / name)
-        imagegen.make_sparse(path, size, data)
+        _make_sparse(path, size, data)
         return path
 
     return _make
@@ -110,10 +71,10 @@ class SharedImages:
     def get(self, kind, seed):
         key = (kind, seed)
         if key not in self._images:
-            if imagegen.needs_qemu_io(kind) and QEMU_IO is None:
-                pytest.skip(NO_QEMU_IO_REASON)
+            if raw_kinds.needs_qemu_io(kind):
+                require_qemu_io()
             path = str(self.root / ("%s-%d.img" % key))
-            size = imagegen.make_image(path, kind, seed)
+            size = raw_kinds.make_image(path, kind, seed)
             self._images[key] = GenImage(path, size, kind, seed)
         return self._images[key]
 
@@ -133,32 +94,98 @@ class SharedImages:
 @pytest.fixture(scope="session")
 def shared_images(tmp_path_factory):
     """SharedImages: shared_images.get(kind, seed) -> GenImage (never modify it)."""
-    _require_qemu_img()
+    require_qemu_img()
     return SharedImages(tmp_path_factory.mktemp("shared-images"))
+
+
+@pytest.fixture(scope="session")
+def convert_sources(tmp_path_factory):
+    """SourceSet: convert_sources.get(name) -> GenImage, .layout(name) (never modify them)."""
+    require_qemu_img()
+    return SourceSet(tmp_path_factory.mktemp("convert-sources"))
+
+
+@pytest.fixture(scope="session")
+def qcow2_store(tmp_path_factory) -> Store:
+    """The session's qcow2 catalogue (tests/gen/qcow2_images.py): images built
+    on first use (a test skips there if qemu is missing), qemu's answers
+    memoized.  Never modify a stored image."""
+    return Store(tmp_path_factory.mktemp("qcow2-images"))
+
+
+@pytest.fixture(scope="session")
+def qcow2_all(qcow2_store) -> Store:
+    """qcow2_store with every image of the catalogue built (in parallel)."""
+    qcow2_store.build_all()
+    return qcow2_store
+
+
+@pytest.fixture(scope="session")
+def corpus_raw(tmp_path_factory):
+    """benchmarks/make_corpus.py's sparse-6g.raw at scale 1/16: (path, size).
+    Read-only."""
+    d = tmp_path_factory.mktemp("corpus-raw")
+    run([sys.executable, corpus_script(), d, "--scale", "0.0625", "--only", "sparse-6g.raw"])
+    p = str(d / "sparse-6g.raw")
+    return p, os.path.getsize(p)
 
 
 @pytest.fixture
 def imgcopy_env():
     """Environment for child processes that run imgcopy (the venv's
     editable install: the same build as ours)."""
-    env = dict(os.environ)
-    env.pop("PYTHONSTARTUP", None)
-    env["LC_ALL"] = "C"
-    return env
+    return imgcopy_child_env()
+
+
+# --------------------------------------------------------------------------
+# file systems and devices (root only)
+
+@pytest.fixture
+def mount_tmpfs():
+    """Factory: mount_tmpfs(path, size="8m") mounts a tmpfs of that size at
+    path (made if missing) and returns path; unmounted after the test.
+    Skips the test where no tmpfs can be mounted (not root)."""
+    mounted = []
+
+    def _mount(path, size="8m"):
+        os.makedirs(str(path), exist_ok=True)
+        if os.geteuid() != 0:
+            pytest.skip("mounting a tmpfs needs root")
+        p = run(["mount", "-t", "tmpfs", "-o", "size=%s" % size, "tmpfs", path], check=False)
+        if p.returncode != 0:
+            pytest.skip("cannot mount a tmpfs: %s" % p.stderr.strip())
+        mounted.append(str(path))
+        return path
+
+    yield _mount
+    for path in reversed(mounted):
+        if run(["umount", path], check=False).returncode != 0:
+            run(["umount", "-l", path], check=False)
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def small_tmpfs(tmp_path, mount_tmpfs):
     """An 8 MiB tmpfs (root only), unmounted afterwards: for ENOSPC."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if p.returncode != 0:
-        pytest.skip("cannot mount a tmpfs: %s" % p.stderr.strip())
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    return mount_tmpfs(tmp_path / "tmpfs", "8m")
+
+
+@pytest.fixture
+def loop_device():
+    """Factory: loop_device(backing_file) -> the /dev/loopN that shows it;
+    detached after the test.  Skips the test without root, losetup or a
+    free loop device."""
+    attached = []
+
+    def _attach(backing):
+        if os.geteuid() != 0 or shutil.which("losetup") is None:
+            pytest.skip("needs root and losetup for a loop device")
+        p = run(["losetup", "--find", "--show", backing], check=False)
+        if p.returncode != 0 or not p.stdout.strip():
+            pytest.skip("losetup failed: %s" % p.stderr.strip())
+        dev = p.stdout.strip()
+        attached.append(dev)
+        return dev
+
+    yield _attach
+    for dev in reversed(attached):
+        run(["losetup", "-d", dev], check=False)

@@ -1,26 +1,19 @@
-"""Helpers shared by the convert tests (tests/test_convert*.py).
+"""Helpers shared by the convert tests (tests/test_convert*.py): the
+invariants of a CopyResult, the threads of this process, the option matrix
+(a seeded all-pairs covering array) and the programs the tests run.
 
-qemu-img is the oracle: ``qemu-img compare`` for content, ``qemu-img map``
-for the layout of the source (which ranges hold data) and of the output.
-Nothing here imports imgcopy at import time.
+The oracles (qemu-img compare / map) are in tests/oracles.py, the sources
+in tests/gen/.  Nothing here imports imgcopy at import time.
 """
 
-import json
 import os
 import random
-import shutil
-import subprocess
 import sys
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import pytest
 
-from .imagegen import (QEMU_IMG, NO_QEMU_REASON, GenImage, clip_entries, make_image,
-                      make_sparse, qemu_img, qemu_map)
-
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+from .units import KiB, MiB
 
 STATS_KEYS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "read_requests",
               "write_requests", "zero_requests", "extents", "elapsed", "cache_hits",
@@ -28,79 +21,6 @@ STATS_KEYS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "r
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-
-
-def require_qemu_img():
-    if QEMU_IMG is None:
-        pytest.skip(NO_QEMU_REASON)
-
-
-# ---------------------------------------------------------------------------
-# content and layout oracles
-
-def qemu_compare(a, b) -> subprocess.CompletedProcess:
-    """``qemu-img compare -f raw -F raw A B`` (exit 0: identical)."""
-    return qemu_img("compare", "-f", "raw", "-F", "raw", a, b, check=False)
-
-
-def assert_identical(src, dst):
-    p = qemu_compare(src, dst)
-    assert p.returncode == 0, "qemu-img compare %s %s: rc=%d %s%s" % (
-        src, dst, p.returncode, p.stdout, p.stderr)
-
-
-def assert_prefix_equal(src, dst, size):
-    """The first `size` bytes of dst equal src (dst may be larger)."""
-    if size == 0:
-        return
-    p = subprocess.run(["cmp", "-n", str(size), os.fspath(src), os.fspath(dst)],
-                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert p.returncode == 0, "cmp -n %d %s %s: %s%s" % (size, src, dst, p.stdout, p.stderr)
-
-
-def sha256_range(path, start, length=None) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(start)
-        left = length
-        while left is None or left > 0:
-            n = 1 << 20 if left is None else min(1 << 20, left)
-            chunk = f.read(n)
-            if not chunk:
-                break
-            h.update(chunk)
-            if left is not None:
-                left -= len(chunk)
-    return h.hexdigest()
-
-
-class Layout(NamedTuple):
-    """What qemu-img map says of a raw source, clipped to its size."""
-    size: int
-    data_bytes: int   # bytes that must be read (data, not zero)
-    runs: int         # alternating data / zero runs (neighbours merged)
-
-
-def source_layout(path) -> Layout:
-    size = os.path.getsize(path)
-    entries = clip_entries(qemu_map(path).extents, size)
-    data = 0
-    runs = 0
-    last = None
-    for (_s, length, _d, _p, zero, is_data, _o) in entries:
-        kind = bool(is_data) and not zero
-        if kind:
-            data += length
-        if kind != last:
-            runs += 1
-            last = kind
-    return Layout(size, data, runs)
-
-
-def map_json(path) -> list:
-    return json.loads(qemu_img("map", "-f", "raw", "--output=json", path).stdout)
 
 
 # ---------------------------------------------------------------------------
@@ -128,7 +48,7 @@ def check_result(res, size, *, fresh_target=None, offload=False):
     return d
 
 
-def check_bytes_read(res, layout: Layout, sparse_threshold, *, exact):
+def check_bytes_read(res, layout, sparse_threshold, *, exact):
     """Only data extents are read: exactly, or plus look-around reads of at
     most sparse_threshold bytes each (every one is a read request)."""
     if exact or sparse_threshold == 0:
@@ -154,85 +74,6 @@ def wait_task_count(expected, timeout=2.0) -> int:
         time.sleep(0.01)
         n = task_count()
     return n
-
-
-# ---------------------------------------------------------------------------
-# source images
-
-# Seeded images for the option matrix: (name, kind, seed) built by
-# tests/imagegen.py, plus custom layouts built below.  Kinds whose map is
-# not stable under reads (fallocated / qemu-io unwritten extents on ext4)
-# are used for content only.
-MATRIX_IMAGES = (
-    ("holes_and_data", "holes_and_data", 3),
-    ("alloc_zeros", "alloc_zeros", 5),
-    ("small_extents", "small_extents", 2),
-    ("unaligned", "unaligned", 7),
-    ("odd_1000001", "custom", 1),
-    ("empty", "empty", 0),
-    ("last_byte", "last_byte", 4),
-    ("all_data", "all_data", 9),
-    ("tiny", "tiny", 6),
-    ("qemu_io", "qemu_io", 8),
-)
-# Images used by single tests only.
-EXTRA_IMAGES = (
-    ("all_hole", "all_hole", 3),
-)
-ALL_IMAGES = MATRIX_IMAGES + EXTRA_IMAGES
-UNSTABLE_MAP_KINDS = ("qemu_io", "fallocated")
-
-
-def build_odd_1000001(path, seed):
-    """1000001 bytes: data at both ends, written zeros of every size in the
-    middle (shorter and longer than each threshold), a real hole."""
-    rng = random.Random("convert-odd-%d" % seed)
-
-    def blob(n):
-        return rng.randbytes(n).replace(b"\0", b"\x5a")
-
-    size = 1000001
-    data = [(0, blob(70000))]
-    # written zeros inside a data run: 512, 1000, 4096, 8192, 65536 (+ odd)
-    pos = 70000
-    for z in (512, 1000, 4096, 4097, 8192, 65536, 70001):
-        data.append((pos, bytes(z) + blob(3000)))
-        pos += z + 3000
-    # a hole from pos+? to 800000, then data up to the last byte
-    data.append((800000, blob(size - 800000 - 1) + b"\x01"))
-    make_sparse(path, size, data)
-    return size
-
-
-def build_image(path, kind, seed) -> int:
-    if kind == "custom":
-        return build_odd_1000001(path, seed)
-    return make_image(path, kind, seed)
-
-
-class SourceSet:
-    """Session-wide read-only sources and their layouts."""
-
-    def __init__(self, root):
-        self.root = root
-        self._img: Dict[str, GenImage] = {}
-        self._layout: Dict[str, Layout] = {}
-
-    def get(self, name) -> GenImage:
-        if name not in self._img:
-            (kind, seed), = [(k, s) for (n, k, s) in ALL_IMAGES if n == name]
-            if kind == "qemu_io" and shutil.which("qemu-io") is None:
-                pytest.skip("qemu-io not found on PATH (install qemu-utils)")
-            path = str(self.root / ("%s.img" % name))
-            size = build_image(path, kind, seed)
-            self._img[name] = GenImage(path, size, kind, seed)
-            # the layout, taken once before anybody reads the image
-            self._layout[name] = source_layout(path)
-        return self._img[name]
-
-    def layout(self, name) -> Layout:
-        self.get(name)
-        return self._layout[name]
 
 
 # ---------------------------------------------------------------------------
@@ -314,6 +155,15 @@ def combo_id(c: dict) -> str:
 
 # ---------------------------------------------------------------------------
 # subprocesses
+
+def imgcopy_child_env() -> dict:
+    """Environment for child processes that import or run imgcopy (the venv's
+    editable install: the same build as ours)."""
+    env = dict(os.environ)
+    env.pop("PYTHONSTARTUP", None)
+    env["LC_ALL"] = "C"
+    return env
+
 
 def imgcopy_cmd() -> List[str]:
     """The imgcopy console script next to this interpreter, or -m imgcopy."""

@@ -2,9 +2,7 @@
 any file of its backing chain, under any name (the same path, a relative
 one, a symbolic or hard link, another node of the same block device), with
 and without -n, from Python and from the command line."""
-import hashlib
 import os
-import shutil
 import stat
 import subprocess
 
@@ -13,18 +11,8 @@ import pytest
 import imgcopy
 
 from .convert_helpers import imgcopy_cmd
-
-MiB = 1 << 20
-
-
-def qemu_img(*args, cwd=None):
-    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True,
-                          cwd=cwd)
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+from .oracles import assert_same_content, qemu_img, qemu_io, sha256_file
+from .units import MiB
 
 
 @pytest.fixture
@@ -37,8 +25,7 @@ def chain(tmp_path):
     qemu_img("create", "-f", "qcow2", "-b", "mid.qcow2", "-F", "qcow2", "top.qcow2",
              str(2 * MiB), cwd=str(tmp_path))
     for name, off in (("mid.qcow2", MiB), ("top.qcow2", MiB + 65536)):
-        subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a %d 64k" % off,
-                        str(tmp_path / name)], check=True, capture_output=True)
+        qemu_io(str(tmp_path / name), ["write -P 0x5a %d 64k" % off], fmt="qcow2")
     (tmp_path / "sub").mkdir()
     os.symlink("../base.raw", str(tmp_path / "sub" / "link-to-base.raw"))
     os.link(str(base), str(tmp_path / "hard-base.raw"))
@@ -58,7 +45,7 @@ ALIASES = [
 @pytest.mark.parametrize("create", [True, False], ids=["new", "-n"])
 @pytest.mark.parametrize("alias, which", ALIASES)
 def test_python_refuses_every_file_of_the_chain(chain, alias, which, create):
-    before = {n: digest(str(chain / n)) for n in ("base.raw", "mid.qcow2", "top.qcow2")}
+    before = {n: sha256_file(str(chain / n)) for n in ("base.raw", "mid.qcow2", "top.qcow2")}
     dst = str(chain / alias)
     fmt = "qcow2" if which != "base" else "raw"
     with pytest.raises(ValueError, match="destination is") as info:
@@ -67,7 +54,7 @@ def test_python_refuses_every_file_of_the_chain(chain, alias, which, create):
         assert "the destination is the source" in str(info.value)
     else:
         assert "backing file of the source" in str(info.value)
-    assert {n: digest(str(chain / n)) for n in before} == before
+    assert {n: sha256_file(str(chain / n)) for n in before} == before
     assert os.path.islink(str(chain / "sub" / "link-to-base.raw"))
 
 
@@ -76,43 +63,27 @@ def test_python_refuses_every_file_of_the_chain(chain, alias, which, create):
 def test_cli_refuses_the_backing_file(chain, alias, create):
     """The data-loss case of the report: convert an overlay onto its own
     backing file."""
-    before = digest(str(chain / "base.raw"))
+    before = sha256_file(str(chain / "base.raw"))
     args = ["convert", "-O", "raw"] + ([] if create else ["-n"]) + ["top.qcow2", alias]
     p = subprocess.run(imgcopy_cmd() + args, capture_output=True, text=True, cwd=str(chain))
     assert p.returncode == 1, p.stdout + p.stderr
     assert "backing file of the source" in p.stderr
-    assert digest(str(chain / "base.raw")) == before
+    assert sha256_file(str(chain / "base.raw")) == before
 
 
 def test_a_different_file_is_fine(chain):
     out = str(chain / "flat.raw")
     imgcopy.convert(str(chain / "top.qcow2"), out)
-    cmp = subprocess.run(["qemu-img", "compare", "-F", "raw", str(chain / "top.qcow2"), out],
-                         capture_output=True, text=True)
-    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
-
-
-@pytest.fixture
-def loop_device(tmp_path):
-    if os.geteuid() != 0 or shutil.which("losetup") is None:
-        pytest.skip("needs root and losetup")
-    backing = tmp_path / "disk.img"
-    backing.write_bytes(b"L" * (4 * MiB))
-    p = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True,
-                       text=True)
-    if p.returncode != 0:
-        pytest.skip("no loop device: %s" % p.stderr.strip())
-    dev = p.stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev], capture_output=True)
+    assert_same_content(str(chain / "top.qcow2"), out, None, "raw")
 
 
 def test_another_node_of_the_same_block_device(tmp_path, loop_device):
     """Two device nodes, one disk: refused as the same file."""
-    st = os.stat(loop_device)
+    backing = tmp_path / "disk.img"
+    backing.write_bytes(b"L" * (4 * MiB))
+    dev = loop_device(str(backing))
+    st = os.stat(dev)
     alias = str(tmp_path / "alias-node")
     os.mknod(alias, stat.S_IFBLK | 0o600, st.st_rdev)
     with pytest.raises(ValueError, match="the destination is the source"):
-        imgcopy.convert(loop_device, alias, create=False)
+        imgcopy.convert(dev, alias, create=False)

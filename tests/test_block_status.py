@@ -9,18 +9,17 @@ extents.
 """
 
 import random
-import shutil
 
 import pytest
 
-from . import imagegen
-from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering
+from .gen import raw_kinds
+from .oracles import clip_entries, extent_tuple, find_covering, needs_qemu_img
 
 import imgcopy
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
+pytestmark = needs_qemu_img
 
-NONEMPTY_KINDS = [k for k in imagegen.KINDS if k != "empty"]
+NONEMPTY_KINDS = [k for k in raw_kinds.KINDS if k != "empty"]
 CASES = [(k, s) for k in NONEMPTY_KINDS for s in (1, 2)]
 IDS = ["%s-%d" % c for c in CASES]
 ORDERS = ("forward", "backward", "random", "every4096", "walk")
@@ -67,8 +66,8 @@ def query_offsets(order, size, qext, seed):
 @pytest.mark.parametrize("kind,seed", CASES, ids=IDS)
 def test_block_status_orders(shared_images, kind, seed, order):
     im = shared_images.get(kind, seed)
-    if order == "every4096" and im.size > imagegen.SMALL_LIMIT:
-        pytest.skip("every-4096 probing only for images <= %d bytes" % imagegen.SMALL_LIMIT)
+    if order == "every4096" and im.size > raw_kinds.SMALL_LIMIT:
+        pytest.skip("every-4096 probing only for images <= %d bytes" % raw_kinds.SMALL_LIMIT)
     q = shared_images.qemu_map(im.path)
     qext = clip_entries(q.extents, im.size)
     E = len(q.extents)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from .imagegen import NO_QEMU_REASON, qemu_img
+from .oracles import map_args, needs_qemu_img, qemu_img
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
+pytestmark = needs_qemu_img
 
 IMAGES = [("holes_and_data", 1), ("odd_size", 2), ("empty", 1), ("big_sparse", 1)]
 SCRIPT_IMAGES = [("small_extents", 1)]
@@ -105,9 +105,7 @@ def test_cli_relative_path_human(cli, make_image, tmp_path):
     """The human format prints the file name exactly as given on the command line."""
     im = make_image("holes_and_data", 2)
     rel = os.path.relpath(im.path, str(tmp_path))
-    exp = subprocess.run([shutil.which("qemu-img"), "map", "-U", "-f", "raw", rel], cwd=str(tmp_path),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert exp.returncode == 0
+    exp = qemu_img(*map_args(rel, "raw"), cwd=tmp_path)
     got = cli(["map", "-f", "raw", rel])
     assert got.returncode == 0, got.stderr
     assert got.stdout == exp.stdout

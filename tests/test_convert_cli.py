@@ -12,30 +12,19 @@ import time
 
 import pytest
 
-from .convert_helpers import (GiB, STATS_KEYS, SourceSet, assert_identical, assert_prefix_equal,
-                             imgcopy_cmd, map_json, require_qemu_img, sha256_range)
-from .imagegen import make_sparse, sha256_file
+from .convert_helpers import STATS_KEYS, imgcopy_cmd
+from .gen.sparse import garbage, make_sparse
+from .oracles import (assert_prefix_equal, assert_same_content, qemu_map, sha256_file,
+                      sha256_range)
+from .units import GiB
 
 imgcopy = pytest.importorskip("imgcopy")
-
-
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    require_qemu_img()
-    return SourceSet(tmp_path_factory.mktemp("cli-sources"))
 
 
 def run_cli(args, env, *, module=False, cwd=None, timeout=60):
     cmd = ([sys.executable, "-m", "imgcopy"] if module else imgcopy_cmd()) + ["convert"]
     return subprocess.run(cmd + [str(a) for a in args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, timeout=timeout)
-
-
-def _garbage(path, size, seed):
-    import random
-
-    with open(path, "wb") as f:
-        f.write(random.Random(seed).randbytes(size))
 
 
 # Deterministic counters (the rest - elapsed, cache counters - may vary).
@@ -74,15 +63,15 @@ def _case_id(case):
 
 def _make_target(path, kind, size):
     if kind == "garbage":
-        _garbage(path, size + 12345, seed=size)
+        garbage(path, size + 12345, seed=size)
     elif kind == "zeros":
         make_sparse(path, size + 4096)
 
 
 @pytest.mark.parametrize("case", FLAG_CASES, ids=_case_id)
-def test_flags_map_onto_library(sources, tmp_path, imgcopy_env, case):
+def test_flags_map_onto_library(convert_sources, tmp_path, imgcopy_env, case):
     flags, kwargs, target = case
-    img = sources.get("alloc_zeros")
+    img = convert_sources.get("alloc_zeros")
     if target in ("null:",):
         cli_dst = lib_dst = "null:"
     else:
@@ -107,8 +96,8 @@ def test_flags_map_onto_library(sources, tmp_path, imgcopy_env, case):
         assert sorted(os.listdir(tmp_path)) == [], "a null destination created a file"
         return
     if target == "new":
-        assert_identical(img.path, cli_dst)
-        assert map_json(cli_dst) == map_json(lib_dst)
+        assert_same_content(img.path, cli_dst, "raw", "raw")
+        assert qemu_map(cli_dst).extents == qemu_map(lib_dst).extents
     else:
         assert_prefix_equal(img.path, cli_dst, img.size)
         assert_prefix_equal(img.path, lib_dst, img.size)
@@ -116,17 +105,17 @@ def test_flags_map_onto_library(sources, tmp_path, imgcopy_env, case):
             assert sha256_range(path, img.size) == tail, "tail of %s changed" % path
 
 
-def test_python_module(sources, tmp_path, imgcopy_env):
-    img = sources.get("holes_and_data")
+def test_python_module(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("holes_and_data")
     dst = str(tmp_path / "out.raw")
     p = run_cli(["-S", "4k", img.path, dst], imgcopy_env, module=True, cwd=str(tmp_path))
     assert p.returncode == 0, p.stderr
     assert p.stdout == "" and p.stderr == ""
-    assert_identical(img.path, dst)
+    assert_same_content(img.path, dst, "raw", "raw")
 
 
-def test_stats_json(sources, tmp_path, imgcopy_env):
-    img = sources.get("holes_and_data")
+def test_stats_json(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("holes_and_data")
     dst = str(tmp_path / "out.raw")
     p = run_cli(["--stats=json", img.path, dst], imgcopy_env)
     assert p.returncode == 0, p.stderr
@@ -136,26 +125,26 @@ def test_stats_json(sources, tmp_path, imgcopy_env):
     assert isinstance(d["elapsed"], (int, float)) and d["elapsed"] >= 0
     assert d["bytes_written"] + d["bytes_zeroed"] + d["bytes_skipped"] == img.size
     assert d["bytes_zeroed"] == 0  # a new file reads as zeros
-    assert_identical(img.path, dst)
+    assert_same_content(img.path, dst, "raw", "raw")
     # no --stats: nothing on stdout
     p = run_cli([img.path, str(tmp_path / "out2.raw")], imgcopy_env)
     assert p.returncode == 0 and p.stdout == "" and p.stderr == "", (p.stdout, p.stderr)
 
 
-def test_progress_bar(sources, tmp_path, imgcopy_env):
-    img = sources.get("alloc_zeros")
+def test_progress_bar(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("alloc_zeros")
     dst = str(tmp_path / "out.raw")
     p = run_cli(["-p", img.path, dst], imgcopy_env)
     assert p.returncode == 0, p.stderr
     assert p.stdout == ""
     assert "100" in p.stderr and p.stderr.endswith("\n"), repr(p.stderr)
     assert "imgcopy:" not in p.stderr
-    assert_identical(img.path, dst)
+    assert_same_content(img.path, dst, "raw", "raw")
 
 
-def test_progress_bar_with_stats(sources, tmp_path, imgcopy_env):
+def test_progress_bar_with_stats(convert_sources, tmp_path, imgcopy_env):
     # the bar is on stderr: stdout stays pure JSON
-    img = sources.get("alloc_zeros")
+    img = convert_sources.get("alloc_zeros")
     p = run_cli(["-p", "--stats=json", img.path, str(tmp_path / "out.raw")], imgcopy_env)
     assert p.returncode == 0, p.stderr
     json.loads(p.stdout)
@@ -183,41 +172,41 @@ def test_error_missing_source(tmp_path, imgcopy_env):
     assert not dst.exists()
 
 
-def test_error_missing_destination_directory(sources, tmp_path, imgcopy_env):
-    img = sources.get("tiny")
+def test_error_missing_destination_directory(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("tiny")
     dst = str(tmp_path / "nodir" / "out.raw")
     p = run_cli([img.path, dst], imgcopy_env)
     _assert_one_line_error(p, dst)
 
 
-def test_error_target_is_zero_without_n(sources, tmp_path, imgcopy_env):
-    img = sources.get("tiny")
+def test_error_target_is_zero_without_n(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("tiny")
     dst = tmp_path / "out.raw"
     p = run_cli(["--target-is-zero", img.path, str(dst)], imgcopy_env)
     _assert_one_line_error(p, "-n")
     assert not dst.exists()
 
 
-def test_error_bad_sparse_threshold(sources, tmp_path, imgcopy_env):
-    img = sources.get("tiny")
+def test_error_bad_sparse_threshold(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("tiny")
     dst = tmp_path / "out.raw"
     p = run_cli(["-S", "1000", img.path, str(dst)], imgcopy_env)
     _assert_one_line_error(p)
     assert not dst.exists()
 
 
-def test_error_existing_destination_too_small(sources, tmp_path, imgcopy_env):
-    img = sources.get("holes_and_data")
+def test_error_existing_destination_too_small(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("holes_and_data")
     dst = str(tmp_path / "small.raw")
-    _garbage(dst, 4096, seed=1)
+    garbage(dst, 4096, seed=1)
     before = sha256_file(dst)
     p = run_cli(["-n", img.path, dst], imgcopy_env)
     _assert_one_line_error(p)
     assert sha256_file(dst) == before
 
 
-def test_error_existing_destination_missing(sources, tmp_path, imgcopy_env):
-    img = sources.get("tiny")
+def test_error_existing_destination_missing(convert_sources, tmp_path, imgcopy_env):
+    img = convert_sources.get("tiny")
     dst = str(tmp_path / "none.raw")
     p = run_cli(["-n", img.path, dst], imgcopy_env)
     _assert_one_line_error(p, dst)

@@ -1,7 +1,6 @@
 """What convert() does to its destination: a new file appears only when the
 copy is complete (written under a temporary name, renamed at the end); an
 existing destination (-n) must be large enough and of a known format."""
-import hashlib
 import os
 import stat
 import subprocess
@@ -10,17 +9,11 @@ import pytest
 
 import imgcopy
 
-from . import qcow2gen
 from .convert_helpers import imgcopy_cmd
-from .imagegen import make_sparse
-
-MiB = 1 << 20
-GiB = 1 << 30
-
-
-def digest(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+from .gen.qcow2_meta import l2_patch
+from .gen.sparse import make_sparse
+from .oracles import assert_same_content, qemu_img, sha256_file
+from .units import GiB, MiB
 
 
 def leftovers(directory, name):
@@ -28,14 +21,8 @@ def leftovers(directory, name):
     return [n for n in os.listdir(directory) if n.startswith("." + name + ".imgcopy-")]
 
 
-def qemu_img(*args):
-    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True)
-
-
 def data(n, seed=1):
     return bytes((seed * 131 + i * 7) % 251 + 1 for i in range(4096)) * (n // 4096)
-
-
 
 
 def unreadable_tail_source(tmp_path, size=16 * MiB):
@@ -45,7 +32,7 @@ def unreadable_tail_source(tmp_path, size=16 * MiB):
     make_sparse(raw, size, [(0, data(size))])
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
-    qcow2gen.l2_patch(src, size // (64 << 10) - 1, 1 << 62)
+    l2_patch(src, size // (64 << 10) - 1, 1 << 62)
     return src
 
 
@@ -61,13 +48,13 @@ def test_enospc_leaves_no_copy(tmp_path, small_tmpfs, fmt, old):
     if old:
         with open(dst, "wb") as f:
             f.write(b"old content" * 100)
-        before = digest(dst)
+        before = sha256_file(dst)
     with pytest.raises(OSError) as info:
         imgcopy.convert(src, dst, dst_format=fmt)
     assert info.value.errno == 28
     assert info.value.filename == dst  # the destination the caller named
     if old:
-        assert digest(dst) == before, "the old file changed"
+        assert sha256_file(dst) == before, "the old file changed"
     else:
         assert not os.path.exists(dst)
     assert leftovers(str(small_tmpfs), os.path.basename(dst)) == []
@@ -106,7 +93,7 @@ def test_success_replaces_an_old_file_keeping_its_mode(tmp_path):
         f.write(b"x" * (16 * MiB))
     os.chmod(dst, 0o640)
     imgcopy.convert(src, dst)
-    assert digest(dst) == digest(src)
+    assert sha256_file(dst) == sha256_file(src)
     assert stat.S_IMODE(os.stat(dst).st_mode) == 0o640
     assert leftovers(str(tmp_path), "out.raw") == []
 
@@ -121,7 +108,7 @@ def test_a_symlinked_destination_replaces_its_target(tmp_path):
     link.symlink_to(target)
     imgcopy.convert(src, str(link))
     assert link.is_symlink()
-    assert digest(str(target)) == digest(src)
+    assert sha256_file(str(target)) == sha256_file(src)
 
 
 def test_unflushed_copy_is_still_renamed(tmp_path):
@@ -130,8 +117,7 @@ def test_unflushed_copy_is_still_renamed(tmp_path):
     dst = str(tmp_path / "out.qcow2")
     imgcopy.convert(src, dst, dst_format="qcow2", flush=False)
     assert os.path.exists(dst)
-    subprocess.run(["qemu-img", "compare", "-f", "raw", "-F", "qcow2", src, dst], check=True,
-                   capture_output=True)
+    assert_same_content(src, dst, "raw", "qcow2")
 
 
 def test_existing_destination_is_written_in_place(tmp_path):
@@ -143,7 +129,7 @@ def test_existing_destination_is_written_in_place(tmp_path):
     inode = os.stat(dst).st_ino
     imgcopy.convert(src, dst, create=False)
     assert os.stat(dst).st_ino == inode
-    assert digest(dst) == digest(src)
+    assert sha256_file(dst) == sha256_file(src)
 
 
 # ---------------------------------------------------------------------------
@@ -155,12 +141,12 @@ def test_existing_smaller_destination_is_refused(tmp_path, fmt):
     make_sparse(src, 8 * MiB, [(0, data(MiB))])
     dst = str(tmp_path / ("small." + fmt))
     qemu_img("create", "-f", fmt, dst, str(4 * MiB))
-    before = digest(dst)
+    before = sha256_file(dst)
     with pytest.raises(ValueError, match=r"smaller than the source") as info:
         imgcopy.convert(src, dst, dst_format=fmt, create=False)
     assert "closed image" not in str(info.value)
     assert "4194304" in str(info.value) and "8388608" in str(info.value)
-    assert digest(dst) == before
+    assert sha256_file(dst) == before
 
 
 def test_existing_qcow2_without_format_is_refused(tmp_path):
@@ -168,22 +154,21 @@ def test_existing_qcow2_without_format_is_refused(tmp_path):
     make_sparse(src, 4 * MiB, [(0, data(MiB))])
     dst = str(tmp_path / "existing.qcow2")
     qemu_img("create", "-f", "qcow2", dst, str(4 * MiB))
-    before = digest(dst)
+    before = sha256_file(dst)
     with pytest.raises(imgcopy.ImageFormatError) as info:
         imgcopy.convert(src, dst, create=False)
     text = str(info.value)
     assert "qcow2" in text and 'dst_format="qcow2"' in text and 'dst_format="raw"' in text
-    assert digest(dst) == before
+    assert sha256_file(dst) == before
     # the CLI names its own flag
     p = subprocess.run(imgcopy_cmd() + ["convert", "-n", src, dst], capture_output=True,
                        text=True)
     assert p.returncode == 1
     assert "-O qcow2" in p.stderr and "dst_format" not in p.stderr, p.stderr
-    assert digest(dst) == before
+    assert sha256_file(dst) == before
     # named, it works either way
     imgcopy.convert(src, dst, create=False, dst_format="qcow2")
-    subprocess.run(["qemu-img", "compare", "-f", "raw", "-F", "qcow2", src, dst], check=True,
-                   capture_output=True)
+    assert_same_content(src, dst, "raw", "qcow2")
 
 
 def test_existing_foreign_image_without_format_is_refused(tmp_path):
@@ -215,5 +200,5 @@ def test_cli_target_is_zero_with_existing(tmp_path):
     p = subprocess.run(imgcopy_cmd() + ["convert", "-n", "--target-is-zero", src, dst],
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert digest(dst) == digest(src)
+    assert sha256_file(dst) == sha256_file(src)
 

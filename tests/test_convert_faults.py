@@ -16,8 +16,9 @@ import time
 
 import pytest
 
-from .convert_helpers import GiB, MiB, task_count, wait_task_count
-from .imagegen import make_sparse
+from .convert_helpers import task_count, wait_task_count
+from .gen.sparse import make_sparse
+from .units import GiB, MiB
 
 imgcopy = pytest.importorskip("imgcopy")
 

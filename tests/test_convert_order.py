@@ -9,19 +9,23 @@ import sys
 
 import pytest
 
-from .imagegen import make_sparse
+from .gen.sparse import make_sparse
+from .units import MiB
 
-MiB = 1 << 20
 SIZE = 24 * MiB
 TIMEOUT = 60
 
 DESTINATIONS = ["raw", "raw-existing", "qcow2", "qcow2-compressed", "qcow2-existing", "null"]
 
-# Runs in a child: a hang fails the test by its timeout instead of hanging
-# pytest; each combination says when it starts, so a hang names itself.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Runs in a child (in the repository, so that it imports the tests' oracles):
+# a hang fails the test by its timeout instead of hanging pytest; each
+# combination says when it starts, so a hang names itself.
 CHILD = r"""
-import itertools, json, os, subprocess, sys
+import itertools, json, os, sys
 import imgcopy
+from tests.oracles import assert_same_content, qemu_img
 
 src, dest, workdir = sys.argv[1:4]
 size = os.path.getsize(src)
@@ -37,17 +41,14 @@ for offload, in_order, threads in itertools.product((False, True), (False, True)
         dst = os.path.join(workdir, "out." + fmt)
         kw["dst_format"] = fmt
         if dest.endswith("-existing"):
-            subprocess.run(["qemu-img", "create", "-f", fmt, dst, str(size)], check=True,
-                           capture_output=True)
+            qemu_img("create", "-f", fmt, dst, str(size))
             kw["create"] = False
         if dest == "qcow2-compressed":
             kw["compress"] = True
     result = imgcopy.convert(src, dst, **kw)
     assert result.bytes_written + result.bytes_zeroed + result.bytes_skipped == size
     if dst != "null:":
-        cmp = subprocess.run(["qemu-img", "compare", "-f", "raw", "-F", kw["dst_format"],
-                              src, dst], capture_output=True, text=True)
-        assert cmp.returncode == 0, (combo, cmp.stdout, cmp.stderr)
+        assert_same_content(src, dst, "raw", kw["dst_format"])
         os.unlink(dst)
     print("done", json.dumps(combo), flush=True)
 """
@@ -68,7 +69,7 @@ def source(tmp_path_factory):
 def test_offload_in_order_never_hangs(source, tmp_path, dest):
     try:
         proc = subprocess.run([sys.executable, "-c", CHILD, source, dest, str(tmp_path)],
-                              capture_output=True, text=True, timeout=TIMEOUT)
+                              capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         started = [line for line in out.splitlines() if line.startswith("start")]

@@ -14,9 +14,9 @@ import pytest
 
 import imgcopy
 
-from .imagegen import make_sparse
-
-MiB = 1 << 20
+from .gen.sparse import make_sparse
+from .oracles import qemu_img, qemu_info
+from .units import MiB
 
 
 class Stop(Exception):
@@ -50,8 +50,7 @@ def test_final_report_can_cancel_a_short_copy(tmp_path, small_source):
 def test_final_report_cancels_into_an_existing_qcow2(tmp_path, small_source):
     """-n writes in place: the image stays flagged, never looks complete."""
     dst = str(tmp_path / "existing.qcow2")
-    subprocess.run(["qemu-img", "create", "-f", "qcow2", dst, str(4 * MiB)], check=True,
-                   capture_output=True)
+    qemu_img("create", "-f", "qcow2", dst, str(4 * MiB))
 
     def progress(done, total):
         if done == total:
@@ -59,9 +58,7 @@ def test_final_report_cancels_into_an_existing_qcow2(tmp_path, small_source):
 
     with pytest.raises(Stop):
         imgcopy.convert(small_source, dst, dst_format="qcow2", create=False, progress=progress)
-    info = subprocess.run(["qemu-img", "info", "--output=json", dst], capture_output=True,
-                          text=True)
-    assert '"corrupt": true' in info.stdout
+    assert qemu_info(dst)["format-specific"]["data"]["corrupt"] is True
 
 
 def test_a_completed_copy_reports_100_percent_once(tmp_path, small_source):

@@ -10,13 +10,13 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import imgcopy
-from . import qcow2gen
-from .imagegen import make_image, make_sparse
+from .gen.raw_kinds import make_image
+from .gen.sparse import make_sparse
+from .oracles import require_qemu
+from .units import KiB, MiB
 from imgcopy._html import STACKED, strip_columns, svg_strip
 from imgcopy.extents import KINDS, Extent, extent_kind, human_size
 
-KiB = 1024
-MiB = 1024 * KiB
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -32,16 +32,6 @@ def known(tmp_path_factory):
     p = str(d / "known.raw")
     make_sparse(p, 8 * MiB, LAYOUT)
     return p
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return qcow2gen.store(tmp_path_factory)
-
-
-def need_qemu():
-    if not qcow2gen.HAVE_QEMU:
-        pytest.skip(qcow2gen.NO_QEMU_REASON)
 
 
 # --------------------------------------------------------------------------
@@ -91,15 +81,15 @@ def test_summary_of_a_window(known):
                         ("hole", 2 * MiB + 256 * KiB, 2 * MiB + 512 * KiB)]
 
 
-def test_summary_kinds_of_qcow2_images(store):
-    need_qemu()
-    top = imgcopy.map(store.get("chain-top").path)
+def test_summary_kinds_of_qcow2_images(qcow2_store):
+    require_qemu()
+    top = imgcopy.map(qcow2_store.get("chain-top").path)
     s = top.summary()
     assert s["backing_bytes"] > 0 and s["compressed_bytes"] > 0 and s["zero_data_bytes"] > 0
     assert s["backing_bytes"] == sum(e.length for e in top if e.data and e.depth > 0)
     assert s["compressed_extents"] == sum(1 for e in top if e.compressed)
     assert {k for k, _, _ in top.runs()} == set(KINDS)
-    pre = imgcopy.map(store.get("prealloc-metadata").path)
+    pre = imgcopy.map(qcow2_store.get("prealloc-metadata").path)
     assert [k for k, _, _ in pre.runs()] == ["zero"]       # allocated, reads as zeros
     assert pre.summary()["zero_data_bytes"] == pre.size
 
@@ -153,10 +143,10 @@ def test_to_pandas_known_layout(known):
         "data": m.data_bytes, "hole": m.hole_bytes}
 
 
-def test_to_pandas_qcow2_offsets_and_compression(store):
-    need_qemu()
+def test_to_pandas_qcow2_offsets_and_compression(qcow2_store):
+    require_qemu()
     pd = pytest.importorskip("pandas")
-    m = imgcopy.map(store.get("chain-top").path)
+    m = imgcopy.map(qcow2_store.get("chain-top").path)
     df = m.to_pandas()
     assert str(df["offset"].dtype) == "Int64"
     assert df["offset"].isna().tolist() == [e.offset is None for e in m]
@@ -218,9 +208,9 @@ def test_repr_html_escapes_the_name(tmp_path):
     svg_of(html)
 
 
-def test_repr_html_qcow2_kinds(store):
-    need_qemu()
-    m = imgcopy.map(store.get("chain-top").path)
+def test_repr_html_qcow2_kinds(qcow2_store):
+    require_qemu()
+    m = imgcopy.map(qcow2_store.get("chain-top").path)
     html = m._repr_html_()
     svg = svg_of(html)
     for kind in ("data", "backing", "zero"):
@@ -268,14 +258,14 @@ def test_stacking_order():
 # --------------------------------------------------------------------------
 # repr
 
-def test_repr(known, store):
+def test_repr(known, qcow2_store):
     r = repr(imgcopy.map(known))
     assert r == ("<ExtentMap %r raw 8 MiB: 6 extents, data 1.31 MiB (16.4%%), holes 6.69 MiB>"
                  % known)
     w = repr(imgcopy.map(known, start=MiB, length=MiB))
     assert "[1048576, 2097152) of 8 MiB" in w and "1 extents" in w
-    need_qemu()
-    c = repr(imgcopy.map(store.get("convc-64k").path))
+    require_qemu()
+    c = repr(imgcopy.map(qcow2_store.get("convc-64k").path))
     assert "compressed" in c
 
 
@@ -326,9 +316,9 @@ def test_plot_on_given_axes(known, plt):
         m.plot([ax, ax, ax])
 
 
-def test_plot_kinds_and_edge_cases(store, tmp_path, plt):
-    need_qemu()
-    axes = imgcopy.map(store.get("chain-top").path).plot()
+def test_plot_kinds_and_edge_cases(qcow2_store, tmp_path, plt):
+    require_qemu()
+    axes = imgcopy.map(qcow2_store.get("chain-top").path).plot()
     labels = [t.get_text().split(" ")[0] for t in axes[0].get_legend().get_texts()]
     assert labels == ["data", "backing", "allocated", "holes"]
     p = str(tmp_path / "e.raw")

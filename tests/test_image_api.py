@@ -4,21 +4,18 @@ import errno
 import os
 import pathlib
 import random
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from . import imagegen
-from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, find_covering, qemu_map, sha256_file
+from .oracles import (clip_entries, extent_tuple, find_covering, needs_qemu_img, qemu_img, qemu_io,
+                      qemu_map, qemu_map_human, require_qemu_io, sha256_file)
+from .units import KiB, MiB
 
 import imgcopy
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
-
-KiB = 1024
-MiB = 1024 * KiB
+pytestmark = needs_qemu_img
 
 
 @pytest.fixture
@@ -472,12 +469,10 @@ def test_non_utf8_bytes_path(tmp_path):
 
 def test_qcow2_file_as_raw(tmp_path):
     """A qcow2 file opened with format="raw" is just bytes: map == qemu-img map -f raw."""
-    if shutil.which("qemu-io") is None:
-        pytest.skip("qemu-io not installed")
+    require_qemu_io()
     p = str(tmp_path / "disk.qcow2")
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", p, "64M"], check=True)
-    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 0x11 1M 64k", p], check=True,
-                   stdout=subprocess.DEVNULL)
+    qemu_img("create", "-q", "-f", "qcow2", p, "64M")
+    qemu_io(p, ["write -P 0x11 1M 64k"], fmt="qcow2")
     with imgcopy.open(p, format="raw") as img:
         assert img.format == "raw"
         assert img.size == os.path.getsize(p)
@@ -510,43 +505,30 @@ def test_fifo_is_rejected_without_hanging(tmp_path):
 # block devices
 
 
-def _losetup_available():
-    return os.geteuid() == 0 and shutil.which("losetup") is not None
-
-
-def test_block_device(make_sparse):
-    if not _losetup_available():
-        pytest.skip("needs root and losetup")
+def test_block_device(make_sparse, loop_device):
     size = 8 * MiB
     path = make_sparse("loop.img", size, [(1000, b"abc"), (5 * MiB, b"\x01" * 4096)])
-    p = subprocess.run(["losetup", "--find", "--show", path], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0 or not p.stdout.strip():
-        pytest.skip("losetup does not work here: %s" % p.stderr.strip())
-    dev = p.stdout.strip()
+    dev = loop_device(path)
+    fd = os.open(dev, os.O_RDONLY)
     try:
-        fd = os.open(dev, os.O_RDONLY)
-        try:
-            devsize = os.lseek(fd, 0, os.SEEK_END)
-        finally:
-            os.close(fd)
-        assert devsize == size
-        with imgcopy.open(dev) as img:
-            assert img.size == devsize
-            assert img.format == "raw"
-            assert img.filename == dev
-            e = img.block_status(0)
-            assert (e.start, e.depth, e.present, e.data, e.zero) == (0, 0, True, True, False), e
-            assert e.offset == 0
-            assert e.end <= devsize
-            mid = img.block_status(3 * MiB + 17)
-            assert mid.data and not mid.zero and mid.present and mid.offset == 3 * MiB + 17
-            assert img.read(1000, 3) == b"abc"
-        q = qemu_map(dev)
-        m = imgcopy.map(dev)
-        assert m.to_json() == q.text
-        assert [extent_tuple(x) for x in m] == clip_entries(q.extents, devsize)
-        assert m.data_bytes == devsize
-        assert m.to_human(dev) == imagegen.qemu_map_human(dev)
+        devsize = os.lseek(fd, 0, os.SEEK_END)
     finally:
-        subprocess.run(["losetup", "-d", dev], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(fd)
+    assert devsize == size
+    with imgcopy.open(dev) as img:
+        assert img.size == devsize
+        assert img.format == "raw"
+        assert img.filename == dev
+        e = img.block_status(0)
+        assert (e.start, e.depth, e.present, e.data, e.zero) == (0, 0, True, True, False), e
+        assert e.offset == 0
+        assert e.end <= devsize
+        mid = img.block_status(3 * MiB + 17)
+        assert mid.data and not mid.zero and mid.present and mid.offset == 3 * MiB + 17
+        assert img.read(1000, 3) == b"abc"
+    q = qemu_map(dev)
+    m = imgcopy.map(dev)
+    assert m.to_json() == q.text
+    assert [extent_tuple(x) for x in m] == clip_entries(q.extents, devsize)
+    assert m.data_bytes == devsize
+    assert m.to_human(dev) == qemu_map_human(dev)

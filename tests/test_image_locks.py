@@ -20,6 +20,7 @@ Every qemu process a test starts is killed when the test ends, whatever its outc
 """
 
 import errno
+import functools
 import os
 import re
 import subprocess
@@ -30,8 +31,11 @@ import pytest
 
 import imgcopy
 
+from . import oracles
+from .oracles import QEMU_IMG, QEMU_IO
+from .units import MiB
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 1 << 20
 TIMEOUT = 30
 
 LOCKED = "locked by another process"            # imgcopy's message
@@ -40,40 +44,21 @@ QEMU_WRITE = 'Failed to get "write" lock'
 QEMU_HINT = "Is another process using the image"
 
 
-def _which(name):
-    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        cand = os.path.join(d, name)
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
-    return None
-
-
-QEMU_IMG = _which("qemu-img")
-QEMU_IO = _which("qemu-io")
-
 pytestmark = [
-    pytest.mark.skipif(QEMU_IMG is None or QEMU_IO is None,
-                       reason="qemu-img and qemu-io are needed (install qemu-utils)"),
+    oracles.needs_qemu,
     pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="needs Linux /proc/locks"),
 ]
 
 
 # -- running things ------------------------------------------------------------------------
-def run(*argv, **kw):
-    return subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=TIMEOUT, **kw)
-
-
-def qemu_img(*args):
-    return run(QEMU_IMG, *args)
-
-
-def qemu_io(*args):
-    return run(QEMU_IO, *args)
+# each returns the CompletedProcess, whatever the exit status: ok() and refused() judge it
+qemu_img = functools.partial(oracles.qemu_img, check=False, timeout=TIMEOUT)
+qemu_io = functools.partial(oracles.qemu_io_args, check=False, timeout=TIMEOUT)
 
 
 def cli(*args):
-    return run(sys.executable, "-m", "imgcopy", *args, cwd=REPO)
+    return oracles.run([sys.executable, "-m", "imgcopy", *args], cwd=REPO, check=False,
+                       timeout=TIMEOUT)
 
 
 def ok(r):

@@ -8,24 +8,16 @@ import sys
 import pytest
 
 import imgcopy
-from . import qcow2gen
-from .imagegen import QEMU_IMG, make_image, make_sparse
+from .gen import qcow2_meta
+from .gen.raw_kinds import make_image
+from .gen.sparse import make_sparse
+from .oracles import needs_qemu, qemu_img, qemu_info
+from .units import MiB
 from imgcopy.extents import human_size
 from imgcopy.info import (ImageInfo, chain_to_human, chain_to_json, info_chain,
                           read_qcow2_header)
 
-pytestmark = pytest.mark.skipif(not qcow2gen.HAVE_QEMU, reason=qcow2gen.NO_QEMU_REASON)
-
-KiB = 1024
-MiB = 1024 * KiB
-
-
-def qemu(*args, cwd=None) -> str:
-    p = subprocess.run([QEMU_IMG] + list(args), cwd=cwd, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    assert p.returncode == 0, p.stderr
-    return p.stdout
-
+pytestmark = needs_qemu
 
 def without_compressed(i: ImageInfo):
     d = i.to_dict()
@@ -36,11 +28,6 @@ def without_compressed(i: ImageInfo):
         assert line in human
         human = human.replace(line, "")
     return d, human
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return qcow2gen.store(tmp_path_factory)
 
 
 # --------------------------------------------------------------------------
@@ -67,18 +54,18 @@ def test_raw_matches_qemu_img_info(tmp_path, kind, seed):
     size = make_image(path, kind, seed)
     i = imgcopy.info(path)
     assert i.format == "raw" and i.virtual_size == size    # exact, unlike qemu's
-    assert i.to_json() == qemu("info", "--output=json", path)
-    assert i.to_human() == qemu("info", path)
+    assert i.to_json() == qemu_img("info", "--output=json", path).stdout
+    assert i.to_human() == qemu_img("info", path).stdout
     assert i.cluster_size is None and i.compressed_clusters is None
     assert i.backing_filename is None and i.backing_chain == []
     assert i.qemu_virtual_size == -(-size // 512) * 512
 
 
-def test_raw_forced_on_qcow2_file(store):
-    b = store.get("conv-64k")
+def test_raw_forced_on_qcow2_file(qcow2_store):
+    b = qcow2_store.get("conv-64k")
     i = imgcopy.info(b.path, format="raw")
     assert i.format == "raw" and i.virtual_size == os.path.getsize(b.path)
-    assert i.to_json() == qemu("info", "-f", "raw", "--output=json", b.path)
+    assert i.to_json() == qemu_img("info", "-f", "raw", "--output=json", b.path).stdout
 
 
 # --------------------------------------------------------------------------
@@ -91,50 +78,50 @@ QCOW2_NAMES = ["uni-c512-v2", "uni-c4096-v3", "uni-c2097152-v2", "uni-c2097152-v
 
 
 @pytest.mark.parametrize("name", QCOW2_NAMES)
-def test_qcow2_matches_qemu_img_info(store, name):
-    b = store.get(name)
+def test_qcow2_matches_qemu_img_info(qcow2_store, name):
+    b = qcow2_store.get(name)
     i = imgcopy.info(b.path)
     d, human = without_compressed(i)
-    assert d == json.loads(qemu("info", "--output=json", b.path))
+    assert d == qemu_info(b.path)
     # key order too: the JSON text is qemu's but for our extra key
-    assert json.dumps(d, indent=4) + "\n" == qemu("info", "--output=json", b.path)
-    assert human == qemu("info", b.path)
-    check = json.loads(qemu("check", "--output=json", b.path))
+    assert json.dumps(d, indent=4) + "\n" == qemu_img("info", "--output=json", b.path).stdout
+    assert human == qemu_img("info", b.path).stdout
+    check = json.loads(qemu_img("check", "--output=json", b.path).stdout)
     assert i.compressed_clusters == check.get("compressed-clusters", 0)
     assert i.cluster_size == b.cluster_size
     assert i.virtual_size == b.size
     assert [p for p, _ in i.backing_chain] == [p for p, _ in imgcopy.open(b.path).backing_chain]
 
 
-def test_compressed_counts_are_not_zero(store):
+def test_compressed_counts_are_not_zero(qcow2_store):
     # the images above do hold compressed clusters: the comparison means something
     for name in ("convc-4k", "convc-2m", "chain-top", "chain-mid"):
-        assert imgcopy.info(store.get(name).path).compressed_clusters > 0, name
+        assert imgcopy.info(qcow2_store.get(name).path).compressed_clusters > 0, name
 
 
-def test_probed_backing_format_is_not_reported(store):
-    i = imgcopy.info(store.get("chain-probe").path)
+def test_probed_backing_format_is_not_reported(qcow2_store):
+    i = imgcopy.info(qcow2_store.get("chain-probe").path)
     assert i.backing_filename is not None and i.backing_filename_format is None
     assert i.backing_chain[0][1] == "qcow2"     # probed, as qemu does
 
 
-def test_relative_names_from_another_directory(store, monkeypatch):
-    top = store.get("tree-over")
+def test_relative_names_from_another_directory(qcow2_store, monkeypatch):
+    top = qcow2_store.get("tree-over")
     cwd = os.path.dirname(os.path.dirname(top.path))
     rel = os.path.relpath(top.path, cwd)
     monkeypatch.chdir(cwd)
     i = imgcopy.info(rel)
     assert i.filename == rel
     assert i.backing_filename is not None and i.full_backing_filename != i.backing_filename
-    assert without_compressed(i)[0] == json.loads(qemu("info", "--output=json", rel, cwd=cwd))
-    assert without_compressed(i)[1] == qemu("info", rel, cwd=cwd)
+    assert without_compressed(i)[0] == qemu_info(rel, cwd=cwd)
+    assert without_compressed(i)[1] == qemu_img("info", rel, cwd=cwd).stdout
 
 
-def test_backing_chain_like_qemu(store):
-    b = store.get("chain-top")
+def test_backing_chain_like_qemu(qcow2_store):
+    b = qcow2_store.get("chain-top")
     infos = info_chain(b.path)
     assert [i.filename for i in infos] == [b.path] + [p for p, _ in b.chain]
-    q = json.loads(qemu("info", "--backing-chain", "--output=json", b.path))
+    q = qemu_info(b.path, backing_chain=True)
     ours = json.loads(chain_to_json(infos))
     for d in ours:
         d.pop("compressed-clusters", None)
@@ -143,32 +130,32 @@ def test_backing_chain_like_qemu(store):
     for i in infos:
         if i.compressed_clusters is not None:
             human = human.replace("compressed clusters: %d\n" % i.compressed_clusters, "", 1)
-    assert human == qemu("info", "--backing-chain", b.path)
+    assert human == qemu_img("info", "--backing-chain", b.path).stdout
 
 
 @pytest.mark.parametrize("bits,dirty,corrupt", [([0], True, False), ([1], False, True),
                                                 ([0, 1], True, True)])
-def test_dirty_and_corrupt_images(store, tmp_path, bits, dirty, corrupt):
+def test_dirty_and_corrupt_images(qcow2_store, tmp_path, bits, dirty, corrupt):
     p = str(tmp_path / "flagged.qcow2")
-    qcow2gen.header_patch(store.get("convc-4k").path, p, incompatible_set=bits)
+    qcow2_meta.header_patch(qcow2_store.get("convc-4k").path, p, incompatible_set=bits)
     with pytest.raises(imgcopy.ImageFormatError):
         imgcopy.open(p)           # info reads what open refuses without force
     i = imgcopy.info(p)
     assert i.dirty_flag is dirty
     assert i.format_specific is not None and i.format_specific["data"]["corrupt"] is corrupt
     d, human = without_compressed(i)
-    assert d == json.loads(qemu("info", "--output=json", p))
-    assert human == qemu("info", p)
+    assert d == qemu_info(p)
+    assert human == qemu_img("info", p).stdout
     assert ("cleanly shut down: no" in human) is dirty
 
 
-def test_header_parser(store):
-    b = store.get("uni-c4096-v3")
+def test_header_parser(qcow2_store):
+    b = qcow2_store.get("uni-c4096-v3")
     with open(b.path, "rb") as f:
         h = read_qcow2_header(f)
     assert (h.version, h.cluster_size, h.size, h.compat) == (3, 4096, b.size, "1.1")
     assert h.refcount_order == 4 and h.header_length >= 104
-    with open(qcow2gen.__file__, "rb") as f:
+    with open(qcow2_meta.__file__, "rb") as f:
         with pytest.raises(ValueError):
             read_qcow2_header(f)
 
@@ -204,10 +191,10 @@ def _cli_has_info() -> bool:
 
 @pytest.mark.parametrize("extra", [[], ["--output=json"], ["--backing-chain"],
                                    ["--backing-chain", "--output=json"]])
-def test_cli_info(store, imgcopy_env, extra, tmp_path):
+def test_cli_info(qcow2_store, imgcopy_env, extra, tmp_path):
     if not _cli_has_info():
         pytest.skip("imgcopy/cli.py has no info subcommand yet")
-    b = store.get("chain-top")
+    b = qcow2_store.get("chain-top")
     # not from the source tree, whose imgcopy/ has no compiled core
     p = subprocess.run([sys.executable, "-m", "imgcopy", "info"] + extra + [b.path],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

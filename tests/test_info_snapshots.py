@@ -22,7 +22,6 @@ to_human().
 import json
 import os
 import struct
-import subprocess
 import sys
 import time
 
@@ -30,30 +29,21 @@ import pytest
 
 import imgcopy
 
-QEMU_IMG = "qemu-img"
-QEMU_IO = "qemu-io"
+from .gen.qcow2_images import build_named
+from .oracles import qemu_img, qemu_io, run
+
 SNAPSHOT_HEADER = struct.Struct(">QIHHIIQII")
 U64_MAX = (1 << 64) - 1
 
 
-def run(*cmd, env=None):
-    p = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    assert p.returncode == 0, (cmd, p.stderr.decode(errors="replace"))
-    return p.stdout
-
-
-def qemu_img(*args):
-    return run(QEMU_IMG, *args)
-
-
 def qemu_info_json(path):
     """qemu-img info --output=json: (parsed, text)."""
-    text = qemu_img("info", "-f", "qcow2", "--output=json", path).decode("utf-8")
+    text = qemu_img("info", "-f", "qcow2", "--output=json", path).stdout
     return json.loads(text), text
 
 
 def qemu_info_human(path):
-    return qemu_img("info", "-f", "qcow2", path).decode("utf-8")
+    return qemu_img("info", "-f", "qcow2", path).stdout
 
 
 # --------------------------------------------------------------------------
@@ -157,7 +147,7 @@ def make_with_commands(*steps, compat="1.1"):
             elif kind == "delete":
                 qemu_img("snapshot", "-d", arg, path)      # qemu 7.2: by name only
             else:
-                run(QEMU_IO, "-f", "qcow2", "-c", arg, path)
+                qemu_io(path, [arg], fmt="qcow2")
     return build
 
 
@@ -167,7 +157,7 @@ def make_overlay(path):
         f.truncate(1 << 20)
     qemu_img("create", "-f", "qcow2", "-b", os.path.basename(base), "-F", "raw", path)
     qemu_img("snapshot", "-c", "over", path)
-    run(QEMU_IO, "-f", "qcow2", "-c", "write -P 7 0 4k", path)
+    qemu_io(path, ["write -P 7 0 4k"], fmt="qcow2")
 
 
 LONG_NAME = "L" * 255       # the longest name qemu-img snapshot -c keeps
@@ -199,13 +189,7 @@ CLI_IMAGES = ["no-snapshots", "several", "crafted-ascii", "crafted-utf8"]
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    d = tmp_path_factory.mktemp("snapshot-images")
-    out = {}
-    for name, build in IMAGES.items():
-        path = str(d / (name + ".qcow2"))
-        build(path)
-        out[name] = path
-    return out
+    return build_named(tmp_path_factory.mktemp("snapshot-images"), IMAGES)
 
 
 @pytest.fixture
@@ -354,8 +338,7 @@ def test_cli_info_json(images, tz, imgcopy_env, name):
     path = images[name]
     q, text = qemu_info_json(path)
     env = dict(imgcopy_env, TZ="UTC")
-    out = run(sys.executable, "-m", "imgcopy", "info", "--output=json", path, env=env)
-    out = out.decode("utf-8")
+    out = run([sys.executable, "-m", "imgcopy", "info", "--output=json", path], env=env).stdout
     mine = json.loads(out)
     if "snapshots" not in q:
         assert "snapshots" not in mine
@@ -370,5 +353,5 @@ def test_cli_info_human(images, tz, imgcopy_env, name):
     q, _ = qemu_info_json(path)
     count = len(q.get("snapshots", []))
     env = dict(imgcopy_env, TZ="UTC")
-    out = run(sys.executable, "-m", "imgcopy", "info", path, env=env).decode("utf-8")
+    out = run([sys.executable, "-m", "imgcopy", "info", path], env=env).stdout
     assert human_block(out, count) == human_block(qemu_info_human(path), count)

@@ -8,24 +8,21 @@ clipped to the exact file size, and the human format must be identical too.
 
 import json
 import random
-import shutil
 
 import pytest
 
-from . import imagegen
-from .imagegen import NO_QEMU_REASON, clip_entries, extent_tuple, qemu_map, qemu_map_human
+from .gen import raw_kinds
+from .oracles import clip_entries, extent_tuple, needs_qemu_img, qemu_map, qemu_map_human
+from .units import MiB
 
 import imgcopy
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason=NO_QEMU_REASON)
+pytestmark = needs_qemu_img
 
 # ~30 seeded images: two seeds of every kind plus extra seeds of the rich kinds.
-CASES = [(k, s) for k in imagegen.KINDS for s in (1, 2)]
+CASES = [(k, s) for k in raw_kinds.KINDS for s in (1, 2)]
 CASES += [(k, 3) for k in ("holes_and_data", "alloc_zeros", "unaligned", "qemu_io", "small_extents")]
 IDS = ["%s-%d" % c for c in CASES]
-
-KiB = 1024
-MiB = 1024 * KiB
 
 
 def _round512(n):

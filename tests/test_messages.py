@@ -12,13 +12,9 @@ import imgcopy
 from imgcopy.errors import ImageFormatError, Remedy
 
 from .convert_helpers import imgcopy_cmd
-from .imagegen import make_sparse
-
-MiB = 1 << 20
-
-
-def qemu_img(*args):
-    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True)
+from .gen.sparse import make_sparse
+from .oracles import qemu_img
+from .units import MiB
 
 
 def cli(*args):

@@ -25,22 +25,22 @@ qemu-img (7.2) does, in short (the research note has the details):
   it is not allocated yet; otherwise zeros are written as data.        (c)
 """
 import itertools
-import json
 import os
-import subprocess
 
 import pytest
 
 import imgcopy
 
-K = 1024
-M = 1024 * K
-SIZE = 4 * M                       # the source (top.qcow2)
-BASE_LEN = {"shorter": 2 * M + 36 * K,  # ends inside a 64 KiB cluster of the overlay
+from .oracles import (assert_same_content, layout, needs_qemu, qemu_check, qemu_img, qemu_io,
+                      qemu_map, run)
+from .units import KiB, MiB
+
+SIZE = 4 * MiB                       # the source (top.qcow2)
+BASE_LEN = {"shorter": 2 * MiB + 36 * KiB,  # ends inside a 64 KiB cluster of the overlay
             "equal": SIZE,
-            "longer": 5 * M}
-SPARSE = (0, 4 * K, 64 * K, M)
-CLUSTERS = (512, 4 * K, 64 * K, 2 * M)
+            "longer": 5 * MiB}
+SPARSE = (0, 4 * KiB, 64 * KiB, MiB)
+CLUSTERS = (512, 4 * KiB, 64 * KiB, 2 * MiB)
 COMPATS = ("1.1", "0.10")
 
 # Source patterns: (commands on the base, commands on top.qcow2, extra
@@ -99,29 +99,9 @@ PATTERNS = {
 
 
 
-def _have(tool):
-    return any(os.access(os.path.join(p, tool), os.X_OK)
-               for p in os.environ.get("PATH", "").split(os.pathsep) if p)
-
-
-pytestmark = pytest.mark.skipif(not (_have("qemu-img") and _have("qemu-io")),
-                                reason="needs qemu-img and qemu-io (qemu-utils)")
+pytestmark = needs_qemu
 
 _sources: dict = {}  # (pattern, base) -> a source built once
-
-
-def run(*argv, cwd=None, check=True):
-    p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, cwd=cwd)
-    if check and p.returncode:
-        raise AssertionError(f"{' '.join(map(str, argv))} failed ({p.returncode}):\n"
-                             f"{p.stdout}{p.stderr}")
-    return p
-
-
-def qemu_io(fmt, path, cmds, cwd):
-    if cmds:
-        run("qemu-io", "-f", fmt, *itertools.chain.from_iterable(("-c", c) for c in cmds),
-            path, cwd=cwd)
 
 
 def sources(tmp_path_factory, pattern, base_fmt, base_len):
@@ -132,30 +112,19 @@ def sources(tmp_path_factory, pattern, base_fmt, base_len):
         base_cmds, top_cmds, qcow2_extra = PATTERNS[pattern]
         base = "base." + base_fmt
         if base_fmt == "raw":
-            run("truncate", "-s", BASE_LEN[base_len], base, cwd=d)
+            run(["truncate", "-s", BASE_LEN[base_len], base], cwd=d)
         else:
-            run("qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", base,
-                BASE_LEN[base_len], cwd=d)
+            qemu_img("create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", base,
+                     BASE_LEN[base_len], cwd=d)
             base_cmds = base_cmds + qcow2_extra
-        qemu_io(base_fmt, base, base_cmds, d)
-        run("qemu-img", "create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", "-b", base,
-            "-F", base_fmt, "top.qcow2", SIZE, cwd=d)
-        qemu_io("qcow2", "top.qcow2", top_cmds, d)
+        if base_cmds:
+            qemu_io(base, base_cmds, fmt=base_fmt, cwd=d)
+        qemu_img("create", "-q", "-f", "qcow2", "-o", "cluster_size=4096", "-b", base,
+                 "-F", base_fmt, "top.qcow2", SIZE, cwd=d)
+        if top_cmds:
+            qemu_io("top.qcow2", top_cmds, fmt="qcow2", cwd=d)
         _sources[key] = d
     return _sources[key]
-
-
-def layout(path, cwd):
-    """qemu-img map without host offsets, neighbours merged again."""
-    out = []
-    for e in json.loads(run("qemu-img", "map", "--output=json", path, cwd=cwd).stdout):
-        e.pop("offset", None)
-        if out and out[-1]["start"] + out[-1]["length"] == e["start"] and \
-                all(out[-1][k] == e[k] for k in ("depth", "present", "zero", "data")):
-            out[-1]["length"] += e["length"]
-        else:
-            out.append(e)
-    return out
 
 
 def check_like_qemu(tmp_path_factory, tmp_path, pattern, base_fmt, base_len, sparse,
@@ -165,15 +134,16 @@ def check_like_qemu(tmp_path_factory, tmp_path, pattern, base_fmt, base_len, spa
     base = "base." + base_fmt
     for name in (base, "top.qcow2"):  # the case's own directory, the same files
         os.link(os.path.join(src, name), os.path.join(d, name))
-    run("qemu-img", "convert", "-q", "-O", "qcow2", "-B", base, "-F", base_fmt,
-        "-S", sparse, "-o", f"cluster_size={cluster},compat={compat}",
-        "top.qcow2", "qemu.qcow2", cwd=d)
+    qemu_img("convert", "-q", "-O", "qcow2", "-B", base, "-F", base_fmt,
+             "-S", sparse, "-o", f"cluster_size={cluster},compat={compat}",
+             "top.qcow2", "qemu.qcow2", cwd=d)
     imgcopy.convert(os.path.join(d, "top.qcow2"), os.path.join(d, "imgcopy.qcow2"),
                     dst_format="qcow2", backing_file=base, backing_format=base_fmt,
                     sparse_threshold=sparse, cluster_size=cluster, compat=compat)
-    run("qemu-img", "check", "imgcopy.qcow2", cwd=d)
-    run("qemu-img", "compare", "qemu.qcow2", "imgcopy.qcow2", cwd=d)
-    assert layout("imgcopy.qcow2", d) == layout("qemu.qcow2", d)
+    qemu_check("imgcopy.qcow2", cwd=d)
+    assert_same_content("qemu.qcow2", "imgcopy.qcow2", cwd=d)
+    assert layout(qemu_map("imgcopy.qcow2", None, cwd=d).extents) == \
+        layout(qemu_map("qemu.qcow2", None, cwd=d).extents)
 
 
 def _ids(cases):

@@ -2,7 +2,6 @@
 exactly those of the matching convert() - same counters, same layout of the
 output - on seeded images and on the benchmark corpus, for -S 4k ... 1M."""
 import os
-import random
 import shutil
 import tempfile
 from typing import Dict, Iterator, List, Tuple
@@ -10,12 +9,11 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import imgcopy
-from . import qcow2gen
-from .convert_helpers import build_odd_1000001
-from .imagegen import make_image, make_sparse
-
-KiB = 1024
-MiB = 1024 * KiB
+from .gen import qcow2_images
+from .gen.raw_kinds import make_image
+from .gen.raw_layouts import odd_1000001, zeros_around_thresholds
+from .oracles import require_qemu
+from .units import KiB, MiB
 
 # CopyResult.to_dict() keys a plan also has (no elapsed time, no cache counters)
 PLAN_KEYS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "read_requests",
@@ -49,24 +47,10 @@ def sources(tmp_path_factory) -> Dict[str, Tuple[str, int]]:
         p = str(d / ("%s-%d.img" % (kind, seed)))
         out["%s-%d" % (kind, seed)] = (p, make_image(p, kind, seed))
     p = str(d / "odd_1000001.img")
-    out["odd_1000001"] = (p, build_odd_1000001(p, 1))
-    # written zeros of every length around the thresholds, inside data
-    rng = random.Random("test-plan-zeros")
-    data, pos = [], 0
-    for z in [512, 4096, 4097, 8192, 12288, 16384, 65536, 65536 + 4096, 131072, 1 << 20,
-              (1 << 20) + 512, 3 << 20]:
-        data.append((pos, rng.randbytes(5000).replace(b"\0", b"\1") + bytes(z)))
-        pos += 5000 + z + rng.choice([0, 4096, 100000])
-    data.append((pos, b"\x7f" * 3000))
+    out["odd_1000001"] = (p, odd_1000001(p, 1))
     p = str(d / "zero_runs.img")
-    make_sparse(p, pos + 3000 + 8192, data)
-    out["zero_runs"] = (p, pos + 3000 + 8192)
+    out["zero_runs"] = (p, zeros_around_thresholds(p))
     return out
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return qcow2gen.store(tmp_path_factory)
 
 
 def common(d: dict) -> dict:
@@ -230,10 +214,9 @@ def test_plan_option_errors(sources):
 @pytest.mark.parametrize("name", ["convc-64k", "conv-4k", "chain-top", "prealloc-metadata",
                                   "uni-c512-v2"])
 @pytest.mark.parametrize("threshold", [4 * KiB, 64 * KiB])
-def test_plan_equals_convert_qcow2(store, scratch, name, threshold):
-    if not qcow2gen.HAVE_QEMU:
-        pytest.skip(qcow2gen.NO_QEMU_REASON)
-    b = store.get(name)
+def test_plan_equals_convert_qcow2(qcow2_store, scratch, name, threshold):
+    require_qemu()
+    b = qcow2_store.get(name)
     p = imgcopy.plan(b.path, sparse_threshold=threshold)
     check_structure(p, b.size, 2 * MiB, threshold)
     dst = os.path.join(scratch, "q.raw")
@@ -247,12 +230,11 @@ def test_plan_equals_convert_qcow2(store, scratch, name, threshold):
 # the corpus image of the issue: 1443 extents at -S 4k, 213 at -S 64k
 
 @pytest.fixture(scope="module")
-def corpus(store):
-    if not qcow2gen.HAVE_QEMU:
-        pytest.skip(qcow2gen.NO_QEMU_REASON)
+def corpus(qcow2_store):
+    require_qemu()
     import json
 
-    d = qcow2gen.corpus_dir(store)
+    d = qcow2_images.corpus_dir(qcow2_store)
     with open(os.path.join(d, "manifest.json")) as f:
         manifest = json.load(f)["images"]["sparse-6g.raw"]
     return os.path.join(d, "sparse-6g.raw"), manifest

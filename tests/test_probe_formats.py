@@ -33,19 +33,9 @@ import pytest
 import imgcopy
 from imgcopy import cli
 
-
-def _which(prog):
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, prog)
-        if os.path.isfile(p) and os.access(p, os.X_OK):
-            return p
-    return None
-
-
-QEMU_IMG = _which("qemu-img")
-needs_qemu = pytest.mark.skipif(QEMU_IMG is None, reason="qemu-img not found (install qemu-utils)")
-
-MiB = 1 << 20
+from .gen.sparse import write_file
+from .oracles import NO_QEMU_IMG, QEMU_IMG, needs_qemu_img, qemu_img
+from .units import MiB
 
 
 # ---- images qemu-img makes -----------------------------------------------------------------------
@@ -239,26 +229,12 @@ CASES = sorted(FOREIGN)
 QEMU_CASES = set(QEMU_MADE) | set(DERIVED)
 
 
-def _write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
-
-
-def _qemu(*args, check=True):
-    p = subprocess.run([QEMU_IMG] + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       text=True, timeout=60)
-    if check and p.returncode != 0:
-        raise AssertionError("qemu-img %s: %s" % (" ".join(args), p.stderr))
-    return p
-
-
 def _derive(kind, src, dst):
     with open(src, "rb") as f:
         data = f.read()
     if kind == "parallels-v2-magic":
         assert data[:16] == b"WithouFreSpacExt"
-        return _write(dst, b"WithoutFreeSpace" + data[16:])
+        return write_file(dst, b"WithoutFreeSpace" + data[16:])
     if kind == "vmdk-sparse-extent":
         # qemu probes it as vmdk but opens it only through its descriptor
         with open(src + "-s001", "rb") as f:
@@ -267,10 +243,10 @@ def _derive(kind, src, dst):
     text = data.decode()
     assert text.startswith("# Disk DescriptorFile\nversion=1\n"), text
     if kind == "vmdk-descriptor-crlf":
-        return _write(dst, text.replace("\n", "\r\n").encode())
+        return write_file(dst, text.replace("\n", "\r\n").encode())
     assert kind == "vmdk-descriptor-blank-line"
-    return _write(dst, text.replace("# Disk DescriptorFile\n", "# Disk DescriptorFile\n\n",
-                                    1).encode())
+    return write_file(dst, text.replace("# Disk DescriptorFile\n", "# Disk DescriptorFile\n\n",
+                                        1).encode())
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +256,7 @@ def images(tmp_path_factory):
     paths = {}
     names = {k: os.path.join(d, "i%02d" % i) for i, k in enumerate(CASES)}
     for k, (_, data, _) in HANDMADE.items():
-        paths[k] = _write(names[k], data)
+        paths[k] = write_file(names[k], data)
     if QEMU_IMG is not None:
         # LUKS spends ~2 s benchmarking its key derivation: let it run while the rest is made
         luks_args = [QEMU_IMG, "create", "-q"] + QEMU_MADE["luks"][1] + [names["luks"], "1M"]
@@ -288,7 +264,7 @@ def images(tmp_path_factory):
                                 text=True)
         for k, (_, args) in QEMU_MADE.items():
             if k != "luks":
-                _qemu("create", "-q", *args, names[k], "1M")
+                qemu_img("create", "-q", *args, names[k], "1M", timeout=60)
                 paths[k] = names[k]
         for k, (_, src) in DERIVED.items():
             paths[k] = _derive(k, paths[src], names[k])
@@ -308,7 +284,7 @@ def images(tmp_path_factory):
 def image(images, request):
     kind = request.param
     if kind not in images:
-        pytest.skip("qemu-img not found (install qemu-utils)")
+        pytest.skip(NO_QEMU_IMG)
     return kind, images[kind]
 
 
@@ -339,7 +315,7 @@ def _check_cli_message(err, path, fmt):
 
 # ---- the images are what they claim --------------------------------------------------------------
 
-@needs_qemu
+@needs_qemu_img
 @pytest.mark.parametrize("kind", sorted(k for k in HANDMADE if HANDMADE[k][2]))
 def test_handmade_images_are_valid_for_qemu(images, kind, tmp_path):
     """qemu-img opens what this file writes as the format it is meant to be, with the expected
@@ -349,27 +325,27 @@ def test_handmade_images_are_valid_for_qemu(images, kind, tmp_path):
     if kind == "vmdk3-cowd":
         # qemu opens a vmfsSparse extent through a descriptor (alone, it wants a "parentCID"
         # at byte 512, which real COWD files do not have)
-        path = _write(str(tmp_path / "desc"), (
+        path = write_file(str(tmp_path / "desc"), (
             '# Disk DescriptorFile\nversion=1\nCID=12345678\nparentCID=ffffffff\n'
             'createType="vmfsSparse"\n\nRW 2048 VMFSSPARSE "%s"\n' % path).encode())
-    info = _qemu("info", "--output=json", "-f", qfmt, path).stdout
+    info = qemu_img("info", "--output=json", "-f", qfmt, path, timeout=60).stdout
     assert '"format": "%s"' % qfmt in info, info
     assert '"virtual-size": %d' % vsize in info, info
     if probes:
-        info = _qemu("info", "--output=json", path).stdout
+        info = qemu_img("info", "--output=json", path, timeout=60).stdout
         assert '"format": "%s"' % qfmt in info, info
     if contents is not None:
         out = str(tmp_path / "out")
-        _qemu("convert", "-f", qfmt, "-O", "raw", path, out)
+        qemu_img("convert", "-f", qfmt, "-O", "raw", path, out, timeout=60)
         with open(out, "rb") as f:
             assert f.read() == contents
 
 
-@needs_qemu
+@needs_qemu_img
 @pytest.mark.parametrize("kind", sorted(k for k in DERIVED if k != "vmdk-sparse-extent"))
 def test_derived_images_are_valid_for_qemu(images, kind):
     fmt = DERIVED[kind][0]
-    info = _qemu("info", "--output=json", "-f", fmt, images[kind]).stdout
+    info = qemu_img("info", "--output=json", "-f", fmt, images[kind], timeout=60).stdout
     assert '"format": "%s"' % fmt in info, info
 
 
@@ -537,23 +513,23 @@ def _check_raw(path, size):
 @pytest.mark.parametrize("kind", sorted(NEGATIVE))
 def test_plausible_raw_disks_open_as_raw(kind, tmp_path):
     data = NEGATIVE[kind]
-    _check_raw(_write(str(tmp_path / "disk"), data), len(data))
+    _check_raw(write_file(str(tmp_path / "disk"), data), len(data))
 
 
 @pytest.mark.parametrize("fmt", sorted(SHORT))
 def test_file_shorter_than_magic_is_raw(fmt, tmp_path):
     data = SHORT[fmt]
-    _check_raw(_write(str(tmp_path / "short"), data), len(data))
+    _check_raw(write_file(str(tmp_path / "short"), data), len(data))
 
 
 def test_raw_file_named_dmg_is_raw(tmp_path):
     """DMG is recognised by its "koly" trailer, not by its name (qemu's dmg probe goes by the
     name and then fails to open such a file)."""
     data = _pattern(4096, 15)
-    _check_raw(_write(str(tmp_path / "disk.dmg"), data), len(data))
+    _check_raw(write_file(str(tmp_path / "disk.dmg"), data), len(data))
 
 
-@needs_qemu
+@needs_qemu_img
 def test_vmdk_flat_extent_is_raw(images):
     """The data file of a monolithicFlat VMDK is raw bytes: probing it says raw."""
     _check_raw(images["vmdk-monolithicFlat"] + "-flat", MiB)

@@ -6,10 +6,11 @@ import io
 import pytest
 
 import imgcopy
-from .imagegen import make_sparse
 from imgcopy import progress as P
 
-MiB = 1 << 20
+from .gen.sparse import make_sparse
+from .units import MiB
+
 convert_module = importlib.import_module("imgcopy.convert")
 
 

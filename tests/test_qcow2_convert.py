@@ -1,6 +1,6 @@
 """imgcopy.convert() from qcow2 sources, with qemu-img as the oracle.
 
-Every qcow2 image of tests/qcow2gen.py, converted to raw, must compare
+Every qcow2 image of tests/gen/qcow2_images.py, converted to raw, must compare
 identical to its source (``qemu-img compare -f qcow2 -F raw``): backing chains
 flatten to their full content, compressed / zero / unallocated clusters come
 out right, whatever the engine's options.  The sparse layout of the output
@@ -9,32 +9,24 @@ must equal what ``qemu-img convert -S N`` produces, on the make_corpus images.
 
 import json
 import os
-import shutil
-import subprocess
 
 import pytest
 
-from . import qcow2gen
-from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json, qemu_img
-
 import imgcopy
 
-pytestmark = pytest.mark.skipif(not HAVE_QEMU, reason=NO_QEMU_REASON)
+from .gen import qcow2_images
+from .oracles import assert_same_content, needs_qemu, qemu_img, qemu_io, qemu_map
+from .units import KiB, MiB, TiB
 
-CONVERT_NAMES = qcow2gen.SMALL_NAMES + ["corpus-frag-backward", "corpus-frag-forward",
+pytestmark = needs_qemu
+
+CONVERT_NAMES = qcow2_images.SMALL_NAMES + ["corpus-frag-backward", "corpus-frag-forward",
                                         "corpus-prealloc-meta"]
 
 
-@pytest.fixture(scope="module")
-def st(tmp_path_factory):
-    s = qcow2gen.store(tmp_path_factory)
-    s.build_all()
-    return s
-
-
-def _data_bytes(st, b):
+def _data_bytes(qcow2_all, b):
     """Guest bytes the engine has to read: data extents that are not zero."""
-    return sum(d["length"] for d in parse_json(st.qemu_json(b.path))
+    return sum(d["length"] for d in json.loads(qcow2_all.qemu_json(b.path))
                if d["data"] and not d["zero"])
 
 
@@ -59,36 +51,30 @@ def check_result(r, size, *, fresh=False, data_bytes=None, sparse_threshold=None
     return d
 
 
-def assert_identical(src, dst):
-    p = qemu_img("compare", "-f", "qcow2", "-F", "raw", src, dst, check=False)
-    assert p.returncode == 0 and "Images are identical" in p.stdout, (src, dst, p.stdout,
-                                                                       p.stderr)
-
-
 # --------------------------------------------------------------------------
 # every image, default options
 
 @pytest.mark.parametrize("name", CONVERT_NAMES)
-def test_convert_to_raw(st, tmp_path, name):
-    b = st.get(name)
+def test_convert_to_raw(qcow2_all, tmp_path, name):
+    b = qcow2_all.get(name)
     dst = str(tmp_path / "out.raw")
     r = imgcopy.convert(b.path, dst)
     try:
         assert os.path.getsize(dst) == b.size
-        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(st, b), sparse_threshold=4096)
-        assert_identical(b.path, dst)
+        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(qcow2_all, b), sparse_threshold=4096)
+        assert_same_content(b.path, dst, "qcow2", "raw")
     finally:
         os.unlink(dst)
 
 
 @pytest.mark.parametrize("name", ["chain-top", "chain-small", "chain-probe", "tree-over"])
-def test_chain_flattens(st, tmp_path, name):
+def test_chain_flattens(qcow2_all, tmp_path, name):
     """A backing chain converts to its full, flattened guest content."""
-    b = st.get(name)
+    b = qcow2_all.get(name)
     dst = str(tmp_path / "flat.raw")
     imgcopy.convert(b.path, dst, src_format="qcow2")
     with open(dst, "rb") as f:
-        assert f.read() == st.raw_bytes(name)
+        assert f.read() == qcow2_all.raw_bytes(name)
     # and the copy stands alone
     assert imgcopy.open(dst).backing_chain == []
 
@@ -118,32 +104,32 @@ def _combo_id(c):
 
 @pytest.mark.parametrize("opts", COMBOS, ids=[_combo_id(c) for c in COMBOS])
 @pytest.mark.parametrize("name", OPTION_IMAGES)
-def test_convert_options(st, tmp_path, name, opts):
-    b = st.get(name)
+def test_convert_options(qcow2_all, tmp_path, name, opts):
+    b = qcow2_all.get(name)
     dst = str(tmp_path / "out.raw")
     r = imgcopy.convert(b.path, dst, **opts)
     try:
-        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(st, b),
+        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(qcow2_all, b),
                      sparse_threshold=opts["sparse_threshold"])
-        assert_identical(b.path, dst)
+        assert_same_content(b.path, dst, "qcow2", "raw")
         if opts["sparse_threshold"] == 0:
             # fully allocated: no holes at all in the output
-            m = parse_json(qemu_img("map", "-f", "raw", "--output=json", dst).stdout)
+            m = qemu_map(dst).extents
             assert all(d["data"] for d in m), m
     finally:
         os.unlink(dst)
 
 
 @pytest.mark.parametrize("name", ["uni-c4096-v3", "chain-top", "convc-4k", "corpus-frag-backward"])
-def test_convert_to_null(st, name):
-    b = st.get(name)
+def test_convert_to_null(qcow2_all, name):
+    b = qcow2_all.get(name)
     for opts in (dict(), dict(concurrency=1, out_of_order=False, request_size=64 * KiB)):
         r = imgcopy.convert(b.path, "null:", **opts)
-        check_result(r, b.size, data_bytes=_data_bytes(st, b), sparse_threshold=4096)
+        check_result(r, b.size, data_bytes=_data_bytes(qcow2_all, b), sparse_threshold=4096)
 
 
-def test_convert_progress(st, tmp_path):
-    b = st.get("frag-backward")
+def test_convert_progress(qcow2_all, tmp_path):
+    b = qcow2_all.get("frag-backward")
     seen = []
     r = imgcopy.convert(b.path, str(tmp_path / "p.raw"), request_size=64 * KiB,
                         progress=lambda done, total: seen.append((done, total)))
@@ -154,10 +140,10 @@ def test_convert_progress(st, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["chain-top", "prealloc-metadata-written", "odd-64k-v2"])
-def test_convert_into_existing_file(st, tmp_path, name):
+def test_convert_into_existing_file(qcow2_all, tmp_path, name):
     """create=False over garbage: every source byte lands (zeros included),
     the tail past the source is left alone."""
-    b = st.get(name)
+    b = qcow2_all.get(name)
     dst = str(tmp_path / "old.raw")
     tail = 12345
     with open(dst, "wb") as f:
@@ -166,52 +152,38 @@ def test_convert_into_existing_file(st, tmp_path, name):
     check_result(r, b.size)
     with open(dst, "rb") as f:
         got = f.read()
-    assert got[:b.size] == st.raw_bytes(name)
+    assert got[:b.size] == qcow2_all.raw_bytes(name)
     assert got[b.size:] == b"\xee" * tail
     # target_is_zero=True on a zeroed file: skipping zero ranges is right then
     with open(dst, "wb") as f:
         f.truncate(b.size)
     r = imgcopy.convert(b.path, dst, create=False, target_is_zero=True)
     check_result(r, b.size)
-    assert_identical(b.path, dst)
+    assert_same_content(b.path, dst, "qcow2", "raw")
 
 
-def test_convert_refuses_own_source(st):
-    b = st.get("odd-64k-tail")
+def test_convert_refuses_own_source(qcow2_all):
+    b = qcow2_all.get("odd-64k-tail")
     with pytest.raises(ValueError):
         imgcopy.convert(b.path, b.path)
-    assert imgcopy.map(b.path).to_json() == st.qemu_json(b.path)
+    assert imgcopy.map(b.path).to_json() == qcow2_all.qemu_json(b.path)
 
 
 # --------------------------------------------------------------------------
 # a block device destination
 
-@pytest.fixture
-def loop_device(tmp_path):
-    if os.geteuid() != 0 or shutil.which("losetup") is None:
-        pytest.skip("needs root and losetup for a loop device")
+@pytest.mark.parametrize("name", ["chain-top", "odd-64k"])
+def test_convert_to_block_device(qcow2_all, tmp_path, loop_device, name):
     backing = str(tmp_path / "loop.img")
     with open(backing, "wb") as f:
         f.write(b"\xdd" * (8 * MiB))
-    p = subprocess.run(["losetup", "--find", "--show", backing], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        pytest.skip("losetup failed: %s" % p.stderr.strip())
-    dev = p.stdout.strip()
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", dev])
-
-
-@pytest.mark.parametrize("name", ["chain-top", "odd-64k"])
-def test_convert_to_block_device(st, loop_device, name):
-    b = st.get(name)
-    r = imgcopy.convert(b.path, loop_device, request_size=256 * KiB)
+    dev = loop_device(backing)
+    b = qcow2_all.get(name)
+    r = imgcopy.convert(b.path, dev, request_size=256 * KiB)
     check_result(r, b.size)
-    with open(loop_device, "rb") as f:
+    with open(dev, "rb") as f:
         got = f.read(8 * MiB)
-    assert got[:b.size] == st.raw_bytes(name)
+    assert got[:b.size] == qcow2_all.raw_bytes(name)
     assert got[b.size:] == b"\xdd" * (8 * MiB - b.size)
 
 
@@ -220,21 +192,20 @@ def test_convert_to_block_device(st, loop_device, name):
 
 @pytest.mark.parametrize("threshold", [4096, 65536])
 @pytest.mark.parametrize("name", ["corpus-sparse-6g", "corpus-sparse-6g-compressed"])
-def test_sparse_layout_matches_qemu(st, tmp_path, name, threshold):
-    b = st.get(name)
+def test_sparse_layout_matches_qemu(qcow2_all, tmp_path, name, threshold):
+    b = qcow2_all.get(name)
     ours, theirs = str(tmp_path / "ours.raw"), str(tmp_path / "qemu.raw")
     try:
         # (no fsync on either side: the layout is what matters here)
         r = imgcopy.convert(b.path, ours, sparse_threshold=threshold, flush=False)
-        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(st, b),
+        check_result(r, b.size, fresh=True, data_bytes=_data_bytes(qcow2_all, b),
                      sparse_threshold=threshold)
         qemu_img("convert", "-t", "unsafe", "-f", "qcow2", "-O", "raw", "-S", str(threshold),
                  b.path, theirs)
-        want = qemu_img("map", "-f", "raw", "--output=json", theirs).stdout
-        got = qemu_img("map", "-f", "raw", "--output=json", ours).stdout
+        want = qemu_map(theirs).text
+        got = qemu_map(ours).text
         assert got == want
-        p = qemu_img("compare", "-f", "raw", "-F", "raw", ours, theirs, check=False)
-        assert p.returncode == 0, p.stdout + p.stderr
+        assert_same_content(ours, theirs, "raw", "raw")
         # -S 4k keeps the source's allocated zero runs as holes: more extents
         if threshold == 4096:
             assert len(got.splitlines()) > 1000
@@ -249,11 +220,10 @@ def test_convert_huge_sparse(tmp_path):
     read and written; the raw output maps like qemu-img's.  (The 1 PiB image
     is left to the map tests: hole requests are cut at 1 GiB, so a 1 PiB
     copy makes a million skip requests.)"""
-    TiB = 1 << 40
     src = str(tmp_path / "huge.qcow2")
-    qcow2gen.create(src, 4 * TiB)
-    qcow2gen.qemu_io(src, ["write -P 0x31 %d 64k" % (3 * TiB + 5 * 65536),
-                           "write -c -P 0x32 %d 64k" % (4 * TiB - 65536)])
+    qcow2_images.create(src, 4 * TiB)
+    qemu_io(src, ["write -P 0x31 %d 64k" % (3 * TiB + 5 * 65536),
+                  "write -c -P 0x32 %d 64k" % (4 * TiB - 65536)], fmt="qcow2", cache="unsafe")
     r = imgcopy.convert(src, "null:")
     check_result(r, 4 * TiB)
     assert r.bytes_read == r.bytes_written == 128 * KiB
@@ -261,7 +231,7 @@ def test_convert_huge_sparse(tmp_path):
     r = imgcopy.convert(src, dst)
     check_result(r, 4 * TiB, fresh=True)
     assert os.path.getsize(dst) == 4 * TiB
-    want = qemu_img("map", "--output=json", src).stdout
+    want = qemu_map(src, None).text
     got = imgcopy.map(dst).to_json()
     # same runs of data and zeros (the raw file has no compressed clusters or offsets)
     strip = lambda js: [(d["start"], d["length"], d["data"]) for d in json.loads(js)]  # noqa: E731

@@ -2,51 +2,18 @@
 convert -n, and Image(mode="r+"); qemu-img check/compare are the oracles."""
 import os
 import random
-import shutil
-import subprocess
 
 import pytest
 
 import imgcopy
 
-from . import qcow2gen
+from .gen.qcow2_meta import l2_patch
+from .gen.raw_layouts import random_runs
+from .gen.sparse import garbage
+from .oracles import assert_same_content, needs_qemu_img, qemu_check, qemu_img, qemu_info
+from .units import MiB
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
-
-MiB = 1 << 20
-
-
-def qemu_img(*args):
-    return subprocess.run(["qemu-img", *args], check=True, capture_output=True, text=True)
-
-
-def check_clean(path):
-    r = subprocess.run(["qemu-img", "check", path], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "No errors were found" in r.stdout, r.stdout
-
-
-def same(a, b):
-    r = subprocess.run(["qemu-img", "compare", a, b], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
-
-
-def make_raw(path, size, seed):
-    rng = random.Random(seed)
-    with open(path, "wb") as f:
-        f.truncate(size)
-        pos = 0
-        while pos < size:
-            n = min(size - pos, rng.choice([512, 4096, 20000, 65536, 300000]))
-            kind = rng.random()
-            if kind < 0.45:
-                f.seek(pos)
-                f.write(rng.randbytes(n))
-            elif kind < 0.6:
-                f.seek(pos)
-                f.write(bytes(n))
-            pos += n + rng.choice([0, 512, 4096, 70000])
-    return path
+pytestmark = needs_qemu_img
 
 
 TARGETS = {
@@ -63,13 +30,12 @@ TARGETS = {
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
     d = tmp_path_factory.mktemp("existing-src")
-    raw = make_raw(str(d / "src.raw"), 6 * MiB + 4096, 1)
+    raw = random_runs(str(d / "src.raw"), 6 * MiB + 4096, 1)
     qcow = str(d / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", "-o", "cluster_size=16k", raw, qcow)
-    garbage = str(d / "garbage.raw")
-    with open(garbage, "wb") as f:
-        f.write(random.Random(2).randbytes(6 * MiB + 4096))
-    return {"raw": raw, "qcow2": qcow, "garbage": garbage}
+    noise = str(d / "garbage.raw")
+    garbage(noise, 6 * MiB + 4096, 2)
+    return {"raw": raw, "qcow2": qcow, "garbage": noise}
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))
@@ -86,26 +52,26 @@ def test_convert_into_existing(sources, tmp_path, target, src_kind, concurrency)
     assert res.bytes_written + res.bytes_zeroed + res.bytes_skipped == size
     if "garbage" in target:
         assert res.bytes_zeroed > 0  # the holes of the source are zeroed
-    check_clean(dst)
-    same(src, dst)
+    qemu_check(dst)
+    assert_same_content(src, dst)
 
 
 def test_refcount_table_grows(tmp_path):
     """512-byte clusters: a refcount block covers 128 KiB, so writing a few
     MiB into an almost empty image needs many new blocks and a bigger table."""
-    raw = make_raw(str(tmp_path / "src.raw"), 4 * MiB, 3)
+    raw = random_runs(str(tmp_path / "src.raw"), 4 * MiB, 3)
     dst = str(tmp_path / "dst.qcow2")
     qemu_img("create", "-f", "qcow2", "-o", "cluster_size=512", dst, str(4 * MiB))
     imgcopy.convert(raw, dst, dst_format="qcow2", create=False, concurrency=4)
-    check_clean(dst)
-    same(raw, dst)
+    qemu_check(dst)
+    assert_same_content(raw, dst)
     info = imgcopy.info(dst) if hasattr(imgcopy, "info") else None
     assert info is None or info.virtual_size == 4 * MiB
 
 
 def test_image_r_plus_writes_and_zeroes(tmp_path):
     dst = str(tmp_path / "w.qcow2")
-    qemu_img("convert", "-c", "-f", "raw", "-O", "qcow2", make_raw(str(tmp_path / "g.raw"),
+    qemu_img("convert", "-c", "-f", "raw", "-O", "qcow2", random_runs(str(tmp_path / "g.raw"),
              2 * MiB, 4), dst)
     shadow = bytearray(open(str(tmp_path / "g.raw"), "rb").read())
     rng = random.Random(5)
@@ -121,7 +87,7 @@ def test_image_r_plus_writes_and_zeroes(tmp_path):
                 img.zero(off, n)
                 shadow[off:off + n] = bytes(n)
             assert img.read(off, n) == bytes(shadow[off:off + n])
-    check_clean(dst)
+    qemu_check(dst)
     out = str(tmp_path / "out.raw")
     qemu_img("convert", "-O", "raw", dst, out)
     assert open(out, "rb").read() == bytes(shadow)
@@ -139,15 +105,13 @@ def test_failed_copy_leaves_image_marked(tmp_path):
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
     # the last cluster's entry says "compressed": it cannot inflate
-    qcow2gen.l2_patch(src, 32 * MiB // (64 << 10) - 1, 1 << 62)
+    l2_patch(src, 32 * MiB // (64 << 10) - 1, 1 << 62)
     dst = str(tmp_path / "dst.qcow2")
     qemu_img("create", "-f", "qcow2", dst, str(32 * MiB))
     with pytest.raises(imgcopy.ImageFormatError, match="compressed cluster"):
         imgcopy.convert(src, dst, dst_format="qcow2", create=False, request_size=64 << 10,
                         concurrency=1)
-    info = subprocess.run(["qemu-img", "info", "--output=json", dst], capture_output=True,
-                          text=True)
-    assert '"corrupt": true' in info.stdout
+    assert qemu_info(dst)["format-specific"]["data"]["corrupt"] is True
     with pytest.raises(imgcopy.ImageFormatError):
         imgcopy.open(dst)
     imgcopy.open(dst, force=True).close()
@@ -200,4 +164,4 @@ def test_refused_targets(tmp_path, why):
         qemu_img("snapshot", "-c", "s1", dst)
     with pytest.raises(imgcopy.ImageFormatError, match=why):
         imgcopy.open(dst, mode="r+")
-    check_clean(dst)
+    qemu_check(dst)

@@ -24,15 +24,15 @@ violates one check only, whatever order imgcopy checks in.
 import json
 import os
 import struct
-import subprocess
 
 import pytest
 
 import imgcopy
 
-QEMU_IMG = "qemu-img"
-KiB = 1 << 10
-MiB = 1 << 20
+from .gen.qcow2_images import build_named
+from .oracles import qemu_img
+from .units import KiB, MiB
+
 INT64_MAX = (1 << 63) - 1
 # qemu's BDRV_MAX_LENGTH: INT64_MAX aligned down to 1 GiB; reading at or
 # past it fails with EIO
@@ -53,14 +53,9 @@ SNAPSHOT_HEADER = struct.Struct(">QIHHIIQII")          # 40 bytes
 FREE_AREA = 0x100000        # past everything qemu-img create writes: new tables go here
 
 
-def run_qemu_img(*args):
-    return subprocess.run([QEMU_IMG] + list(args), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
-
-
-def qemu_info(path):
+def qemu_info_result(path):
     """(exit status, stdout, stderr) of ``qemu-img info -f qcow2 --output=json``."""
-    p = run_qemu_img("info", "-f", "qcow2", "--output=json", path)
+    p = qemu_img("info", "-f", "qcow2", "--output=json", path, check=False)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -156,15 +151,19 @@ TEMPLATES = {
 }
 
 
+def _qemu_img_commands(cmds):
+    def build(path):
+        for cmd in cmds:
+            qemu_img(*[a.format(path=path) for a in cmd])
+    return build
+
+
 @pytest.fixture(scope="module")
 def templates(tmp_path_factory):
-    d = tmp_path_factory.mktemp("qcow2-templates")
+    paths = build_named(tmp_path_factory.mktemp("qcow2-templates"),
+                        {name: _qemu_img_commands(cmds) for name, cmds in TEMPLATES.items()})
     out = {}
-    for name, cmds in TEMPLATES.items():
-        path = str(d / (name + ".qcow2"))
-        for cmd in cmds:
-            p = run_qemu_img(*[a.format(path=path) for a in cmd])
-            assert p.returncode == 0, p.stderr
+    for name, path in paths.items():
         with open(path, "rb") as f:
             out[name] = f.read()
     return out
@@ -386,7 +385,7 @@ REJECTED = [
 @pytest.mark.parametrize("case", REJECTED, ids=[c.id for c in REJECTED])
 def test_rejected_like_qemu(case, templates, tmp_path):
     path = build(case, templates, tmp_path)
-    rc, out, err = qemu_info(path)
+    rc, out, err = qemu_info_result(path)
     # the oracle: qemu refuses the image, cleanly (no crash), for this check
     assert rc == 1, "qemu-img accepted the patched image (the case is wrong): %s%s" % (out, err)
     assert case.qemu_says in err, err
@@ -467,7 +466,7 @@ ACCEPTED = [
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c.id for c in ACCEPTED])
 def test_accepted_like_qemu(case, templates, tmp_path):
     path = build(case, templates, tmp_path)
-    rc, out, err = qemu_info(path)
+    rc, out, err = qemu_info_result(path)
     assert rc == 0, "qemu-img refused the image (the case is wrong): %s" % err
     size = json.loads(out)["virtual-size"]
     with imgcopy.open(path, format=case.format) as img:
@@ -485,10 +484,9 @@ def test_backing_file_size_1023_accepted(tmp_path):
     with open(base, "wb") as f:
         f.truncate(MiB)
     top = str(tmp_path / "top.qcow2")
-    p = run_qemu_img("create", "-f", "qcow2", "-b", rel, "-F", "raw", top)
-    assert p.returncode == 0, p.stderr
+    qemu_img("create", "-f", "qcow2", "-b", rel, "-F", "raw", top)
     assert Qcow2File(top).get(BACKING_SIZE, "I") == 1023
-    rc, out, err = qemu_info(top)
+    rc, out, err = qemu_info_result(top)
     assert rc == 0, err
     assert json.loads(out)["backing-filename"] == rel
     with imgcopy.open(top) as img:

@@ -16,7 +16,6 @@ finds in tests/fuzz/regressions/, from the seed corpus, and from qemu-img
 import json
 import os
 import select
-import shutil
 import subprocess
 import sys
 
@@ -25,7 +24,10 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 FUZZ_DIR = os.path.join(HERE, "fuzz")
 
+from .convert_helpers import imgcopy_child_env
 from .fuzz import hostile
+from .gen.sparse import write_file
+from .oracles import qemu_check, qemu_img
 
 # Under `make test-sanitize` the children run with the ASan runtime
 # preloaded: slower, and with a quarantine and shadow memory in their RSS.
@@ -135,15 +137,6 @@ for line in sys.stdin:
 """
 
 
-def _child_env():
-    """Environment for children that import imgcopy (the venv's editable
-    install: the same build as ours)."""
-    env = dict(os.environ)
-    env.pop("PYTHONSTARTUP", None)
-    env["LC_ALL"] = "C"
-    return env
-
-
 class Zygote:
     def __init__(self, workdir):
         self.workdir = workdir
@@ -154,7 +147,7 @@ class Zygote:
         self.stderr = open(os.path.join(self.workdir, "zygote.err"), "wb")
         self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.stderr,
-                                     env=_child_env(), cwd=self.workdir)
+                                     env=imgcopy_child_env(), cwd=self.workdir)
 
     def run(self, req, timeout):
         if self.proc is None or self.proc.poll() is not None:
@@ -306,17 +299,11 @@ def test_base_image_is_valid(kw, tmp_path):
     check agrees, and qemu and imgcopy read the same bytes from it."""
     import imgcopy
 
-    qemu_img = shutil.which("qemu-img")
-    if not qemu_img:
-        pytest.skip("needs qemu-img (Debian: qemu-utils)")
     buf, lay = hostile.base_image(**kw)
     path = harness_dir(str(tmp_path), bytes(buf))
-    proc = subprocess.run([qemu_img, "check", "-f", "qcow2", path], capture_output=True,
-                          text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    qemu_check(path, "qcow2")
     out = str(tmp_path / "out.raw")
-    subprocess.run([qemu_img, "convert", "-f", "qcow2", "-O", "raw", path, out], check=True,
-                   timeout=60)
+    qemu_img("convert", "-f", "qcow2", "-O", "raw", path, out, timeout=60)
     with open(out, "rb") as f:
         expected = f.read()
     cs = lay.cluster_size
@@ -345,20 +332,14 @@ def test_zstd_image_is_named(tmp_path):
 
 # -- across files: loops and deep chains ----------------------------------
 
-def _write(path, data):
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
-
-
 @pytest.mark.parametrize("probed", [False, True], ids=["with-format", "probed"])
 def test_backing_loop_two_files(tmp_path, zygote, probed):
     """a -> b -> a"""
     fmt = None if probed else b"qcow2"
-    a = _write(str(tmp_path / "a.qcow2"), bytes(hostile.base_image(backing=b"b.qcow2",
-                                                                   backing_fmt=fmt)[0]))
-    _write(str(tmp_path / "b.qcow2"), bytes(hostile.base_image(backing=b"a.qcow2",
-                                                               backing_fmt=fmt)[0]))
+    a = write_file(str(tmp_path / "a.qcow2"),
+                   bytes(hostile.base_image(backing=b"b.qcow2", backing_fmt=fmt)[0]))
+    write_file(str(tmp_path / "b.qcow2"),
+               bytes(hostile.base_image(backing=b"a.qcow2", backing_fmt=fmt)[0]))
     stages, rss_mb, _ = run_worker(a, None, zygote)
     check_outcome(stages, rss_mb, "error", "a->b->a")
     assert stages[0]["op"] == "open" and stages[0].get("error") == "ImageFormatError", stages
@@ -371,7 +352,7 @@ def test_backing_loop_three_files_absolute(tmp_path, zygote):
     os.symlink(names[0], str(tmp_path / "a-link.qcow2"))
     targets = [names[1], names[2], str(tmp_path / "a-link.qcow2")]
     for p, t in zip(names, targets):
-        _write(p, bytes(hostile.base_image(backing=t.encode(), backing_fmt=b"qcow2")[0]))
+        write_file(p, bytes(hostile.base_image(backing=t.encode(), backing_fmt=b"qcow2")[0]))
     stages, rss_mb, _ = run_worker(names[0], None, zygote)
     check_outcome(stages, rss_mb, "error", "a->b->c->a")
     assert "loop" in stages[0]["msg"], stages
@@ -380,8 +361,8 @@ def test_backing_loop_three_files_absolute(tmp_path, zygote):
 def test_backing_is_a_fifo(tmp_path, zygote):
     """A backing file name naming a FIFO: refused without blocking."""
     os.mkfifo(str(tmp_path / "fifo"))
-    a = _write(str(tmp_path / "a.qcow2"), bytes(hostile.base_image(backing=b"fifo",
-                                                                   backing_fmt=b"raw")[0]))
+    a = write_file(str(tmp_path / "a.qcow2"),
+                   bytes(hostile.base_image(backing=b"fifo", backing_fmt=b"raw")[0]))
     stages, rss_mb, _ = run_worker(a, None, zygote)
     check_outcome(stages, rss_mb, "error", "backing FIFO")
 
@@ -438,11 +419,8 @@ def test_backing_chain_metadata_memory(tmp_path, zygote):
 
 def test_one_pib_image_maps_instantly(tmp_path, imgcopy_env):
     """qemu-img create -f qcow2 x.qcow2 1P: opens and maps in < 2 s."""
-    qemu_img = shutil.which("qemu-img")
-    if not qemu_img:
-        pytest.skip("needs qemu-img (Debian: qemu-utils)")
     path = str(tmp_path / "x.qcow2")
-    subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", path, "1P"], check=True)
+    qemu_img("create", "-q", "-f", "qcow2", path, "1P")
     code = r"""
 import json, sys, time
 import imgcopy

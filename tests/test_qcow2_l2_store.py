@@ -9,7 +9,8 @@ import pytest
 
 import imgcopy
 
-from .imagegen import make_sparse, qemu_img, qemu_map
+from .gen.sparse import make_sparse
+from .oracles import qemu_check, qemu_img, qemu_map
 
 CLUSTER = 512
 TABLE_SPAN = CLUSTER // 8 * CLUSTER  # guest bytes one L2 table maps
@@ -70,5 +71,5 @@ def test_writes_pinned_while_reads_evict(tmp_path):
             else:
                 off = t * TABLE_SPAN
                 assert img.read(off, TABLE_SPAN) == bytes(expected[off:off + TABLE_SPAN])
-    qemu_img("check", str(path))
+    qemu_check(str(path))
     assert raw_of(path, tmp_path) == bytes(expected)

@@ -1,6 +1,6 @@
 """imgcopy.map() / block_status() / backing_chain on qcow2 images versus qemu-img.
 
-Every image of tests/qcow2gen.py (cluster sizes 512 B .. 2 MiB, compat 0.10 and
+Every image of tests/gen/qcow2_images.py (cluster sizes 512 B .. 2 MiB, compat 0.10 and
 1.1, zero / unallocated / compressed clusters, backing chains of depth 3 with
 raw and qcow2 links, odd virtual sizes, metadata / falloc / full
 preallocation, fragmented write orders, the make_corpus images at 1/16 scale)
@@ -10,27 +10,22 @@ qemu's human format refuses an image ("File contains external, encrypted or
 compressed clusters."), imgcopy's to_human() must raise ValueError.
 """
 
+import json
 import random
 import time
 
 import pytest
 
-from . import qcow2gen
-from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, PiB, parse_json
-
 import imgcopy
 
-pytestmark = pytest.mark.skipif(not HAVE_QEMU, reason=NO_QEMU_REASON)
+from .gen import qcow2_images
+from .oracles import covering, needs_qemu, qemu_chain, qemu_img, qemu_io
+from .units import KiB, MiB, PiB
 
-MAP_NAMES = [n for n in qcow2gen.NAMES if n != "petabyte"]
+pytestmark = needs_qemu
+
+MAP_NAMES = [n for n in qcow2_images.NAMES if n != "petabyte"]
 COMPRESSED_MSG = "File contains external, encrypted or compressed clusters."
-
-
-@pytest.fixture(scope="module")
-def st(tmp_path_factory):
-    s = qcow2gen.store(tmp_path_factory)
-    s.build_all()       # in parallel, once per session
-    return s
 
 
 def _human_check(m, q, where):
@@ -47,14 +42,14 @@ def _human_check(m, q, where):
 # whole images
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_map_json_equals_qemu(st, name):
-    b = st.get(name)
+def test_map_json_equals_qemu(qcow2_all, name):
+    b = qcow2_all.get(name)
     m = imgcopy.map(b.path)
-    assert m.to_json() == st.qemu_json(b.path)
+    assert m.to_json() == qcow2_all.qemu_json(b.path)
     assert m.size == b.size
     assert m.format == "qcow2"
     # the parsed extents tile the image exactly and agree with qemu's entries
-    q = parse_json(st.qemu_json(b.path))
+    q = json.loads(qcow2_all.qemu_json(b.path))
     assert [e.to_dict() for e in m] == q
     pos = 0
     for e in m:
@@ -64,19 +59,19 @@ def test_map_json_equals_qemu(st, name):
 
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_map_human_equals_qemu(st, name):
-    b = st.get(name)
-    q = st.qemu_human(b.path)
+def test_map_human_equals_qemu(qcow2_all, name):
+    b = qcow2_all.get(name)
+    q = qcow2_all.qemu_human(b.path)
     # the catalogue knows which images hold compressed clusters; so does qemu
     assert (q.returncode != 0) == b.compressed, (q.returncode, q.stderr)
     _human_check(imgcopy.map(b.path), q, name)
 
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_compressed_flag(st, name):
+def test_compressed_flag(qcow2_all, name):
     """Extent.compressed: exactly the data extents qemu reports without an offset
     (in this catalogue, only compressed clusters lack a host offset)."""
-    b = st.get(name)
+    b = qcow2_all.get(name)
     m = imgcopy.map(b.path)
     seen = False
     for e in m:
@@ -110,16 +105,16 @@ def _windows(size, entries, seed):
 
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_map_windows(st, name):
-    b = st.get(name)
-    entries = parse_json(st.qemu_json(b.path))
+def test_map_windows(qcow2_all, name):
+    b = qcow2_all.get(name)
+    entries = json.loads(qcow2_all.qemu_json(b.path))
     windows = _windows(b.size, entries, name)
     human = [w for w in windows if w[0] < b.size][-4:]
-    st.prefetch([(b.path,) + w for w in windows], [(b.path,) + w for w in human])
+    qcow2_all.prefetch([(b.path,) + w for w in windows], [(b.path,) + w for w in human])
     for start, length in windows:
         where = (name, start, length)
         m = imgcopy.map(b.path, start=start, length=length)
-        assert m.to_json() == st.qemu_json(b.path, start, length), where
+        assert m.to_json() == qcow2_all.qemu_json(b.path, start, length), where
         # windows agree with the whole map, clipped
         end = b.size if length is None else min(b.size, start + length)
         got = [(e.start, e.end) for e in m]
@@ -128,28 +123,28 @@ def test_map_windows(st, name):
         else:
             assert got == [], where
         if (start, length) in human:
-            _human_check(m, st.qemu_human(b.path, start, length), where)
+            _human_check(m, qcow2_all.qemu_human(b.path, start, length), where)
 
 
 @pytest.mark.parametrize("name", ["uni-c512-v2", "chain-top", "convc-4k", "odd-64k"])
-def test_image_extents_method(st, name):
+def test_image_extents_method(qcow2_all, name):
     """Image.extents(start, length) is imgcopy.map(...) on an open image."""
-    b = st.get(name)
+    b = qcow2_all.get(name)
     with imgcopy.open(b.path) as img:
         assert img.format == "qcow2" and img.size == b.size
         for s, l in [(0, None), (12345, 678901), (b.size // 3, None)]:
-            assert img.extents(s, l).to_json() == st.qemu_json(b.path, s, l)
+            assert img.extents(s, l).to_json() == qcow2_all.qemu_json(b.path, s, l)
         # asking twice gives the same answer (caches stay coherent)
-        assert img.extents().to_json() == st.qemu_json(b.path)
+        assert img.extents().to_json() == qcow2_all.qemu_json(b.path)
 
 
 # --------------------------------------------------------------------------
 # block status at random offsets
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_block_status_consistent_with_map(st, name):
-    b = st.get(name)
-    entries = parse_json(st.qemu_json(b.path))
+def test_block_status_consistent_with_map(qcow2_all, name):
+    b = qcow2_all.get(name)
+    entries = json.loads(qcow2_all.qemu_json(b.path))
     rng = random.Random("bs-" + name)
     offs = {0, b.size - 1}
     for d in entries:
@@ -165,7 +160,7 @@ def test_block_status_consistent_with_map(st, name):
     with imgcopy.open(b.path) as img:
         rng.shuffle(offs)
         for off in offs:
-            d = qcow2gen.covering(entries, off)
+            d = covering(entries, off)
             e = img.block_status(off)
             where = (name, off, d, e)
             assert e.start == off, where
@@ -183,8 +178,8 @@ def test_block_status_consistent_with_map(st, name):
             assert e2[2:6] == e[2:6], (where, e2)
 
 
-def test_block_status_outside(st):
-    b = st.get("uni-c4096-v3")
+def test_block_status_outside(qcow2_all):
+    b = qcow2_all.get("uni-c4096-v3")
     with imgcopy.open(b.path) as img:
         with pytest.raises(ValueError):
             img.block_status(b.size)
@@ -196,22 +191,22 @@ def test_block_status_outside(st):
 # backing chains
 
 @pytest.mark.parametrize("name", MAP_NAMES)
-def test_backing_chain(st, name):
-    b = st.get(name)
+def test_backing_chain(qcow2_all, name):
+    b = qcow2_all.get(name)
     with imgcopy.open(b.path) as img:
         chain = img.backing_chain
     assert chain == b.chain
-    assert chain == qcow2gen.qemu_chain(b.path)
+    assert chain == qemu_chain(b.path)
     assert all(isinstance(p, str) for p, _ in chain)
 
 
-def test_chain_depths(st):
+def test_chain_depths(qcow2_all):
     """depth counts chain levels: the raw base of chain-top is depth 2."""
-    m = imgcopy.map(st.get("chain-top").path)
+    m = imgcopy.map(qcow2_all.get("chain-top").path)
     depths = {e.depth for e in m}
     assert depths == {0, 1, 2}, depths
     # chain-small is smaller than its backing: nothing past its own end
-    small = st.get("chain-small")
+    small = qcow2_all.get("chain-small")
     assert imgcopy.map(small.path)[-1].end == small.size
 
 
@@ -229,39 +224,39 @@ TREE_CASES = [
 
 
 @pytest.mark.parametrize("cwd,rel", TREE_CASES)
-def test_tree_relative_paths(st, monkeypatch, cwd, rel):
-    b = st.get("tree-over")
-    cwd = st.path(cwd)
+def test_tree_relative_paths(qcow2_all, monkeypatch, cwd, rel):
+    b = qcow2_all.get("tree-over")
+    cwd = qcow2_all.path(cwd)
     path = b.path if rel is None else rel
     monkeypatch.chdir(cwd)
     m = imgcopy.map(path)
-    assert m.to_json() == st.qemu_json(path, cwd=cwd)
-    q = st.qemu_human(path, cwd=cwd)
+    assert m.to_json() == qcow2_all.qemu_json(path, cwd=cwd)
+    q = qcow2_all.qemu_human(path, cwd=cwd)
     assert q.returncode == 0, q.stderr
     assert m.to_human() == q.stdout
     # the human format names all three files of the chain
     assert len({line.split()[-1] for line in q.stdout.splitlines()[1:]}) == 3
     with imgcopy.open(path) as img:
-        assert img.backing_chain == qcow2gen.qemu_chain(path, cwd=cwd)
+        assert img.backing_chain == qemu_chain(path, cwd=cwd)
         assert len(img.backing_chain) == 2
 
 
-def test_absolute_backing_name(st, tmp_path, monkeypatch):
+def test_absolute_backing_name(qcow2_all, tmp_path, monkeypatch):
     """A backing file named by an absolute path, the overlay opened relatively."""
-    mid = st.get("chain-mid")
+    mid = qcow2_all.get("chain-mid")
     d = tmp_path / "abs"
     d.mkdir()
-    qcow2gen.create("over.qcow2", 5 * MiB, 64 * KiB, "1.1", mid.path, "qcow2", cwd=str(d))
-    qcow2gen.qemu_io(str(d / "over.qcow2"), ["write -P 0x99 %d 1000" % (1 * MiB - 500)])
+    qcow2_images.create("over.qcow2", 5 * MiB, 64 * KiB, "1.1", mid.path, "qcow2", cwd=str(d))
+    qemu_io(str(d / "over.qcow2"), ["write -P 0x99 %d 1000" % (1 * MiB - 500)], fmt="qcow2",
+            cache="unsafe")
     monkeypatch.chdir(tmp_path)
     path = "abs/over.qcow2"
     with imgcopy.open(path) as img:
         assert img.backing_chain == [(mid.path, "qcow2")] + mid.chain
-        assert img.backing_chain == qcow2gen.qemu_chain(path, cwd=str(tmp_path))
+        assert img.backing_chain == qemu_chain(path, cwd=str(tmp_path))
     m = imgcopy.map(path)
-    assert m.to_json() == qcow2gen.qemu_img("map", "--output=json", path,
-                                            cwd=str(tmp_path)).stdout
-    q = qcow2gen.qemu_img("map", path, cwd=str(tmp_path), check=False)
+    assert m.to_json() == qemu_img("map", "--output=json", path, cwd=str(tmp_path)).stdout
+    q = qemu_img("map", path, cwd=str(tmp_path), check=False)
     _human_check(m, q, path)
 
 
@@ -279,11 +274,11 @@ def _pb_expected_json(data_off, host_off):
                                    size - data_off - 65536))
 
 
-def test_petabyte_image(st):
-    b = st.get("petabyte")
-    off = qcow2gen.PB_DATA_OFFSET
+def test_petabyte_image(qcow2_all):
+    b = qcow2_all.get("petabyte")
+    off = qcow2_images.PB_DATA_OFFSET
     # qemu over the whole image takes ~15 s; a window around the data is instant
-    win = parse_json(st.qemu_json(b.path, off - MiB, 3 * MiB))
+    win = json.loads(qcow2_all.qemu_json(b.path, off - MiB, 3 * MiB))
     host = [d for d in win if d["data"]]
     assert len(host) == 1 and host[0]["start"] == off and host[0]["length"] == 64 * KiB
     expected = _pb_expected_json(off, host[0]["offset"])
@@ -299,11 +294,11 @@ def test_petabyte_image(st):
 
     # the only data extent lies inside the window: qemu's human map of the
     # window is the human map of the whole image
-    assert m.to_human() == st.qemu_human(b.path, off - MiB, 3 * MiB).stdout
+    assert m.to_human() == qcow2_all.qemu_human(b.path, off - MiB, 3 * MiB).stdout
     for s, l in [(off - MiB, 3 * MiB), (off + 100, 65536), (0, 2 * MiB),
                  (PiB - 5 * MiB - 7, None), (off - 1, 2)]:
         assert imgcopy.map(b.path, start=s, length=l).to_json() == \
-            st.qemu_json(b.path, s, l), (s, l)
+            qcow2_all.qemu_json(b.path, s, l), (s, l)
     with imgcopy.open(b.path) as img:
         e = img.block_status(12345)
         assert (e.start, e.length, e.present, e.zero) == (12345, off - 12345, False, True)
@@ -321,10 +316,10 @@ def test_raw_backing_tail_rounded_like_qemu(tmp_path, base_size, depth):
     below, fmt = "base.raw", "raw"
     for level in range(depth):
         top = str(tmp_path / ("top%d.qcow2" % level))
-        qcow2gen.qemu_img("create", "-f", "qcow2", "-b", below, "-F", fmt, top, str(MiB),
-                          cwd=str(tmp_path))
+        qemu_img("create", "-f", "qcow2", "-b", below, "-F", fmt, top, str(MiB),
+                 cwd=str(tmp_path))
         below, fmt = "top%d.qcow2" % level, "qcow2"
-    q = qcow2gen.qemu_img("map", "--output=json", top)
+    q = qemu_img("map", "--output=json", top)
     assert imgcopy.map(top).to_json() == q.stdout
-    qh = qcow2gen.qemu_img("map", top)
+    qh = qemu_img("map", top)
     assert imgcopy.map(top).to_human() == qh.stdout

@@ -1,44 +1,34 @@
 """qcow2 overlays made by convert(backing_file=...) / -B, against
 qemu-img convert -B: same content, same allocation layout."""
-import json
 import os
-import shutil
 import subprocess
+import sys
 
 import pytest
 
 import imgcopy
 
-pytestmark = pytest.mark.skipif(shutil.which("qemu-io") is None, reason="needs qemu-utils")
+from .oracles import (assert_same_content, layout, needs_qemu, qemu_check, qemu_img, qemu_info,
+                      qemu_io, qemu_map, run)
+
+pytestmark = needs_qemu
 
 
-def run(*argv, cwd=None):
-    return subprocess.run(argv, check=True, capture_output=True, text=True, cwd=cwd).stdout
-
-
-def layout(path, cwd):
+def map_layout(path, cwd):
     """qemu-img map without host offsets (the two tools place clusters
     differently), neighbours merged again."""
-    out = []
-    for e in json.loads(run("qemu-img", "map", "--output=json", path, cwd=cwd)):
-        key = (e["depth"], e["present"], e["zero"], e["data"])
-        if out and out[-1][0] == key and out[-1][1] + out[-1][2] == e["start"]:
-            out[-1][2] += e["length"]
-        else:
-            out.append([key, e["start"], e["length"]])
-    return out
+    return layout(qemu_map(path, None, cwd=cwd).extents)
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("overlay"))
-    run("truncate", "-s", "8M", "base.raw", cwd=d)
-    run("qemu-io", "-f", "raw", "-c", "write -P 1 0 2M", "-c", "write -P 2 5M 1M", "base.raw",
-        cwd=d)
-    run("qemu-img", "create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2",
-        "8M", cwd=d)
-    run("qemu-io", "-c", "write -P 3 1M 100k", "-c", "write -z 5M 64k", "-c",
-        "write -P 4 7M 4k", "-c", "write -P 5 3M 1M", "top.qcow2", cwd=d)
+    run(["truncate", "-s", "8M", "base.raw"], cwd=d)
+    qemu_io("base.raw", ["write -P 1 0 2M", "write -P 2 5M 1M"], fmt="raw", cwd=d)
+    qemu_img("create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", "top.qcow2", "8M",
+             cwd=d)
+    qemu_io("top.qcow2", ["write -P 3 1M 100k", "write -z 5M 64k", "write -P 4 7M 4k",
+                          "write -P 5 3M 1M"], fmt=None, cwd=d)
     return d
 
 
@@ -64,15 +54,15 @@ def test_overlay_matches_qemu(chain, tmp_path, opts):
         qopts = ["-o", ",".join(o)]
     if opts.get("compress"):
         qopts.append("-c")
-    run("qemu-img", "convert", "-O", "qcow2", *qopts, "-B", "base.raw", "-F", "raw",
+    qemu_img("convert", "-O", "qcow2", *qopts, "-B", "base.raw", "-F", "raw",
         "top.qcow2", ref, cwd=chain)
-    run("qemu-img", "check", new, cwd=chain)
-    run("qemu-img", "compare", "top.qcow2", new, cwd=chain)
-    info = json.loads(run("qemu-img", "info", "--output=json", new, cwd=chain))
+    qemu_check(new, cwd=chain)
+    assert_same_content("top.qcow2", new, cwd=chain)
+    info = qemu_info(new, cwd=chain)
     assert info["backing-filename"] == "base.raw"
     assert info.get("backing-filename-format") == "raw"
     if opts.get("cluster_size", 65536) >= 4096:
-        assert layout(new, chain) == layout(ref, chain)
+        assert map_layout(new, chain) == map_layout(ref, chain)
     with imgcopy.open(os.path.join(chain, new)) as img:
         assert img.backing_chain[0][1] == "raw"
 
@@ -81,12 +71,12 @@ def test_overlay_of_raw_source_writes_everything(chain, tmp_path):
     """A raw source has no backing chain: every range is written, holes as
     zero clusters that hide the backing file."""
     src = str(tmp_path / "src.raw")
-    run("truncate", "-s", "8M", src)
-    run("qemu-io", "-f", "raw", "-c", "write -P 9 1M 64k", src)
+    run(["truncate", "-s", "8M", src])
+    qemu_io(src, ["write -P 9 1M 64k"], fmt="raw")
     new = os.path.join(chain, "from-raw.qcow2")
     imgcopy.convert(src, new, dst_format="qcow2", backing_file="base.raw")
-    run("qemu-img", "check", new)
-    run("qemu-img", "compare", "-f", "raw", src, new)
+    qemu_check(new)
+    assert_same_content(src, new, "raw")
 
 
 def test_overlay_errors(chain, tmp_path):
@@ -99,7 +89,6 @@ def test_overlay_errors(chain, tmp_path):
 
 
 def test_cli_overlay(chain):
-    import sys
     subprocess.run([sys.executable, "-m", "imgcopy", "convert", "-O", "qcow2", "-B",
                     "base.raw", "-F", "raw", "top.qcow2", "cli.qcow2"], cwd=chain, check=True)
-    run("qemu-img", "compare", "top.qcow2", "cli.qcow2", cwd=chain)
+    assert_same_content("top.qcow2", "cli.qcow2", cwd=chain)

@@ -9,6 +9,7 @@ corrupt ones unless forced) are refused with ImageFormatError naming the
 feature; backing loops and missing backing files fail cleanly.
 """
 
+import json
 import os
 import random
 import re
@@ -16,30 +17,25 @@ import shutil
 
 import pytest
 
-from . import qcow2gen
-from .qcow2gen import HAVE_QEMU, KiB, MiB, NO_QEMU_REASON, parse_json
-
 import imgcopy
 
-pytestmark = pytest.mark.skipif(not HAVE_QEMU, reason=NO_QEMU_REASON)
+from .gen import qcow2_images
+from .gen.qcow2_meta import header_patch, l2_patch
+from .oracles import needs_qemu, qemu_img, qemu_io, qemu_io_args
+from .units import KiB, MiB
 
-READ_NAMES = [n for n in qcow2gen.NAMES if n != "petabyte"]
+pytestmark = needs_qemu
 
-
-@pytest.fixture(scope="module")
-def st(tmp_path_factory):
-    s = qcow2gen.store(tmp_path_factory)
-    s.build_all()
-    return s
+READ_NAMES = [n for n in qcow2_images.NAMES if n != "petabyte"]
 
 
 # --------------------------------------------------------------------------
 # guest bytes
 
-@pytest.mark.parametrize("name", qcow2gen.SMALL_NAMES)
-def test_read_whole_image(st, name):
-    b = st.get(name)
-    want = st.raw_bytes(name)
+@pytest.mark.parametrize("name", qcow2_images.SMALL_NAMES)
+def test_read_whole_image(qcow2_all, name):
+    b = qcow2_all.get(name)
+    want = qcow2_all.raw_bytes(name)
     with imgcopy.open(b.path) as img:
         assert img.format == "qcow2" and img.size == b.size == len(want)
         assert img.read(0, b.size) == want
@@ -65,27 +61,27 @@ def _ranges(size, entries, rng, n_random):
 
 
 @pytest.mark.parametrize("name", READ_NAMES)
-def test_read_random_ranges(st, name):
-    b = st.get(name)
-    entries = parse_json(st.qemu_json(b.path))
+def test_read_random_ranges(qcow2_all, name):
+    b = qcow2_all.get(name)
+    entries = json.loads(qcow2_all.qemu_json(b.path))
     rng = random.Random("read-" + name)
     with imgcopy.open(b.path) as img:
         for off, n in _ranges(b.size, entries, rng, 60):
             got = img.read(off, n)
             assert len(got) == n, (name, off, n)
-            if got != st.raw_read(name, off, n):
-                want = st.raw_read(name, off, n)
+            if got != qcow2_all.raw_read(name, off, n):
+                want = qcow2_all.raw_read(name, off, n)
                 i = next(i for i in range(n) if got[i] != want[i])
                 pytest.fail("%s: read(%d, %d) differs from qemu at guest offset %d "
                             "(got %02x, want %02x)" % (name, off, n, off + i, got[i], want[i]))
 
 
-@pytest.mark.parametrize("name", qcow2gen.CORPUS)
-def test_read_corpus_whole(st, name):
+@pytest.mark.parametrize("name", qcow2_images.CORPUS)
+def test_read_corpus_whole(qcow2_all, name):
     """The make_corpus images, read in 4 MiB + 1 chunks (unaligned on purpose)."""
-    b = st.get(name)
+    b = qcow2_all.get(name)
     chunk = 4 * MiB + 4097
-    with imgcopy.open(b.path) as img, open(st.raw(name), "rb") as raw:
+    with imgcopy.open(b.path) as img, open(qcow2_all.raw(name), "rb") as raw:
         pos = 0
         while pos < b.size:
             n = min(chunk, b.size - pos)
@@ -93,13 +89,13 @@ def test_read_corpus_whole(st, name):
             pos += n
 
 
-def test_uniform_images_identical(st):
+def test_uniform_images_identical(qcow2_all):
     """The same guest writes give the same bytes for every cluster size and
     compat level (qemu agrees with itself, and imgcopy with qemu)."""
-    ref = st.raw_bytes(qcow2gen.UNI_NAMES[0])
-    for name in qcow2gen.UNI_NAMES:
-        assert st.raw_bytes(name) == ref, name
-        with imgcopy.open(st.get(name).path) as img:
+    ref = qcow2_all.raw_bytes(qcow2_images.UNI_NAMES[0])
+    for name in qcow2_images.UNI_NAMES:
+        assert qcow2_all.raw_bytes(name) == ref, name
+        with imgcopy.open(qcow2_all.get(name).path) as img:
             assert img.read(0, img.size) == ref, name
     # and they do hold what was written
     assert ref[0] == 0x41 and ref[2 * MiB + 5] == 0x43 and ref[3 * MiB + 777] == 0x44
@@ -108,8 +104,7 @@ def test_uniform_images_identical(st):
 
 
 def _qemu_io_read(path, off, n):
-    out = qcow2gen.run([qcow2gen.QEMU_IO, "-r", "-f", "qcow2", "-c",
-                        "read -v %d %d" % (off, n), path]).stdout
+    out = qemu_io_args("-r", "-f", "qcow2", "-c", "read -v %d %d" % (off, n), path).stdout
     data = bytearray()
     for line in out.splitlines():
         m = re.match(r"^[0-9a-f]{8}:  ((?:[0-9a-f]{2} )+)", line)
@@ -128,19 +123,19 @@ def _qemu_io_read(path, off, n):
     ("odd-64k", 983040 - 3, 9),               # into the compressed partial cluster
     ("uni-c512-v2", 3 * MiB + 770, 16),
 ])
-def test_read_vs_qemu_io(st, name, off, n):
-    b = st.get(name)
+def test_read_vs_qemu_io(qcow2_all, name, off, n):
+    b = qcow2_all.get(name)
     with imgcopy.open(b.path) as img:
         assert img.read(off, n) == _qemu_io_read(b.path, off, n)
 
 
-def test_read_concurrent_threads(st):
+def test_read_concurrent_threads(qcow2_all):
     """Reads from several threads share the L2 cache safely."""
     from concurrent.futures import ThreadPoolExecutor
 
     name = "uni-c512-v3"           # 32 L2 tables: the cache is busy
-    b = st.get(name)
-    want = st.raw_bytes(name)
+    b = qcow2_all.get(name)
+    want = qcow2_all.raw_bytes(name)
     rng = random.Random(7)
     jobs = [(o, min(rng.randint(1, 200000), b.size - o))
             for o in (rng.randrange(b.size) for _ in range(400))]
@@ -151,9 +146,9 @@ def test_read_concurrent_threads(st):
         assert got == want[o:o + n], (o, n)
 
 
-def test_petabyte_reads(st):
-    b = st.get("petabyte")
-    off = qcow2gen.PB_DATA_OFFSET
+def test_petabyte_reads(qcow2_all):
+    b = qcow2_all.get("petabyte")
+    off = qcow2_images.PB_DATA_OFFSET
     with imgcopy.open(b.path) as img:
         assert img.read(off - 100, 65536 + 200) == bytes(100) + b"\x77" * 65536 + bytes(100)
         assert img.read(0, 4096) == bytes(4096)
@@ -163,8 +158,8 @@ def test_petabyte_reads(st):
 # --------------------------------------------------------------------------
 # open(): format, mode and paths
 
-def test_open_format_and_mode(st):
-    b = st.get("odd-64k-tail")
+def test_open_format_and_mode(qcow2_all):
+    b = qcow2_all.get("odd-64k-tail")
     with imgcopy.open(b.path, format="qcow2") as img:
         assert img.format == "qcow2" and img.size == b.size
     # format="raw" reads the container itself, on purpose
@@ -178,7 +173,7 @@ def test_open_format_and_mode(st):
         with imgcopy.open(b.path, format=fmt, mode="r+") as img:
             assert img.format == "qcow2"
     assert open(b.path, "rb").read() == before
-    assert imgcopy.map(b.path).to_json() == st.qemu_json(b.path)
+    assert imgcopy.map(b.path).to_json() == qcow2_all.qemu_json(b.path)
 
 
 def test_format_mismatch(tmp_path):
@@ -196,24 +191,24 @@ def test_format_mismatch(tmp_path):
         assert img.size == 100000
 
 
-def test_open_pathlike_and_bytes(st):
+def test_open_pathlike_and_bytes(qcow2_all):
     import pathlib
 
-    b = st.get("chain-top")
-    want = st.raw_read("chain-top", 0, 300000)
+    b = qcow2_all.get("chain-top")
+    want = qcow2_all.raw_read("chain-top", 0, 300000)
     for p in (pathlib.Path(b.path), os.fsencode(b.path)):
         with imgcopy.open(p) as img:
             assert img.read(0, 300000) == want
             assert img.backing_chain == b.chain
 
 
-def test_backing_opened_read_only(st, tmp_path):
+def test_backing_opened_read_only(qcow2_all, tmp_path):
     """A backing file without write permission still opens (read-only)."""
     d = tmp_path / "ro"
     d.mkdir()
-    qcow2gen.create(str(d / "base.qcow2"), 1 * MiB, 4 * KiB)
-    qcow2gen.qemu_io(str(d / "base.qcow2"), ["write -P 0x5a 0 8192"])
-    qcow2gen.create("top.qcow2", 1 * MiB, 64 * KiB, "1.1", "base.qcow2", "qcow2", cwd=str(d))
+    qcow2_images.create(str(d / "base.qcow2"), 1 * MiB, 4 * KiB)
+    qemu_io(str(d / "base.qcow2"), ["write -P 0x5a 0 8192"], fmt="qcow2", cache="unsafe")
+    qcow2_images.create("top.qcow2", 1 * MiB, 64 * KiB, "1.1", "base.qcow2", "qcow2", cwd=str(d))
     os.chmod(d / "base.qcow2", 0o444)
     with imgcopy.open(str(d / "top.qcow2")) as img:
         assert img.read(0, 8193) == b"\x5a" * 8192 + b"\0"
@@ -257,8 +252,8 @@ REFUSED_CASES = [("odd-64k-tail", p, w) for p, w in REFUSED] + \
 @pytest.mark.parametrize("base,patch,words", REFUSED_CASES,
                          ids=["%s-%s" % (b, "-".join("%s%s" % kv for kv in p.items()))
                               for b, p, _ in REFUSED_CASES])
-def test_refused_feature(st, tmp_path, base, patch, words):
-    p = qcow2gen.header_patch(st.get(base).path, str(tmp_path / "x.qcow2"), **patch)
+def test_refused_feature(qcow2_all, tmp_path, base, patch, words):
+    p = header_patch(qcow2_all.get(base).path, str(tmp_path / "x.qcow2"), **patch)
     for force in (False, True):
         refused(imgcopy.open, p, force=force, words=words)
     refused(imgcopy.map, p, words=words)
@@ -268,11 +263,11 @@ def test_refused_feature(st, tmp_path, base, patch, words):
 def test_refused_real_zstd_image(tmp_path):
     """An image qemu itself made with compression_type=zstd."""
     p = str(tmp_path / "z.qcow2")
-    r = qcow2gen.qemu_img("create", "-q", "-f", "qcow2", "-o", "compression_type=zstd", p, "1M",
+    r = qemu_img("create", "-q", "-f", "qcow2", "-o", "compression_type=zstd", p, "1M",
                           check=False)
     if r.returncode != 0:
         pytest.skip("this qemu-img has no zstd: %s" % r.stderr.strip())
-    qcow2gen.qemu_io(p, ["write -c -P 0x33 0 64k"])
+    qemu_io(p, ["write -c -P 0x33 0 64k"], fmt="qcow2", cache="unsafe")
     refused(imgcopy.open, p, words="zstd")
 
 
@@ -281,32 +276,32 @@ def test_refused_real_zstd_image(tmp_path):
 def test_refused_real_images(tmp_path, opt, words):
     """Images qemu itself made with extended L2 entries / an external data file."""
     d = str(tmp_path)
-    qcow2gen.qemu_img("create", "-q", "-f", "qcow2", "-o", opt, "x.qcow2", "1M", cwd=d)
-    qcow2gen.qemu_io("x.qcow2", ["write -P 0x21 0 64k"], cwd=d)
+    qemu_img("create", "-q", "-f", "qcow2", "-o", opt, "x.qcow2", "1M", cwd=d)
+    qemu_io("x.qcow2", ["write -P 0x21 0 64k"], cwd=d, fmt="qcow2", cache="unsafe")
     refused(imgcopy.open, os.path.join(d, "x.qcow2"), words=words)
 
 
-def test_compression_type_without_feature_bit(st, tmp_path):
+def test_compression_type_without_feature_bit(qcow2_all, tmp_path):
     """qemu refuses a compression type whose incompatible bit is not set."""
-    p = qcow2gen.header_patch(st.get("odd-64k-tail").path, str(tmp_path / "x.qcow2"),
+    p = header_patch(qcow2_all.get("odd-64k-tail").path, str(tmp_path / "x.qcow2"),
                               compression_type=1)
-    assert qcow2gen.qemu_img("map", p, check=False).returncode != 0
+    assert qemu_img("map", p, check=False).returncode != 0
     with pytest.raises(imgcopy.ImageFormatError):
         imgcopy.open(p)
 
 
 @pytest.mark.parametrize("bit,word", [(0, "dirty"), (1, "corrupt")])
-def test_dirty_and_corrupt_need_force(st, tmp_path, bit, word):
+def test_dirty_and_corrupt_need_force(qcow2_all, tmp_path, bit, word):
     name = "odd-64k"
-    p = qcow2gen.header_patch(st.get(name).path, str(tmp_path / "x.qcow2"), incompatible_set=bit)
+    p = header_patch(qcow2_all.get(name).path, str(tmp_path / "x.qcow2"), incompatible_set=bit)
     refused(imgcopy.open, p, words=word)
     refused(imgcopy.map, p, words=word)
     refused(imgcopy.open, p, mode="r+", force=True)
     with imgcopy.open(p, force=True) as img:
-        assert img.read(0, img.size) == st.raw_bytes(name)
+        assert img.read(0, img.size) == qcow2_all.raw_bytes(name)
     m = imgcopy.map(p, force=True)
     # qemu maps such an image when opening it read-only
-    assert m.to_json() == qcow2gen.qemu_img("map", "--output=json", p).stdout
+    assert m.to_json() == qemu_img("map", "--output=json", p).stdout
 
 
 def test_zero_flag_in_v2_image_is_corruption(tmp_path):
@@ -314,11 +309,11 @@ def test_zero_flag_in_v2_image_is_corruption(tmp_path):
     as corruption ("Zero cluster entry found in pre-v3 image") and fails the
     read with EIO; imgcopy must not quietly read the cluster's data instead."""
     p = str(tmp_path / "v2.qcow2")
-    qcow2gen.create(p, 1 * MiB, 4 * KiB, "0.10")
-    qcow2gen.qemu_io(p, ["write -P 0x11 0 16k"])
-    old = qcow2gen.l2_patch(p, 1, 1)
+    qcow2_images.create(p, 1 * MiB, 4 * KiB, "0.10")
+    qemu_io(p, ["write -P 0x11 0 16k"], fmt="qcow2", cache="unsafe")
+    old = l2_patch(p, 1, 1)
     assert old & (1 << 63) and not old & 1
-    q = qcow2gen.qemu_img("map", "--output=json", p, check=False)
+    q = qemu_img("map", "--output=json", p, check=False)
     assert q.returncode != 0 and "pre-v3" in q.stderr
     with pytest.raises(imgcopy.ImageFormatError):
         with imgcopy.open(p) as img:
@@ -328,9 +323,9 @@ def test_zero_flag_in_v2_image_is_corruption(tmp_path):
 
 def test_backing_loop(tmp_path):
     d = str(tmp_path)
-    qcow2gen.create("a.qcow2", 1 * MiB, cwd=d)
-    qcow2gen.create("b.qcow2", 1 * MiB, 64 * KiB, "1.1", "a.qcow2", "qcow2", cwd=d)
-    qcow2gen.qemu_img("rebase", "-u", "-b", "b.qcow2", "-F", "qcow2", "a.qcow2", cwd=d)
+    qcow2_images.create("a.qcow2", 1 * MiB, cwd=d)
+    qcow2_images.create("b.qcow2", 1 * MiB, 64 * KiB, "1.1", "a.qcow2", "qcow2", cwd=d)
+    qemu_img("rebase", "-u", "-b", "b.qcow2", "-F", "qcow2", "a.qcow2", cwd=d)
     for name in ("a.qcow2", "b.qcow2"):
         refused(imgcopy.open, os.path.join(d, name), words="loop")
         with pytest.raises(imgcopy.ImageFormatError):
@@ -339,8 +334,8 @@ def test_backing_loop(tmp_path):
 
 def test_backing_self_loop(tmp_path):
     d = str(tmp_path)
-    qcow2gen.create("a.qcow2", 1 * MiB, cwd=d)
-    qcow2gen.qemu_img("rebase", "-u", "-b", "a.qcow2", "-F", "qcow2", "a.qcow2", cwd=d)
+    qcow2_images.create("a.qcow2", 1 * MiB, cwd=d)
+    qemu_img("rebase", "-u", "-b", "a.qcow2", "-F", "qcow2", "a.qcow2", cwd=d)
     with pytest.raises(imgcopy.ImageFormatError):
         imgcopy.open(os.path.join(d, "a.qcow2"))
 
@@ -348,7 +343,7 @@ def test_backing_self_loop(tmp_path):
 def test_missing_backing_file(tmp_path):
     d = tmp_path / "m"
     d.mkdir()
-    qcow2gen.qemu_img("create", "-q", "-f", "qcow2", "-u", "-b", "gone.qcow2", "-F", "qcow2",
+    qemu_img("create", "-q", "-f", "qcow2", "-u", "-b", "gone.qcow2", "-F", "qcow2",
                       str(d / "top.qcow2"), "1M")
     with pytest.raises(FileNotFoundError) as ei:
         imgcopy.open(str(d / "top.qcow2"))
@@ -356,9 +351,9 @@ def test_missing_backing_file(tmp_path):
     assert ei.value.filename == want or want in str(ei.value), (ei.value, ei.value.filename)
 
 
-def test_missing_backing_in_deeper_link(st, tmp_path):
+def test_missing_backing_in_deeper_link(qcow2_all, tmp_path):
     """A chain whose second link is missing: the missing path is named."""
-    src = st.get("tree-over")
+    src = qcow2_all.get("tree-over")
     root = tmp_path / "t"
     shutil.copytree(os.path.dirname(os.path.dirname(src.path)), root)
     os.unlink(root / "base.qcow2")

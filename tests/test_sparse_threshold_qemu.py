@@ -25,17 +25,17 @@ Both sources start with non-zero data, so qemu's raw driver allocating
 the first 4 KiB of every new raw file plays no part.
 """
 
-import json
 import os
 import random
-import subprocess
 
 import pytest
 
 import imgcopy
 
-KiB = 1024
-MiB = 1024 * KiB
+from .gen.raw_layouts import mixed_segments, segments_file, zero_run_segments
+from .oracles import data_extents, qemu_img, qemu_map, require_qemu_img
+from .units import KiB, MiB
+
 SIZE = 256 * MiB
 
 THRESHOLDS = [4 * KiB, 64 * KiB, 1 * MiB, 2 * MiB, 3 * MiB, 4 * MiB, 8 * MiB, 12 * MiB,
@@ -49,104 +49,21 @@ def _threshold_id(n):
     return "S%dM" % (n // MiB) if n % MiB == 0 else "S%dk" % (n // KiB)
 
 
-def _qemu_img(*args, check=True):
-    try:
-        p = subprocess.run(["qemu-img", *args], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    except FileNotFoundError:
-        pytest.skip("qemu-img is not installed")
-    if check and p.returncode != 0:
-        raise AssertionError("qemu-img %s: rc=%d %s%s" % (" ".join(args), p.returncode,
-                                                          p.stdout, p.stderr))
-    return p
-
-
-def _log_uniform(rng, lo, hi, unit):
-    """lo..hi bytes, log-uniformly, in whole units."""
-    lo_exp, hi_exp = lo.bit_length() - 1, hi.bit_length() - 1
-    return max(unit, int(2 ** rng.uniform(lo_exp, hi_exp)) // unit * unit)
-
-
-def _data(rng, n):
-    """n bytes of random data with no all-zero 512-byte sector."""
-    b = bytearray(rng.randbytes(n))
-    b[::512] = b"\1" * len(range(0, n, 512))
-    return bytes(b)
-
-
-def _write_layout(path, segments, rng):
-    """segments: [(kind, length)], kind in data / zeros (written) / hole."""
-    with open(path, "wb") as f:
-        f.truncate(SIZE)
-        pos = 0
-        for kind, n in segments:
-            n = min(n, SIZE - pos)
-            if n <= 0:
-                break
-            if kind != "hole":
-                f.seek(pos)
-                f.write(_data(rng, n) if kind == "data" else bytes(n))
-            pos += n
-
-
-def _mixed_segments(rng):
-    """Data, written zeros and holes of 4 KiB..32 MiB in random order: data
-    extents start and end at arbitrary 4 KiB offsets (~100 MiB of data)."""
-    segs, total, prev = [("data", 1 * MiB)], 1 * MiB, "data"
-    while total < SIZE:
-        r = rng.random()
-        kind = "data" if r < 0.45 else "zeros" if r < 0.8 else "hole"
-        if kind == prev:
-            continue
-        n = _log_uniform(rng, 4 * KiB, 32 * MiB, 4 * KiB)
-        segs.append((kind, n))
-        total += n
-        prev = kind
-    return segs
-
-
-def _zero_run_segments(rng):
-    """Short data runs (4..256 KiB) between written-zero runs of 4 KiB..32 MiB,
-    all in one data extent that starts at an odd offset (after a hole)."""
-    segs = [("data", 64 * KiB), ("hole", 1 * MiB + 36 * KiB)]
-    total = 64 * KiB + 1 * MiB + 36 * KiB
-    while total < SIZE:
-        d = _log_uniform(rng, 4 * KiB, 256 * KiB, 4 * KiB)
-        z = _log_uniform(rng, 4 * KiB, 32 * MiB, 4 * KiB)
-        segs += [("data", d), ("zeros", z)]
-        total += d + z
-    return segs
-
-
-def _data_extents(path, fmt):
-    """qemu-img map's data extents, guest-adjacent ones merged: [[start, end]]."""
-    entries = json.loads(_qemu_img("map", "-f", fmt, "--output=json", path).stdout)
-    merged = []
-    for e in entries:
-        if not e["data"]:
-            continue
-        start, end = e["start"], e["start"] + e["length"]
-        if merged and merged[-1][1] == start:
-            merged[-1][1] = end
-        else:
-            merged.append([start, end])
-    return merged
-
-
 def _summary(path, fmt):
-    ext = _data_extents(path, fmt)
+    """qemu-img map's data extents, guest-adjacent ones merged: their bytes and count."""
+    ext = data_extents(qemu_map(path, fmt).extents)
     return {"data": sum(b - a for a, b in ext), "extents": len(ext)}
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    _qemu_img("--version")
+    require_qemu_img()
     root = tmp_path_factory.mktemp("sparse-threshold")
     built = {}
-    for name, make, seed in (("mixed", _mixed_segments, 1), ("zero-runs", _zero_run_segments, 5)):
+    for name, make, seed in (("mixed", mixed_segments, 1), ("zero-runs", zero_run_segments, 5)):
         rng = random.Random("sparse-threshold-%s-%d" % (name, seed))
         path = str(root / (name + ".raw"))
-        _write_layout(path, make(rng), rng)
+        segments_file(path, SIZE, make(rng, SIZE), rng)
         built[name] = path
     yield root, built
 
@@ -171,13 +88,13 @@ def converted(sources):
                 os.unlink(p)
         try:
             # -t unsafe / flush=False: no flushing, the same layout
-            _qemu_img("convert", "-f", "raw", "-O", fmt, "-t", "unsafe", "-S", str(threshold),
-                      src, outs["qemu"])
+            qemu_img("convert", "-f", "raw", "-O", fmt, "-t", "unsafe", "-S", str(threshold),
+                     src, outs["qemu"])
             imgcopy.convert(src, outs["imgcopy"], dst_format=fmt, sparse_threshold=threshold,
                             flush=False)
             result = {"compare": {}}
             for tool, out in outs.items():
-                p = _qemu_img("compare", "-f", "raw", "-F", fmt, src, out, check=False)
+                p = qemu_img("compare", "-f", "raw", "-F", fmt, src, out, check=False)
                 result["compare"][tool] = (p.returncode, p.stdout + p.stderr)
                 result[tool] = _summary(out, fmt)
         finally:

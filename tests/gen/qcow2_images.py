@@ -1,18 +1,19 @@
-"""qcow2 test images built with qemu-img / qemu-io, shared by tests/test_qcow2_*.py.
+"""The catalogue of qcow2 test images, built with qemu-img / qemu-io and
+shared by every test module through conftest's ``qcow2_store`` fixture.
 
 qemu is both the builder and the oracle: every image here is made with
 ``qemu-img create`` / ``qemu-io`` / ``qemu-img convert`` (or a corpus recipe
 from benchmarks/make_corpus.py), and the expected answers are whatever
 ``qemu-img map`` / ``qemu-img convert -O raw`` say about it.
 
-A single :class:`Store` per test session (``store(tmp_path_factory)``) builds
-images lazily, by name, and memoizes qemu's answers, so the three test
-modules share both the images and the oracle output.  Tests must never
-modify a stored image.
+A single :class:`Store` per test session (conftest's ``qcow2_store``) builds
+images lazily, by name, and memoizes qemu's answers, so the test modules
+share both the images and the oracle output.  Tests must never modify a
+stored image.
 
 Reproduce an image by hand::
 
-    python3 tests/qcow2gen.py NAME OUTDIR      # prints the path and qemu-img map
+    python3 -m tests.gen.qcow2_images NAME OUTDIR   # prints the path and qemu-img map
 
 Image families (``NAMES``; builders in ``_SPECS`` below):
 
@@ -38,63 +39,42 @@ Host files get real holes instead of ext4 unwritten extents (``dig_holes``),
 so their maps never change when somebody reads them.
 """
 
-import json
+import functools
 import os
-import random
-import shutil
-import struct
 import subprocess
 import sys
 import threading
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
-TiB = 1024 * GiB
-PiB = 1024 * TiB
-
-QEMU_IMG = shutil.which("qemu-img")
-QEMU_IO = shutil.which("qemu-io")
-NO_QEMU_REASON = "qemu-img/qemu-io not found on PATH (install qemu-utils); they are the test oracle"
-HAVE_QEMU = QEMU_IMG is not None and QEMU_IO is not None
+from ..oracles import map_args, qemu_img, qemu_info, qemu_io, run
+from ..units import GiB, KiB, MiB, PiB, TiB
+from .qcow2_meta import header_patch
+from .raw_layouts import mixed_raw
+from .sparse import dig_holes
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(_HERE)
+_REPO = os.path.dirname(os.path.dirname(_HERE))
 MAKE_CORPUS = os.path.join(_REPO, "benchmarks", "make_corpus.py")
 CORPUS_SCALE = 0.0625
 CORPUS_SEED = 4
 
 
-# --------------------------------------------------------------------------
-# running qemu
-
-def run(args, cwd=None, input=None, check=True) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(a) for a in args], cwd=cwd, input=input, stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    if check and p.returncode != 0:
-        raise RuntimeError("%s failed (rc=%d, cwd=%s):\n%s%s" % (
-            " ".join(map(str, args)), p.returncode, cwd, p.stdout[-2000:], p.stderr[-2000:]))
-    return p
+def build_named(directory, builders, suffix=".qcow2") -> Dict[str, str]:
+    """{name: path} of the images ``builders[name](path)`` make in directory."""
+    paths = {}
+    for name, build in builders.items():
+        paths[name] = os.path.join(os.fspath(directory), name + suffix)
+        build(paths[name])
+    return paths
 
 
-def qemu_img(*args, cwd=None, check=True) -> subprocess.CompletedProcess:
-    return run([QEMU_IMG] + list(args), cwd=cwd, check=check)
-
-
-def qemu_io(path, cmds, fmt="qcow2", cwd=None):
-    """Run qemu-io commands on an image (cache=unsafe: fast, same layout)."""
-    args = [QEMU_IO, "-t", "unsafe", "-f", fmt]
-    script = "".join(c + "\n" for c in cmds)
-    p = run(args + [path], cwd=cwd, input=script)
-    low = (p.stdout + p.stderr).lower()
-    if "error" in low or "failed" in low or "invalid" in low or "usage" in low:
-        raise RuntimeError("qemu-io %s: %r:\n%s%s" % (path, cmds, p.stdout[-3000:], p.stderr))
-    return p.stdout
+# qemu-io in cache=unsafe mode: the same image, many times faster
+_qemu_io = functools.partial(qemu_io, fmt="qcow2", cache="unsafe")
 
 
 def create(path, size, cluster_size=64 * KiB, compat="1.1", backing=None, backing_fmt=None,
            prealloc=None, cwd=None, extra=()):
+    """``qemu-img create -f qcow2 -o cluster_size=..,compat=..[,..] [-b -F] PATH SIZE``."""
     opts = ["cluster_size=%d" % cluster_size, "compat=%s" % compat]
     if prealloc:
         opts.append("preallocation=%s" % prealloc)
@@ -112,145 +92,6 @@ def convert_to_qcow2(src, dst, src_fmt="raw", compress=False, cluster_size=64 * 
     if compress:
         args.append("-c")
     qemu_img(*(args + [src, dst]))
-
-
-# --------------------------------------------------------------------------
-# deterministic host files
-
-def dig_holes(path, block=4096):
-    """Punch every all-zero 4 KiB block of `path` into a real hole (like
-    ``fallocate --dig-holes``).
-
-    qemu fills the untouched part of a newly allocated cluster with
-    write-zeroes, i.e. FALLOC_FL_ZERO_RANGE: *unwritten* extents, which
-    ext4's SEEK_DATA reports as holes until somebody reads their pages, then
-    as data.  Where qemu consults the host file (its metadata-preallocation
-    heuristic), the map of such an image would change as soon as any test
-    reads it.  Real holes never change, so every image built here gets them.
-    """
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-    zero = bytes(block)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        size = os.fstat(fd).st_size
-        runs, start, pos = [], None, 0
-        while pos < size:
-            buf = os.pread(fd, 1 << 20, pos)
-            if not buf:
-                break
-            for i in range(0, len(buf), block):
-                z = buf[i:i + block] == zero[:len(buf) - i] if i + block > len(buf) else \
-                    buf[i:i + block] == zero
-                if z and start is None:
-                    start = pos + i
-                elif not z and start is not None:
-                    runs.append((start, pos + i - start))
-                    start = None
-            pos += len(buf)
-        if start is not None:
-            runs.append((start, size - start))
-        for off, ln in runs:
-            if libc.fallocate(fd, 3, off, ln) != 0:        # PUNCH_HOLE | KEEP_SIZE
-                e = ctypes.get_errno()
-                raise OSError(e, "fallocate(PUNCH_HOLE) failed", path)
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-# --------------------------------------------------------------------------
-# raw sources with compressible, incompressible, zero and hole runs
-
-def mixed_raw(path, size, seed):
-    """Seeded raw file: random runs (incompressible), text-like runs
-    (compressible), written zeros and holes, at unaligned offsets."""
-    rng = random.Random("qcow2gen-mixed-%d" % seed)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.ftruncate(fd, size)
-        pos = rng.randint(0, 3000)
-        while pos < size:
-            n = min(size - pos, rng.choice([1, 333, 4096, 20000, 64 * KiB + 7,
-                                            rng.randint(1, 400 * KiB)]))
-            kind = rng.random()
-            if kind < 0.35:
-                buf = rng.randbytes(n)
-            elif kind < 0.75:
-                buf = bytes(rng.choice(b"abcdefgh \n") for _ in range(min(n, 997)))
-                buf = (buf * (n // len(buf) + 1))[:n]
-            else:
-                buf = bytes(n)
-            os.pwrite(fd, buf, pos)
-            pos += n + rng.choice([0, 0, 512, 4096, 70000, rng.randint(1, 600 * KiB)])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return size
-
-
-# --------------------------------------------------------------------------
-# header patching (features qemu can no longer be asked to create)
-
-def header_patch(src, dst, **fields):
-    """Copy qcow2 image `src` to `dst` and patch header fields.
-
-    fields: crypt_method=int, incompatible_set=bit (or list of bits),
-    compression_type=int (also makes a v3 header 112 bytes long),
-    drop_backing_format=True (hide the backing-format header extension).
-    """
-    shutil.copyfile(src, dst)
-    with open(dst, "r+b") as f:
-        head = bytearray(f.read(4096))
-        if "crypt_method" in fields:
-            head[32:36] = struct.pack(">I", fields["crypt_method"])
-        if "incompatible_set" in fields:
-            bits = fields["incompatible_set"]
-            bits = bits if isinstance(bits, (list, tuple)) else [bits]
-            v = struct.unpack(">Q", head[72:80])[0]
-            for b in bits:
-                v |= 1 << b
-            head[72:80] = struct.pack(">Q", v)
-        if "compression_type" in fields:
-            hl = struct.unpack(">I", head[100:104])[0]
-            assert hl >= 112, "header_length %d: create with compat=1.1" % hl
-            head[104] = fields["compression_type"]
-        if fields.get("drop_backing_format"):
-            off = struct.unpack(">I", head[100:104])[0]
-            while True:
-                t, ln = struct.unpack(">II", head[off:off + 8])
-                if t == 0:
-                    break
-                if t == 0xE2792ACA:
-                    head[off:off + 4] = struct.pack(">I", 0x0BADF00D)  # unknown ext: ignored
-                off += 8 + (ln + 7) // 8 * 8
-        f.seek(0)
-        f.write(head)
-    dig_holes(dst)
-    return dst
-
-
-def l2_patch(path, guest_cluster, or_bits):
-    """OR `or_bits` into the L2 entry of guest cluster `guest_cluster`
-    (which must have an L2 table); returns the old entry."""
-    with open(path, "r+b") as f:
-        h = f.read(72)
-        cbits = struct.unpack(">I", h[20:24])[0]
-        l1_off = struct.unpack(">Q", h[40:48])[0]
-        per_l2 = (1 << cbits) // 8
-        f.seek(l1_off + 8 * (guest_cluster // per_l2))
-        l2_off = struct.unpack(">Q", f.read(8))[0] & 0x00FFFFFFFFFFFE00
-        assert l2_off, "no L2 table for cluster %d" % guest_cluster
-        pos = l2_off + 8 * (guest_cluster % per_l2)
-        f.seek(pos)
-        old = struct.unpack(">Q", f.read(8))[0]
-        f.seek(pos)
-        f.write(struct.pack(">Q", old | or_bits))
-    return old
 
 
 # --------------------------------------------------------------------------
@@ -302,7 +143,7 @@ def _uni(store, name):
     cs = int(c[1:])
     p = store.path(name + ".qcow2")
     create(p, UNI_SIZE, cs, "0.10" if v == "v2" else "1.1")
-    qemu_io(p, uni_commands())
+    _qemu_io(p, uni_commands())
     # with 2 MiB clusters the partial overwrite decompresses the only compressed cluster
     return Built(name, p, UNI_SIZE, cs < 2 * MiB, [], cs)
 
@@ -312,7 +153,7 @@ def _odd(store, name):
     p = store.path(name + ".qcow2")
     create(p, ODD_SIZE, 64 * KiB, compat)
     last = ODD_SIZE // (64 * KiB) * 64 * KiB          # start of the partial cluster
-    qemu_io(p, [
+    _qemu_io(p, [
         "write -P 0x51 1000 70000",
         "write -c -P 0x52 %d %d" % (last, ODD_SIZE - last),   # compressed partial last cluster
         "write -P 0x53 %d 100" % (ODD_SIZE - 100),            # ...then partly overwritten
@@ -327,7 +168,7 @@ def _odd_tail_only(store, name):
     """Only the partial last cluster is written (plain data)."""
     p = store.path(name + ".qcow2")
     create(p, ODD_SIZE, 64 * KiB, "1.1")
-    qemu_io(p, ["write -P 0x61 %d %d" % (ODD_SIZE - 5000, 5000)])
+    _qemu_io(p, ["write -P 0x61 %d %d" % (ODD_SIZE - 5000, 5000)])
     return Built(name, p, ODD_SIZE, False, [], 64 * KiB)
 
 
@@ -338,7 +179,7 @@ def _frag(store, name):
     create(p, size)
     idx = list(range(n - 1, -1, -1)) if "backward" in name else \
         list(range(0, n, 2)) + list(range(1, n, 2))
-    qemu_io(p, ["write -P 0x%02x %d 64k" % (i % 251 + 1, i * 64 * KiB) for i in idx])
+    _qemu_io(p, ["write -P 0x%02x %d 64k" % (i % 251 + 1, i * 64 * KiB) for i in idx])
     return Built(name, p, size, False, [], 64 * KiB)
 
 
@@ -399,7 +240,7 @@ def _chain_mid(store, name):
     base = _chain_base(store)
     p = os.path.join(d, "chain-mid.qcow2")
     create("chain-mid.qcow2", CHAIN_MID_SIZE, 32 * KiB, "0.10", "chain-base.raw", "raw", cwd=d)
-    qemu_io(p, [
+    _qemu_io(p, [
         "write -P 0x71 %d %d" % (1 * MiB, 512 * KiB),
         "write -P 0x72 %d %d" % (200000, 3000),                  # COW of backing data
         "write -z %d %d" % (600 * KiB, 96 * KiB),                # v2: written zeroes
@@ -415,7 +256,7 @@ def _chain_top(store, name):
     d = _chain_dir(store)
     p = os.path.join(d, "chain-top.qcow2")
     create("chain-top.qcow2", CHAIN_TOP_SIZE, 4 * KiB, "1.1", "chain-mid.qcow2", "qcow2", cwd=d)
-    qemu_io(p, [
+    _qemu_io(p, [
         "write -P 0x81 %d %d" % (100, 9000),
         "write -z %d %d" % (1 * MiB + 64 * KiB, 128 * KiB),      # zero clusters over backing data
         "discard %d %d" % (250 * KiB, 32 * KiB),                 # v3 discard over backing
@@ -433,7 +274,7 @@ def _chain_small(store, name):
     p = os.path.join(d, "chain-small.qcow2")
     create("chain-small.qcow2", CHAIN_SMALL_SIZE, 64 * KiB, "1.1", "chain-mid.qcow2", "qcow2",
            cwd=d)
-    qemu_io(p, ["write -P 0x91 %d %d" % (5000, 70000),
+    _qemu_io(p, ["write -P 0x91 %d %d" % (5000, 70000),
                 "write -z %d %d" % (1 * MiB, 64 * KiB)])
     return Built(name, p, CHAIN_SMALL_SIZE, True, [(mid.path, "qcow2")] + mid.chain, 64 * KiB)
 
@@ -460,11 +301,11 @@ def _tree(store, name):
     top = os.path.join(sub, "top.qcow2")
     over = os.path.join(deeper, "over.qcow2")
     create("base.qcow2", 2 * MiB, 4 * KiB, "1.1", cwd=sub)
-    qemu_io(base, ["write -P 0xa1 0 300000", "write -P 0xa2 1500000 20000"])
+    _qemu_io(base, ["write -P 0xa1 0 300000", "write -P 0xa2 1500000 20000"])
     create("top.qcow2", 3 * MiB, 64 * KiB, "0.10", "base.qcow2", "qcow2", cwd=sub)
-    qemu_io(top, ["write -P 0xa3 100000 200000", "write -P 0xa4 %d 4096" % (2 * MiB + 5)])
+    _qemu_io(top, ["write -P 0xa3 100000 200000", "write -P 0xa4 %d 4096" % (2 * MiB + 5)])
     create("over.qcow2", 3 * MiB, 64 * KiB, "1.1", "../top.qcow2", "qcow2", cwd=deeper)
-    qemu_io(over, ["write -P 0xa5 250000 100", "write -z 1400000 300000"])
+    _qemu_io(over, ["write -P 0xa5 250000 100", "write -z 1400000 300000"])
     dig_holes(base)
     dig_holes(top)
     # the chain as imgcopy and qemu name it: joined to the overlay's directory
@@ -484,7 +325,7 @@ def _prealloc(store, name):
     p = store.path(name + ".qcow2")
     create(p, size, cs, compat, prealloc=mode, extra=extra)
     if parts[-1] == "written":
-        qemu_io(p, [
+        _qemu_io(p, [
             "write -P 0xb1 %d %d" % (64 * KiB, 100 * KiB),
             "write -P 0xb2 %d %d" % (1 * MiB + 5, 3000),
             "write -z %d %d" % (2 * MiB, 128 * KiB),
@@ -505,18 +346,18 @@ def _snapshot(store, name):
     after the snapshot; the active L1 table is what counts."""
     p = store.path(name + ".qcow2")
     create(p, 2 * MiB, 4 * KiB)
-    qemu_io(p, ["write -P 0xc1 0 100k", "write -c -P 0xc2 1M 8k"])
+    _qemu_io(p, ["write -P 0xc1 0 100k", "write -c -P 0xc2 1M 8k"])
     qemu_img("snapshot", "-c", "s1", p)
-    qemu_io(p, ["write -P 0xc3 50k 10k", "write -z 80k 8k", "discard 1M 4k"])
+    _qemu_io(p, ["write -P 0xc3 50k 10k", "write -z 80k 8k", "discard 1M 4k"])
     qemu_img("snapshot", "-c", "s2", p)
-    qemu_io(p, ["write -P 0xc4 0 4k", "write -P 0xc5 %d 3000" % (2 * MiB - 3000)])
+    _qemu_io(p, ["write -P 0xc4 0 4k", "write -P 0xc5 %d 3000" % (2 * MiB - 3000)])
     return Built(name, p, 2 * MiB, True, [], 4 * KiB)
 
 
 def _petabyte(store, name):
     p = store.path("petabyte.qcow2")
     create(p, "1P")
-    qemu_io(p, ["write -P 0x77 %d 64k" % PB_DATA_OFFSET])
+    _qemu_io(p, ["write -P 0x77 %d 64k" % PB_DATA_OFFSET])
     return Built(name, p, PiB, False, [], 64 * KiB)
 
 
@@ -550,7 +391,7 @@ def _corpus_dir(store):
             qemu_img("create", "-q", "-f", "qcow2", p, str(size))
             idx = list(range(n - 1, -1, -1)) if order == "backward" else \
                 list(range(0, n, 2)) + list(range(1, n, 2))
-            qemu_io(p, ["write %d 64k" % (i * 64 * KiB) for i in idx])
+            _qemu_io(p, ["write %d 64k" % (i * 64 * KiB) for i in idx])
     return d
 
 
@@ -558,31 +399,28 @@ def _corpus(store, name):
     d = corpus_dir(store)
     fname = {"corpus-prealloc-meta": "prealloc-meta"}.get(name, name[len("corpus-"):]) + ".qcow2"
     p = os.path.join(d, fname)
-    size = json.loads(qemu_img("info", "--output=json", p).stdout)["virtual-size"]
+    size = qemu_info(p)["virtual-size"]
     return Built(name, p, size, "compressed" in name, [], 64 * KiB)
 
 
-_SPECS = {}
-for _n in UNI_NAMES:
-    _SPECS[_n] = _uni
-_SPECS["odd-64k"] = _odd
-_SPECS["odd-64k-v2"] = _odd
-_SPECS["odd-64k-tail"] = _odd_tail_only
-_SPECS["frag-backward"] = _frag
-_SPECS["frag-forward"] = _frag
-for _n in CONV_NAMES:
-    _SPECS[_n] = _conv
-_SPECS["chain-mid"] = _chain_mid
-_SPECS["chain-top"] = _chain_top
-_SPECS["chain-small"] = _chain_small
-_SPECS["chain-probe"] = _chain_probe
-_SPECS["tree-over"] = _tree
-for _n in PREALLOC_NAMES:
-    _SPECS[_n] = _prealloc
-_SPECS["snapshot"] = _snapshot
-_SPECS["petabyte"] = _petabyte
-for _n in CORPUS_NAMES:
-    _SPECS[_n] = _corpus
+# (names, builder), in the order of NAMES
+_FAMILIES = [
+    (UNI_NAMES, _uni),
+    (["odd-64k", "odd-64k-v2"], _odd),
+    (["odd-64k-tail"], _odd_tail_only),
+    (["frag-backward", "frag-forward"], _frag),
+    (CONV_NAMES, _conv),
+    (["chain-mid"], _chain_mid),
+    (["chain-top"], _chain_top),
+    (["chain-small"], _chain_small),
+    (["chain-probe"], _chain_probe),
+    (["tree-over"], _tree),
+    (PREALLOC_NAMES, _prealloc),
+    (["snapshot"], _snapshot),
+    (["petabyte"], _petabyte),
+    (CORPUS_NAMES, _corpus),
+]
+_SPECS = {name: build for names, build in _FAMILIES for name in names}
 
 NAMES = list(_SPECS)
 # everything small enough to read whole / convert in a blink
@@ -639,24 +477,16 @@ class Store:
     def qemu_json(self, path, start=None, length=None, cwd=None) -> str:
         key = (path, start, length, cwd)
         if key not in self._json:
-            args = ["map", "--output=json"]
-            if start is not None:
-                args += ["--start-offset", str(start)]
-            if length is not None:
-                args += ["--max-length", str(length)]
-            self._json[key] = qemu_img(*(args + [path]), cwd=cwd).stdout
+            args = map_args(path, None, start, length, "json", force_share=False)
+            self._json[key] = qemu_img(*args, cwd=cwd).stdout
         return self._json[key]
 
     def qemu_human(self, path, start=None, length=None, cwd=None) -> subprocess.CompletedProcess:
         """CompletedProcess of ``qemu-img map`` (human); may fail (compressed clusters)."""
         key = (path, start, length, cwd)
         if key not in self._human:
-            args = ["map"]
-            if start is not None:
-                args += ["--start-offset", str(start)]
-            if length is not None:
-                args += ["--max-length", str(length)]
-            self._human[key] = qemu_img(*(args + [path]), cwd=cwd, check=False)
+            args = map_args(path, None, start, length, None, force_share=False)
+            self._human[key] = qemu_img(*args, cwd=cwd, check=False)
         return self._human[key]
 
     def prefetch(self, json_keys=(), human_keys=(), workers=4):
@@ -694,37 +524,6 @@ class Store:
         with open(self.raw(name), "rb") as f:
             f.seek(off)
             return f.read(n)
-
-
-_STORE: Optional[Store] = None
-
-
-def store(tmp_path_factory) -> Store:
-    """The session's Store (one per process, shared by every test module)."""
-    global _STORE
-    if _STORE is None:
-        _STORE = Store(tmp_path_factory.mktemp("qcow2-images"))
-    return _STORE
-
-
-# --------------------------------------------------------------------------
-# helpers shared by the tests
-
-def parse_json(text):
-    return json.loads(text)
-
-
-def covering(entries, offset):
-    for d in entries:
-        if d["start"] <= offset < d["start"] + d["length"]:
-            return d
-    return None
-
-
-def qemu_chain(path, cwd=None):
-    """[(filename, format), ...] of the backing files, as qemu-img info names them."""
-    info = json.loads(qemu_img("info", "--backing-chain", "--output=json", path, cwd=cwd).stdout)
-    return [(d["filename"], d["format"]) for d in info[1:]]
 
 
 if __name__ == "__main__":  # pragma: no cover - manual reproduction helper
