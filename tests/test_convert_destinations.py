@@ -11,7 +11,7 @@ import imgcopy
 
 from .convert_helpers import imgcopy_cmd
 from .gen.qcow2_meta import l2_patch
-from .gen.sparse import make_sparse
+from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import assert_same_content, qemu_img, sha256_file
 from .units import GiB, MiB
 
@@ -21,15 +21,11 @@ def leftovers(directory, name):
     return [n for n in os.listdir(directory) if n.startswith("." + name + ".imgcopy-")]
 
 
-def data(n, seed=1):
-    return bytes((seed * 131 + i * 7) % 251 + 1 for i in range(4096)) * (n // 4096)
-
-
 def unreadable_tail_source(tmp_path, size=16 * MiB):
     """A qcow2 source whose last cluster cannot be read (it claims to be
     compressed): a copy fails after writing most of the data."""
     raw = str(tmp_path / "src.raw")
-    make_sparse(raw, size, [(0, data(size))])
+    make_sparse(raw, size, [(0, seeded_bytes(size))])
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
     l2_patch(src, size // (64 << 10) - 1, 1 << 62)
@@ -43,7 +39,7 @@ def unreadable_tail_source(tmp_path, size=16 * MiB):
 @pytest.mark.parametrize("old", [False, True], ids=["new", "replacing"])
 def test_enospc_leaves_no_copy(tmp_path, small_tmpfs, fmt, old):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 16 * MiB, [(0, data(16 * MiB))])
+    make_sparse(src, 16 * MiB, [(0, seeded_bytes(16 * MiB))])
     dst = str(small_tmpfs / ("out." + fmt))
     if old:
         with open(dst, "wb") as f:
@@ -87,7 +83,7 @@ def test_interrupted_copy_leaves_no_copy(tmp_path):
 
 def test_success_replaces_an_old_file_keeping_its_mode(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    make_sparse(src, 4 * MiB, [(MiB, seeded_bytes(MiB))])
     dst = str(tmp_path / "out.raw")
     with open(dst, "wb") as f:
         f.write(b"x" * (16 * MiB))
@@ -100,7 +96,7 @@ def test_success_replaces_an_old_file_keeping_its_mode(tmp_path):
 
 def test_a_symlinked_destination_replaces_its_target(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    make_sparse(src, 4 * MiB, [(MiB, seeded_bytes(MiB))])
     (tmp_path / "store").mkdir()
     target = tmp_path / "store" / "disk.raw"
     target.write_bytes(b"old")
@@ -113,7 +109,7 @@ def test_a_symlinked_destination_replaces_its_target(tmp_path):
 
 def test_unflushed_copy_is_still_renamed(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    make_sparse(src, 4 * MiB, [(MiB, seeded_bytes(MiB))])
     dst = str(tmp_path / "out.qcow2")
     imgcopy.convert(src, dst, dst_format="qcow2", flush=False)
     assert os.path.exists(dst)
@@ -123,7 +119,7 @@ def test_unflushed_copy_is_still_renamed(tmp_path):
 def test_existing_destination_is_written_in_place(tmp_path):
     """-n: the same inode, as documented (no temporary file)."""
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(MiB, data(MiB))])
+    make_sparse(src, 4 * MiB, [(MiB, seeded_bytes(MiB))])
     dst = str(tmp_path / "out.raw")
     make_sparse(dst, 4 * MiB)
     inode = os.stat(dst).st_ino
@@ -138,7 +134,7 @@ def test_existing_destination_is_written_in_place(tmp_path):
 @pytest.mark.parametrize("fmt", ["raw", "qcow2"])
 def test_existing_smaller_destination_is_refused(tmp_path, fmt):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 8 * MiB, [(0, data(MiB))])
+    make_sparse(src, 8 * MiB, [(0, seeded_bytes(MiB))])
     dst = str(tmp_path / ("small." + fmt))
     qemu_img("create", "-f", fmt, dst, str(4 * MiB))
     before = sha256_file(dst)
@@ -151,7 +147,7 @@ def test_existing_smaller_destination_is_refused(tmp_path, fmt):
 
 def test_existing_qcow2_without_format_is_refused(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    make_sparse(src, 4 * MiB, [(0, seeded_bytes(MiB))])
     dst = str(tmp_path / "existing.qcow2")
     qemu_img("create", "-f", "qcow2", dst, str(4 * MiB))
     before = sha256_file(dst)
@@ -173,7 +169,7 @@ def test_existing_qcow2_without_format_is_refused(tmp_path):
 
 def test_existing_foreign_image_without_format_is_refused(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    make_sparse(src, 4 * MiB, [(0, seeded_bytes(MiB))])
     dst = str(tmp_path / "existing.vmdk")
     qemu_img("create", "-f", "vmdk", dst, str(4 * MiB))
     with pytest.raises(imgcopy.ImageFormatError, match="vmdk"):
@@ -182,7 +178,7 @@ def test_existing_foreign_image_without_format_is_refused(tmp_path):
 
 def test_existing_raw_destination_needs_no_format(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    make_sparse(src, 4 * MiB, [(0, seeded_bytes(MiB))])
     dst = str(tmp_path / "existing.raw")
     make_sparse(dst, 8 * MiB, [(6 * MiB, b"tail" * 1024)])
     imgcopy.convert(src, dst, create=False)
@@ -194,7 +190,7 @@ def test_existing_raw_destination_needs_no_format(tmp_path):
 
 def test_cli_target_is_zero_with_existing(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(0, data(MiB))])
+    make_sparse(src, 4 * MiB, [(0, seeded_bytes(MiB))])
     dst = str(tmp_path / "zeros.raw")
     make_sparse(dst, 4 * MiB)
     p = subprocess.run(imgcopy_cmd() + ["convert", "-n", "--target-is-zero", src, dst],

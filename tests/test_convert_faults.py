@@ -17,16 +17,10 @@ import time
 import pytest
 
 from .convert_helpers import task_count, wait_task_count
-from .gen.sparse import make_sparse
+from .gen.sparse import make_sparse, seeded_bytes
 from .units import GiB, MiB
 
 imgcopy = pytest.importorskip("imgcopy")
-
-
-def _data(n, seed=1):
-    import random
-
-    return random.Random(seed).randbytes(n).replace(b"\0", b"\x11")
 
 
 @pytest.fixture
@@ -64,7 +58,7 @@ def test_missing_source_bytes_path(tmp_path, threads):
 
 def test_missing_destination_directory(tmp_path, threads):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 1 * MiB, [(0, _data(4096))])
+    make_sparse(src, 1 * MiB, [(0, seeded_bytes(4096))])
     dst = str(tmp_path / "no" / "such" / "dir" / "out.raw")
     with pytest.raises(FileNotFoundError) as ei:
         imgcopy.convert(src, dst)
@@ -80,7 +74,7 @@ def test_source_is_a_directory(tmp_path, threads):
 
 def test_destination_is_a_directory(tmp_path, threads):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 1 * MiB, [(0, _data(4096))])
+    make_sparse(src, 1 * MiB, [(0, seeded_bytes(4096))])
     d = tmp_path / "adir"
     d.mkdir()
     with pytest.raises(IsADirectoryError) as ei:
@@ -102,7 +96,7 @@ def test_enospc(tmp_path, small_tmpfs, threads, kind):
         make_sparse(src, size)                # all hole, written as zeros
         opts["sparse_threshold"] = 0
     else:
-        make_sparse(src, size, [(0, _data(size))])
+        make_sparse(src, size, [(0, seeded_bytes(size))])
     if kind == "existing":
         make_sparse(dst, size)
         opts["create"] = False
@@ -137,7 +131,7 @@ _EFBIG_SCRIPT = textwrap.dedent("""
 def test_efbig(tmp_path, imgcopy_env, create):
     src = str(tmp_path / "src.raw")
     size = 4 * MiB
-    make_sparse(src, size, [(0, _data(size))])
+    make_sparse(src, size, [(0, seeded_bytes(size))])
     dst = str(tmp_path / "out.raw")
     if not create:
         make_sparse(dst, size)  # made before the limit: only the writes fail
@@ -161,7 +155,7 @@ def test_source_shrinks_during_copy(tmp_path, threads):
     source before the data.  The planned data read then hits end of file."""
     src = str(tmp_path / "src.raw")
     size = 1 * GiB + 4 * MiB
-    make_sparse(src, size, [(1 * GiB, _data(4 * MiB))])
+    make_sparse(src, size, [(1 * GiB, seeded_bytes(4 * MiB))])
     calls = []
 
     def progress(done, total):
@@ -188,7 +182,7 @@ def test_source_shrinks_during_copy_to_file(tmp_path, threads, offload):
     reads are in flight when the source is emptied."""
     src = str(tmp_path / "src.raw")
     size = 256 * MiB
-    pieces = [(off, _data(64 * 1024, seed=off)) for off in range(0, size, 4 * MiB)]
+    pieces = [(off, seeded_bytes(64 * 1024, seed=off)) for off in range(0, size, 4 * MiB)]
     make_sparse(src, size, pieces)
     dst = str(tmp_path / "out.raw")
     calls = []
@@ -294,7 +288,7 @@ def test_progress_exception_cancels_file_copy(huge_hole, tmp_path, threads):
 
 def test_progress_exception_at_the_end(tmp_path, threads):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 1 * MiB, [(4096, _data(4096))])
+    make_sparse(src, 1 * MiB, [(4096, seeded_bytes(4096))])
 
     def progress(done, total):
         if done == total:
@@ -333,7 +327,7 @@ def test_signal_cancels(huge_hole, threads):
 
 def test_errors_do_not_leak_threads_over_many_copies(tmp_path):
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 4 * MiB, [(0, _data(1 * MiB))])
+    make_sparse(src, 4 * MiB, [(0, seeded_bytes(1 * MiB))])
     before = task_count()
     for i in range(20):
         with pytest.raises(FileNotFoundError):
@@ -346,7 +340,7 @@ def test_errors_do_not_leak_threads_over_many_copies(tmp_path):
 def test_failed_copy_is_not_success(tmp_path, small_tmpfs, threads):
     """A failure after a progress call must still raise: done < total."""
     src = str(tmp_path / "src.raw")
-    make_sparse(src, 16 * MiB, [(0, _data(16 * MiB))])
+    make_sparse(src, 16 * MiB, [(0, seeded_bytes(16 * MiB))])
     dst = str(small_tmpfs / "out.raw")
     calls = []
     with pytest.raises(OSError):

@@ -6,8 +6,8 @@ refused: ``imgcopy.open(path)`` raises ``ImageFormatError`` naming the format an
 ``format="raw"``; the CLI exits 1 naming the format and suggesting ``-f raw``.  Passing
 ``format="raw"`` (``-f raw``) reads the file's bytes as they are.
 
-Images are made by ``qemu-img create`` where qemu can, else written here from the format's
-description (bochs, cloop, dmg, vmdk3, LUKS2) and checked with ``qemu-img info`` (and their
+Images are made by ``qemu-img create`` where qemu can, else written from the format's
+description by tests/gen/foreign_formats.py (bochs, cloop, dmg, vmdk3, LUKS2) and checked with ``qemu-img info`` (and their
 contents with ``qemu-img convert``) where qemu reads the format.  Cases marked BEYOND_QEMU are
 images that qemu-img itself probes as raw although they are of another format (a fixed VHD,
 whose only "conectix" footer is at the end; a DMG, which qemu recognises by its file name only;
@@ -33,6 +33,7 @@ import pytest
 import imgcopy
 from imgcopy import cli
 
+from .gen import foreign_formats as ff
 from .gen.sparse import write_file
 from .oracles import NO_QEMU_IMG, QEMU_IMG, needs_qemu_img, qemu_img
 from .units import MiB
@@ -70,152 +71,22 @@ DERIVED = {
 }
 
 
-# ---- images written here -------------------------------------------------------------------------
+# ---- images written here (tests/gen/foreign_formats.py) ------------------------------------------
 
-def _pattern(n, seed=1):
-    """n deterministic pseudo-random bytes (an LCG; no magic of interest shows up in them)."""
-    out = bytearray(n)
-    x = seed & 0xFFFFFFFF
-    for i in range(n):
-        x = (x * 1103515245 + 12345) & 0xFFFFFFFF
-        out[i] = (x >> 16) & 0xFF
-    return bytes(out)
-
-
-def _cstr(s, size):
-    """s NUL-padded to a fixed-size field."""
-    b = s.encode() if isinstance(s, str) else s
-    assert len(b) < size
-    return b + b"\0" * (size - len(b))
-
-
-BOCHS_MAGIC = "Bochs Virtual HD Image"
-
-
-def _bochs(version, subtype="Growing", data=None):
-    """A bochs growing redolog: 512-byte header, catalog, one allocated extent holding `data`
-    in its first sector (if given).  Virtual size 64 KiB in 32 KiB extents."""
-    disk, extent = 64 << 10, 32 << 10
-    catalog = disk // extent
-    bitmap = extent // 512 // 8                  # one bit per sector
-    hdr = _cstr(BOCHS_MAGIC, 32) + _cstr("Redolog", 16) + _cstr(subtype, 16)
-    hdr += struct.pack("<IIIII", version, 512, catalog, bitmap, extent)
-    if version == 0x00020000:
-        hdr += struct.pack("<IQ", 0, disk)       # timestamp, disk size
-    else:
-        hdr += struct.pack("<Q", disk)           # v1: disk size right after extent
-    hdr += b"\0" * (512 - len(hdr))
-    entries = [0 if data is not None else 0xFFFFFFFF] + [0xFFFFFFFF] * (catalog - 1)
-    out = hdr + struct.pack("<%dI" % catalog, *entries)
-    if data is not None:
-        assert len(data) == 512
-        out += b"\x01" + b"\0" * 511            # extent 0's bitmap: sector 0 present
-        out += data
-    return out
-
-
-CLOOP_V2 = ("#!/bin/sh\n#V2.0 Format\n"
-            "modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n").encode()
-CLOOP_V4 = ("#!/bin/sh\n#V4.0 Format\n"
-            "modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\nexit $?\n").encode()
-
-
-def _adler32(data):
-    a, b = 1, 0
-    for byte in data:
-        a = (a + byte) % 65521
-        b = (b + a) % 65521
-    return (b << 16) | a
-
-
-def _zlib_stored(data):
-    """A zlib stream holding `data` in one stored (uncompressed) deflate block."""
-    n = len(data)
-    return (b"\x78\x01" + b"\x01" + struct.pack("<HH", n, n ^ 0xFFFF) + data
-            + struct.pack(">I", _adler32(data)))
-
-
-def _cloop(blocks, preamble=CLOOP_V2, block_size=512):
-    """A cloop image: 128-byte shell preamble, block size and count (big-endian), n+1 offsets,
-    then one zlib stream per block."""
-    head = preamble + b"\0" * (128 - len(preamble))
-    streams = [_zlib_stored(b) for b in blocks]
-    first = 128 + 8 + 8 * (len(blocks) + 1)
-    offsets = [first]
-    for s in streams:
-        offsets.append(offsets[-1] + len(s))
-    return (head + struct.pack(">II", block_size, len(blocks))
-            + struct.pack(">%dQ" % len(offsets), *offsets) + b"".join(streams))
-
-
-def _dmg(sector0):
-    """A UDIF (.dmg) image of 2 sectors: sector 0 stored raw ("copy" chunk), sector 1 a zero
-    chunk.  Data fork, then a resource fork holding the "mish" block table, then the 512-byte
-    "koly" trailer at the very end of the file.  The first bytes are guest data: only the
-    trailer says what this file is."""
-    assert len(sector0) == 512
-    chunks = [(0x00000001, 0, 1, 0, 512),          # type, first sector, sectors, offset, length
-              (0x00000002, 1, 1, 512, 0),
-              (0xFFFFFFFF, 2, 0, 512, 0)]          # terminator
-    mish = b"mish" + struct.pack(">IQQQII", 1, 0, 2, 0, 0, len(chunks)) + b"\0" * 24
-    mish += struct.pack(">II", 0, 0) + b"\0" * 128     # checksum type, bits, data
-    mish += struct.pack(">I", len(chunks))
-    for t, sector, count, off, length in chunks:
-        mish += struct.pack(">IIQQQQ", t, 0, sector, count, off, length)
-    data_len = 4 + len(mish)
-    # resource fork: data offset, map offset, data length, map length; one resource
-    rsrc = struct.pack(">IIII", 16, 16 + data_len, data_len, 0)
-    rsrc += struct.pack(">I", len(mish)) + mish
-    body = sector0 + rsrc
-    body += b"\0" * (-len(body) % 512)
-    koly = b"koly" + struct.pack(">III", 4, 512, 1)
-    koly += struct.pack(">QQQQQ", 0, 0, 512, 512, len(rsrc))   # running, data fork, rsrc fork
-    koly += struct.pack(">II", 1, 1) + b"\0" * 16              # segment number/count, id
-    koly += struct.pack(">II", 0, 0) + b"\0" * 128             # data checksum
-    koly += struct.pack(">QQ", 0, 0) + b"\0" * 120             # XML plist offset/length
-    koly += struct.pack(">II", 0, 0) + b"\0" * 128             # master checksum
-    koly += struct.pack(">IQ", 1, 2) + b"\0" * 12              # image variant, sector count
-    assert len(koly) == 512
-    return body + koly
-
-
-def _vmdk3():
-    """A VMDK3 ("COWD", ESX vmfsSparse) image of 1 MiB with an empty 64-entry L1 table."""
-    hdr = b"COWD" + struct.pack("<IIIIIIIIII", 1, 3, 2048, 8, 1, 64, 2, 2, 16, 63)
-    return hdr + b"\0" * (512 - len(hdr)) + b"\0" * 512
-
-
-def _luks2():
-    """A LUKS2 header (binary header, JSON area, secondary header).  No tool here reads LUKS2
-    (qemu 7.2 probes it as raw, cryptsetup is not needed): only its magic and version matter."""
-    hdr_size = 16384
-
-    def binary(offset, magic):
-        h = magic + struct.pack(">HQQ", 2, hdr_size, 1) + _cstr("", 48) + _cstr("sha256", 32)
-        h += _pattern(64, 7) + _cstr("2f0c6b52-8d35-4e0c-9b8c-5c1d7a1e4c11", 40) + _cstr("", 48)
-        h += struct.pack(">Q", offset)
-        return h + b"\0" * (4096 - len(h))
-
-    js = (b'{"keyslots":{},"tokens":{},"segments":{},"digests":{},'
-          b'"config":{"json_size":"12288","keyslots_size":"16384"}}')
-    area = js + b"\0" * (hdr_size - 4096 - len(js))
-    return binary(0, b"LUKS\xba\xbe") + area + binary(hdr_size, b"SKUL\xba\xbe") + area
-
-
-SECTOR0 = _pattern(512, 42)
+SECTOR0 = ff.lcg_bytes(512, 42)
 
 # id -> (format name, bytes, qemu check: None, or (qemu format, virtual size, probes, contents))
 HANDMADE = {
-    "bochs-v2": ("bochs", _bochs(0x00020000, data=SECTOR0),
+    "bochs-v2": ("bochs", ff.bochs(0x00020000, data=SECTOR0),
                  ("bochs", 64 << 10, True, SECTOR0 + bytes(64 * 1024 - 512))),
-    "bochs-v1": ("bochs", _bochs(0x00010000), ("bochs", 64 << 10, True, bytes(64 << 10))),
-    "bochs-undoable": ("bochs", _bochs(0x00020000, subtype="Undoable"), None),  # BEYOND_QEMU
-    "cloop-v2": ("cloop", _cloop([SECTOR0, bytes(512)]),
+    "bochs-v1": ("bochs", ff.bochs(0x00010000), ("bochs", 64 << 10, True, bytes(64 << 10))),
+    "bochs-undoable": ("bochs", ff.bochs(0x00020000, subtype="Undoable"), None),  # BEYOND_QEMU
+    "cloop-v2": ("cloop", ff.cloop([SECTOR0, bytes(512)]),
                  ("cloop", 1024, True, SECTOR0 + bytes(512))),
-    "cloop-v4-preamble": ("cloop", _cloop([SECTOR0], preamble=CLOOP_V4), None),  # BEYOND_QEMU
-    "dmg": ("dmg", _dmg(SECTOR0), ("dmg", 1024, False, SECTOR0 + bytes(512))),  # BEYOND_QEMU
-    "vmdk3-cowd": ("vmdk", _vmdk3(), ("vmdk", MiB, True, None)),
-    "luks2": ("luks", _luks2(), None),                                          # BEYOND_QEMU
+    "cloop-v4-preamble": ("cloop", ff.cloop([SECTOR0], preamble=ff.CLOOP_V4), None),  # BEYOND_QEMU
+    "dmg": ("dmg", ff.dmg(SECTOR0), ("dmg", 1024, False, SECTOR0 + bytes(512))),  # BEYOND_QEMU
+    "vmdk3-cowd": ("vmdk", ff.vmdk3(), ("vmdk", MiB, True, None)),
+    "luks2": ("luks", ff.luks2(), None),                                          # BEYOND_QEMU
 }
 
 BEYOND_QEMU = {"vpc-fixed", "vmdk-descriptor-blank-line", "bochs-undoable",
@@ -428,59 +299,19 @@ def test_python_m_imgcopy_refuses(images, command, imgcopy_env, tmp_path):
 
 # ---- still raw -----------------------------------------------------------------------------------
 
-def _mbr():
-    boot = _pattern(446, 3)
-    part = struct.pack("<B3sB3sII", 0x80, b"\x20\x21\x00", 0x83, b"\xfe\xff\xff", 2048, 129024)
-    return boot + part + bytes(48) + b"\x55\xaa" + bytes(64 << 10)
-
-
-def _gpt():
-    return (bytes(446) + struct.pack("<B3sB3sII", 0, b"\0\x02\0", 0xEE, b"\xff\xff\xff", 1,
-                                     0xFFFFFFFF) + bytes(48) + b"\x55\xaa"
-            + b"EFI PART" + struct.pack("<II", 0x00010000, 92) + bytes(500) + bytes(32 << 10))
-
-
-def _ext4():
-    sb = struct.pack("<IIII", 4096, 16384, 0, 1000) + bytes(40) + struct.pack("<H", 0xEF53)
-    return bytes(1024) + sb + bytes(4096 - 1024 - len(sb)) + _pattern(8192, 5)
-
-
-def _iso():
-    return bytes(32768) + b"\x01CD001\x01" + bytes(2041) + _pattern(2048, 6)
-
-
-def _text():
-    lines = ["line %d: nothing to see here\n" % i for i in range(200)]
-    lines[3] = "a VHD footer starts with conectix, a VMDK header with KDMV\n"
-    lines[50] = "KDMV conectix vhdxfile QFI\xfb LUKS QED koly <<< \n"
-    return "".join(lines).encode("latin-1")
-
-
-def _bad_vhd_trailer():
-    """Raw data whose last 512 bytes start with "conectix" but are no valid VHD footer
-    (the checksum does not match)."""
-    footer = b"conectix" + _pattern(504, 8)
-    return _pattern(8192, 9) + footer
-
-
-def _bad_koly_trailer():
-    """Raw data whose last 512 bytes start with "koly" but no UDIF trailer (version, size)."""
-    return _pattern(8192, 10) + b"koly" + _pattern(508, 11)
-
-
 NEGATIVE = {
-    "random": _pattern(65536, 12),
+    "random": ff.lcg_bytes(65536, 12),
     "zeros": bytes(1 << 20),
-    "zeros-then-data": bytes(4096) + _pattern(4096, 13),
-    "mbr": _mbr(),
-    "gpt": _gpt(),
-    "ext4": _ext4(),
-    "iso9660": _iso(),
-    "text-mentions-magics": _text(),
+    "zeros-then-data": bytes(4096) + ff.lcg_bytes(4096, 13),
+    "mbr": ff.mbr(),
+    "gpt": ff.gpt(),
+    "ext4": ff.ext4(),
+    "iso9660": ff.iso9660(),
+    "text-mentions-magics": ff.text_with_magics(),
     "text-starting-with-vdi-banner": b"<<< not a VirtualBox image >>>\n" + bytes(1000),
-    "bad-vhd-trailer": _bad_vhd_trailer(),
-    "bad-koly-trailer": _bad_koly_trailer(),
-    "odd-size": _pattern(12345, 14),
+    "bad-vhd-trailer": ff.bad_vhd_trailer(),
+    "bad-koly-trailer": ff.bad_koly_trailer(),
+    "odd-size": ff.lcg_bytes(12345, 14),
     "one-byte": b"Q",
     "empty": b"",
 }
@@ -490,8 +321,8 @@ SHORT = {
     "vpc": b"conecti",
     "vhdx": b"vhdxfil",
     "parallels": b"WithoutFreeSpac",
-    "bochs": BOCHS_MAGIC[:-1].encode(),
-    "cloop": CLOOP_V2[:22],
+    "bochs": ff.BOCHS_MAGIC[:-1].encode(),
+    "cloop": ff.CLOOP_V2[:22],
     "qed": b"QED",
     "luks": b"LUKS\xba",
     "vdi": bytes(0x40) + struct.pack("<I", 0xBEDA107F)[:3],
@@ -525,7 +356,7 @@ def test_file_shorter_than_magic_is_raw(fmt, tmp_path):
 def test_raw_file_named_dmg_is_raw(tmp_path):
     """DMG is recognised by its "koly" trailer, not by its name (qemu's dmg probe goes by the
     name and then fails to open such a file)."""
-    data = _pattern(4096, 15)
+    data = ff.lcg_bytes(4096, 15)
     _check_raw(write_file(str(tmp_path / "disk.dmg"), data), len(data))
 
 

@@ -100,8 +100,7 @@ def test_failed_copy_leaves_image_marked(tmp_path):
     finishing the copy within the first progress report made an earlier
     version of this test fail."""
     raw = str(tmp_path / "src.raw")
-    with open(raw, "wb") as f:
-        f.write(random.Random(6).randbytes(32 * MiB))
+    garbage(raw, 32 * MiB, 6)
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
     # the last cluster's entry says "compressed": it cannot inflate
@@ -121,8 +120,7 @@ def test_failed_source_leaves_target_alone(tmp_path):
     """A source that fails before anything is written (a corrupt L2 entry
     the planner meets first) leaves an existing target as it was."""
     raw = str(tmp_path / "src.raw")
-    with open(raw, "wb") as f:
-        f.write(random.Random(7).randbytes(4 * MiB))
+    garbage(raw, 4 * MiB, 7)
     src = str(tmp_path / "src.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
     with open(src, "r+b") as f:

@@ -8,8 +8,8 @@ every generator in tests/gen/.
 - :func:`garbage`: a file of seeded random bytes (an old destination);
 - :func:`dig_holes`: every all-zero 4 KiB block punched into a real hole;
 - :func:`pad_to_sector`: a raw file extended to qemu's 512-byte virtual size;
-- :func:`pattern`, :func:`blob`, :func:`text`: seeded bytes with no zero
-  byte (optionally with zero runs), and compressible ones.
+- :func:`pattern`, :func:`blob`, :func:`seeded_bytes`, :func:`text`: seeded
+  bytes with no zero byte (optionally with zero runs), and compressible ones.
 """
 
 import os
@@ -155,6 +155,11 @@ def pattern(rng, n, zero_runs=False):
 def blob(rng, n):
     """n random (incompressible) bytes with no zero byte."""
     return rng.randbytes(n).replace(b"\0", b"\x5a")
+
+
+def seeded_bytes(n, seed=1):
+    """n random bytes with no zero byte, the same for the same seed."""
+    return blob(random.Random(seed), n)
 
 
 def text(rng, n):
