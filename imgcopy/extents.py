@@ -37,9 +37,11 @@ def extent_kind(depth: int, zero: bool, data: bool) -> str:
 class Extent(NamedTuple):
     """A run of guest bytes with the same block status.
 
+    ``start`` (and every other offset imgcopy names so) is a guest offset.
     ``present``: allocated at ``depth`` of the backing chain; ``zero``: reads
-    as zeros; ``data``: read from the image's storage; ``offset``: where the
-    run starts in the host file, or None where that means nothing."""
+    as zeros; ``data``: read from the image's storage; ``host_offset``: where
+    the run starts in the host file, or None where that means nothing
+    (qemu-img map's "offset")."""
 
     start: int
     length: int
@@ -47,7 +49,7 @@ class Extent(NamedTuple):
     present: bool
     zero: bool
     data: bool
-    offset: Optional[int]
+    host_offset: Optional[int]
     compressed: bool = False
 
     @property
@@ -61,6 +63,7 @@ class Extent(NamedTuple):
         return extent_kind(self.depth, self.zero, self.data)
 
     def to_dict(self) -> dict:
+        """qemu-img map --output=json's entry (its keys and order)."""
         d = {
             "start": self.start,
             "length": self.length,
@@ -69,8 +72,8 @@ class Extent(NamedTuple):
             "zero": self.zero,
             "data": self.data,
         }
-        if self.offset is not None:
-            d["offset"] = self.offset
+        if self.host_offset is not None:
+            d["offset"] = self.host_offset  # qemu-img map's name
         return d
 
 
@@ -251,25 +254,26 @@ class ExtentMap(Sequence[Extent]):
 
     def to_numpy(self) -> Any:  # -> numpy structured array
         """A structured array, one row per extent: start, end, length,
-        depth, present, zero, data, offset (-1 where there is none),
+        depth, present, zero, data, host_offset (-1 where there is none),
         compressed (needs numpy)."""
         import numpy as np  # lazy: numpy is an optional extra
 
         rows = [(e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                 -1 if e.offset is None else e.offset, e.compressed) for e in self]
+                 -1 if e.host_offset is None else e.host_offset, e.compressed) for e in self]
         return np.array(rows, dtype=_numpy_dtype())
 
     def to_pandas(self) -> Any:  # -> pandas.DataFrame
         """A DataFrame, one row per extent: start, end, length, depth,
-        present, zero, data, offset (nullable: <NA> where there is none),
-        compressed, kind (see KINDS); ``df.attrs`` holds filename, format,
-        virtual_size (needs pandas)."""
+        present, zero, data, host_offset (nullable: <NA> where there is
+        none), compressed, kind (see KINDS); ``df.attrs`` holds filename,
+        format, virtual_size (needs pandas)."""
         import pandas as pd  # lazy: pandas is an optional extra
 
         a = self.to_numpy()
         df = pd.DataFrame({name: a[name] for name in a.dtype.names
-                           if name not in ("offset", "compressed")})
-        df["offset"] = pd.arrays.IntegerArray(a["offset"].copy(), a["offset"] < 0)
+                           if name not in ("host_offset", "compressed")})
+        host = a["host_offset"]
+        df["host_offset"] = pd.arrays.IntegerArray(host.copy(), host < 0)
         df["compressed"] = a["compressed"]
         df["kind"] = [extent_kind(d, z, x) for d, z, x in zip(a["depth"].tolist(),
                                                              a["zero"].tolist(),
@@ -297,6 +301,6 @@ def _numpy_dtype() -> Any:
     import numpy as np
 
     return np.dtype([("start", "<i8"), ("end", "<i8"), ("length", "<i8"), ("depth", "<i4"),
-                     ("present", "?"), ("zero", "?"), ("data", "?"), ("offset", "<i8"),
+                     ("present", "?"), ("zero", "?"), ("data", "?"), ("host_offset", "<i8"),
                      ("compressed", "?")])
 

@@ -301,7 +301,7 @@ def verify_qcow2(src, dst, *, virtual_size, cluster_size=64 << 10, compat="1.1",
 # reading qemu-img map's answers
 
 # Field order of imgcopy.Extent
-FIELDS = ("start", "length", "depth", "present", "zero", "data", "offset")
+FIELDS = ("start", "length", "depth", "present", "zero", "data", "host_offset")
 
 
 def entry_tuple(d) -> tuple:

@@ -109,7 +109,7 @@ def test_empty_image(tmp_path):
 # --------------------------------------------------------------------------
 # numpy / pandas
 
-COLUMNS = ["start", "end", "length", "depth", "present", "zero", "data", "offset"]
+COLUMNS = ["start", "end", "length", "depth", "present", "zero", "data", "host_offset"]
 
 
 def test_to_numpy(known):
@@ -120,7 +120,7 @@ def test_to_numpy(known):
     assert list(a.dtype.names) == COLUMNS + ["compressed"]
     for row, e in zip(a.tolist(), m):
         assert row == (e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                       -1 if e.offset is None else e.offset, e.compressed)
+                       -1 if e.host_offset is None else e.host_offset, e.compressed)
     assert int(a["length"].sum()) == 8 * MiB
     assert int(a["length"][a["data"]].sum()) == m.data_bytes
 
@@ -137,7 +137,7 @@ def test_to_pandas_known_layout(known):
     assert list(zip(data["start"], data["end"])) == LAYOUT_DATA
     assert list(df["kind"]) == ["data", "hole"] * 3
     assert (df["end"] - df["start"] == df["length"]).all()
-    assert df["offset"].tolist() == [e.offset for e in m]
+    assert df["host_offset"].tolist() == [e.host_offset for e in m]
     assert df.attrs == {"filename": known, "format": "raw", "virtual_size": 8 * MiB}
     assert df.groupby("kind")["length"].sum().to_dict() == {
         "data": m.data_bytes, "hole": m.hole_bytes}
@@ -148,13 +148,13 @@ def test_to_pandas_qcow2_offsets_and_compression(qcow2_store):
     pd = pytest.importorskip("pandas")
     m = imgcopy.map(qcow2_store.get("chain-top").path)
     df = m.to_pandas()
-    assert str(df["offset"].dtype) == "Int64"
-    assert df["offset"].isna().tolist() == [e.offset is None for e in m]
+    assert str(df["host_offset"].dtype) == "Int64"
+    assert df["host_offset"].isna().tolist() == [e.host_offset is None for e in m]
     assert df["compressed"].tolist() == [e.compressed for e in m]
     assert df["depth"].tolist() == [e.depth for e in m]
     assert df["kind"].tolist() == [e.kind for e in m]
     assert set(df["kind"]) == set(KINDS)
-    assert pd.isna(df.loc[df["compressed"], "offset"]).all()
+    assert pd.isna(df.loc[df["compressed"], "host_offset"]).all()
 
 
 def test_to_pandas_empty(tmp_path):

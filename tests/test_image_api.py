@@ -521,10 +521,10 @@ def test_block_device(make_sparse, loop_device):
         assert img.filename == dev
         e = img.block_status(0)
         assert (e.start, e.depth, e.present, e.data, e.zero) == (0, 0, True, True, False), e
-        assert e.offset == 0
+        assert e.host_offset == 0
         assert e.end <= devsize
         mid = img.block_status(3 * MiB + 17)
-        assert mid.data and not mid.zero and mid.present and mid.offset == 3 * MiB + 17
+        assert mid.data and not mid.zero and mid.present and mid.host_offset == 3 * MiB + 17
         assert img.read(1000, 3) == b"abc"
     q = qemu_map(dev)
     m = imgcopy.map(dev)

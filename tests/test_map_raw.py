@@ -206,20 +206,22 @@ def test_handmade_layouts(make_sparse, name):
     with pytest.raises(IndexError):
         m[len(m)]
     for e in items:
-        assert (e.start, e.length, e.depth, e.present, e.zero, e.data, e.offset) == tuple(e)[:7]
+        assert (e.start, e.length, e.depth, e.present, e.zero, e.data,
+                e.host_offset) == tuple(e)[:7]
         assert e.end == e.start + e.length
-        if e.offset is not None:
-            assert e.offset == e.start  # raw: guest offset == host offset
+        if e.host_offset is not None:
+            assert e.host_offset == e.start  # raw: guest offset == host offset
 
 
 def test_extent_fields_contract(make_sparse):
     """Extent is a NamedTuple (start, length, depth, present, zero, data,
-    offset, compressed): qemu-img map's fields, `compressed` as qemu 8 has it."""
+    host_offset, compressed): qemu-img map's fields (its "offset" is the host
+    offset), `compressed` as qemu 8 has it."""
     path = make_sparse("f.img", 8192, [(0, b"x")])
     e = imgcopy.map(path)[0]
     assert isinstance(e, tuple)
-    assert e._fields == ("start", "length", "depth", "present", "zero", "data", "offset",
-                         "compressed")
+    assert e._fields == ("start", "length", "depth", "present", "zero", "data",
+                         "host_offset", "compressed")
     s, l, depth, present, zero, data, off, compressed = e
     assert (s, l, depth, present, zero, data, off, compressed) == (
         0, 4096, 0, True, False, True, 0, False)

@@ -77,9 +77,9 @@ def test_compressed_flag(qcow2_all, name):
     for e in m:
         if e.compressed:
             seen = True
-            assert e.data and e.present and not e.zero and e.offset is None, e
+            assert e.data and e.present and not e.zero and e.host_offset is None, e
         else:
-            assert not (e.data and e.offset is None), e
+            assert not (e.data and e.host_offset is None), e
     assert seen == b.compressed
 
 
@@ -168,9 +168,9 @@ def test_block_status_consistent_with_map(qcow2_all, name):
             assert (e.depth, e.present, e.zero, e.data) == \
                 (d["depth"], d["present"], d["zero"], d["data"]), where
             if "offset" in d:
-                assert e.offset == d["offset"] + (off - d["start"]), where
+                assert e.host_offset == d["offset"] + (off - d["start"]), where
             else:
-                assert e.offset is None, where
+                assert e.host_offset is None, where
             # a length limit is honoured
             lim = min(rng.choice([1, 512, 4096, 100000]), b.size - off)
             e2 = img.block_status(off, lim)
