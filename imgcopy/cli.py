@@ -7,7 +7,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Any, Dict, List, Optional
 
 from . import sizes
@@ -16,6 +15,7 @@ from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, co
 from .errors import Error, ImageFormatError, describe_remedies
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
+from .progress import TextBar
 
 def parse_size(text: str) -> int:
     """A byte count with an optional k/M/G/T/P/E suffix (powers of 1024)."""
@@ -122,38 +122,6 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class TextProgress:
-    """A one-line progress bar on stderr, redrawn at most 5 times a second."""
-
-    def __init__(self, stream=sys.stderr) -> None:
-        self.stream = stream
-        self.last = 0.0
-        self.open_line = False
-
-    def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if done < total and now - self.last < 0.2:
-            return
-        self.last = now
-        pct = 100.0 * done / total if total else 100.0
-        bar = "#" * int(pct / 2.5)
-        # Ctrl-C raises KeyboardInterrupt between any two steps here: the
-        # line counts as open before it is drawn and as open until its end
-        # is written, so close() may end an empty line, never miss one.
-        self.open_line = True
-        self.stream.write(f"\r    ({pct:6.2f}/100%) [{bar:<40}]")
-        if done >= total:
-            self.close()
-        self.stream.flush()
-
-    def close(self) -> None:
-        """End the bar's line, so that what follows starts a line."""
-        if self.open_line:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.open_line = False
-
-
 def _creation_options(specs: List[str]) -> dict:
     """-o cluster_size=64k,compat=1.1,preallocation=metadata"""
     out: dict = {}
@@ -178,7 +146,7 @@ def _creation_options(specs: List[str]) -> dict:
 def _cmd_convert(args: argparse.Namespace) -> int:
     if args.target_is_zero and args.create:
         raise ValueError("--target-is-zero needs -n (an existing destination)")
-    bar = TextProgress() if args.progress else None
+    bar = TextBar(style="qemu") if args.progress else None
     result = None
     try:
         result = _convert(args, bar)
@@ -202,7 +170,7 @@ def _ignore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _convert(args: argparse.Namespace, bar: Optional[TextProgress]):
+def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         create=args.create, force=args.force, force_share=args.force_share,

@@ -53,9 +53,10 @@ class CopyResult:
 
 
 def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]]:
-    """A callable (done, total), or an object with .update(n) such as tqdm.
-    The copy reports 100% once, when every byte is written and before the
-    destination is committed: raising there still cancels it."""
+    """A callable (done, total), or an object with .update(n) such as tqdm
+    (whose total, if None, is set to the copy's).  The copy reports 100%
+    once, when every byte is written and before the destination is
+    committed: raising there still cancels it."""
     if progress is None:
         return None
     update = getattr(progress, "update", None)
@@ -67,6 +68,8 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
         if done == last[0] and done:
             return
         if update is not None:
+            if getattr(progress, "total", 0) is None:  # a bar made before the size was known
+                setattr(progress, "total", total)
             update(done - last[0])
         else:
             progress(done, total)
@@ -164,7 +167,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       before returning (False: -t unsafe). ``offload``: copy data in the
       kernel (copy_file_range, -C) where the pair allows it.
       ``progress``: True shows a bar (tqdm when installed, else text on
-      stderr); a callable ``(done, total)``; or an object with ``update(n)``.
+      stderr); a callable ``(done, total)``; or an object with ``update(n)``
+      (such as a tqdm bar; one whose ``total`` is None learns the copy's).
 
     qcow2 destinations (new images):
       ``cluster_size`` [64k], ``compat`` "1.1" (v3) or "0.10" (v2),

@@ -16,15 +16,26 @@ from .extents import human_size
 
 class TextBar:
     """A one-line progress bar on a stream (stderr), redrawn at most
-    ``1 / min_interval`` times a second; ``update(n)`` as in tqdm."""
+    ``1 / min_interval`` times a second; ``update(n)`` as in tqdm.
 
-    def __init__(self, total: int, desc: str = "", stream: Optional[IO[str]] = None,
-                 min_interval: float = 0.2, width: int = 30) -> None:
+    ``style`` "bar": ``disk.raw:  42.0% |############      | 1.2 GiB/3 GiB 512 MiB/s``;
+    "qemu": qemu-img convert -p's ``    (42.00/100%)``, with a bar (the
+    command line's -p).  ``total`` None: not known yet (``convert()`` sets
+    it when the copy starts); a bar closed before it knew draws nothing."""
+
+    STYLES = ("bar", "qemu")
+
+    def __init__(self, total: Optional[int] = None, desc: str = "",
+                 stream: Optional[IO[str]] = None, min_interval: float = 0.2,
+                 width: Optional[int] = None, style: str = "bar") -> None:
+        if style not in self.STYLES:
+            raise ValueError(f"style must be one of {', '.join(self.STYLES)}, not {style!r}")
         self.total = total
         self.desc = desc
         self.stream = sys.stderr if stream is None else stream
         self.min_interval = min_interval
-        self.width = width
+        self.width = (30 if style == "bar" else 40) if width is None else width
+        self.style = style
         self.n = 0
         self.closed = False
         self._t0 = time.monotonic()
@@ -34,7 +45,7 @@ class TextBar:
         if self.closed:
             return
         self.n += n
-        if self.n >= self.total:
+        if self.total is not None and self.n >= self.total:
             self.close()
             return
         now = time.monotonic()
@@ -42,17 +53,21 @@ class TextBar:
             self._draw(now)
 
     def line(self, now: Optional[float] = None) -> str:
-        """The bar's text, e.g. ``disk.raw:  42.0% |############    | 1.2 GiB/3 GiB 512 MiB/s``"""
+        """The bar's text in its style."""
         now = time.monotonic() if now is None else now
         frac = min(1.0, self.n / self.total) if self.total else 1.0
-        filled = int(frac * self.width)
+        filled = "#" * int(frac * self.width)
+        if self.style == "qemu":
+            return f"    ({100.0 * frac:6.2f}/100%) [{filled:<{self.width}}]"
         elapsed = max(now - self._t0, 1e-9)
         rate = human_size(int(self.n / elapsed))
         prefix = f"{self.desc}: " if self.desc else ""
-        return (f"{prefix}{100.0 * frac:5.1f}% |{'#' * filled:<{self.width}}| "
-                f"{human_size(self.n)}/{human_size(self.total)} {rate}/s")
+        return (f"{prefix}{100.0 * frac:5.1f}% |{filled:<{self.width}}| "
+                f"{human_size(self.n)}/{human_size(self.total or 0)} {rate}/s")
 
     def _draw(self, now: float) -> None:
+        if self.total is None:
+            return
         self._last_draw = now
         self.stream.write("\r" + self.line(now))
         self.stream.flush()
@@ -61,9 +76,10 @@ class TextBar:
         """Draw the final state and end the line (once)."""
         if self.closed:
             return
-        # closed once its line is ended: Ctrl-C in between leaves it open
-        self.stream.write("\r" + self.line() + "\n")
-        self.stream.flush()
+        if self.total is not None:
+            # closed once its line is ended: Ctrl-C in between leaves it open
+            self.stream.write("\r" + self.line() + "\n")
+            self.stream.flush()
         self.closed = True
 
     def __enter__(self) -> "TextBar":

@@ -164,13 +164,11 @@ class _InterruptedStream(io.StringIO):
 
 
 def test_cli_bar_ends_its_line_after_ctrl_c_during_a_draw():
-    from imgcopy.cli import TextProgress
-
     stream = _InterruptedStream()
-    bar = TextProgress(stream)
+    bar = P.TextBar(100, stream=stream, style="qemu")    # the CLI's -p
     stream.armed = True
     with pytest.raises(KeyboardInterrupt):
-        bar(1, 100)
+        bar.update(1)
     bar.close()
     assert stream.getvalue().endswith("\n"), repr(stream.getvalue())
 
