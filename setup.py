@@ -76,7 +76,7 @@ setup(
     ext_modules=[
         Extension(
             "imgcopy._core",
-            sources=CORE_SOURCES + ["csrc/py/module.c"],
+            sources=CORE_SOURCES + sorted(glob.glob("csrc/py/*.c")),
             depends=HEADERS,
             include_dirs=["csrc"],
             extra_compile_args=cflags,

@@ -17,8 +17,6 @@
 
 #define LOOKAROUND_CHUNK (1u << 20)
 #define BUFFER_ALIGN 4096u
-/* qemu-img's limit too */
-#define MAX_SPARSE_THRESHOLD (16u << 20)
 
 /* ---- shared state ------------------------------------------------------ */
 
@@ -430,18 +428,6 @@ static void free_copy(struct ic_copy *c)
     free(c);
 }
 
-static int check_options(const struct ic_copy_options *o, struct ic_error *err)
-{
-    if (o->concurrency < 1 || o->concurrency > 1024)
-        return ic_error_value(err, "concurrency must be between 1 and 1024");
-    if (o->request_size < 4096 || o->request_size > (1u << 30) || o->request_size % 4096)
-        return ic_error_value(err, "request_size must be a multiple of 4096 between 4 KiB "
-                                   "and 1 GiB");
-    if (o->sparse_threshold % 512 || o->sparse_threshold > MAX_SPARSE_THRESHOLD)
-        return ic_error_value(err, "sparse_threshold must be a multiple of 512 up to 16 MiB");
-    return 0;
-}
-
 static struct worker *new_worker(struct ic_copy *c)
 {
     struct worker *w = calloc(1, sizeof *w);
@@ -473,7 +459,7 @@ static struct worker *new_worker(struct ic_copy *c)
 int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
                   struct ic_copy **out, struct ic_error *err)
 {
-    if (check_options(opt, err) < 0)
+    if (ic_copy_options_check(opt, err) < 0)
         return -1;
     if (!ic_image_writable(dst))
         return ic_error_readonly(err, ic_image_path(dst));

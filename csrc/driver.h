@@ -112,9 +112,6 @@ struct ic_driver {
 /* registry.c: every protocol and format, and lookups in them */
 const struct ic_driver *ic_format_driver(const char *name);  /* NULL: raw or unknown */
 const struct ic_driver *ic_protocol_for(const char *path);
-/* "raw" and the format drivers; and those that can write new images */
-size_t ic_formats(const char **names, size_t cap);
-size_t ic_writable_formats(const char **names, size_t cap);
 
 extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;

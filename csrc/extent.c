@@ -1,4 +1,4 @@
-/* Extent lists and qemu-img map's rule for merging neighbours. */
+/* Extent lists, their totals and qemu-img map's rule for merging neighbours. */
 #include <stdlib.h>
 
 #include "imgcopy.h"
@@ -34,4 +34,19 @@ int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *nex
     if (cur->flags & IC_EXT_OFFSET_VALID)
         return cur->host_offset + cur->length == next->host_offset;
     return 1;
+}
+
+void ic_extent_totals(const struct ic_extent *ext, size_t n, struct ic_extent_totals *out)
+{
+    *out = (struct ic_extent_totals){0};
+    for (size_t i = 0; i < n; i++) {
+        if (ext[i].flags & IC_EXT_DATA)
+            out->data += ext[i].length;
+        if (ext[i].flags & IC_EXT_ZERO)
+            out->zero += ext[i].length;
+        if (ext[i].flags & IC_EXT_PRESENT)
+            out->present += ext[i].length;
+        if (ext[i].flags & IC_EXT_COMPRESSED)
+            out->compressed += ext[i].length;
+    }
 }

@@ -294,41 +294,16 @@ int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes)
 
 /* ---- creating ----------------------------------------------------------- */
 
-/* Options a format cannot take are refused before anything is touched. */
-static int check_create_options(const struct ic_driver *drv, const struct ic_create_options *o,
-                                struct ic_error *err)
-{
-    if (!o)
-        return 0;
-    uint64_t c = o->cluster_size;
-    if (c && (c < 512 || c > (2u << 20) || (c & (c - 1))))
-        return ic_error_value(err, "cluster_size must be a power of two from 512 to 2 MiB");
-    if (o->compress && o->prealloc_metadata)
-        return ic_error_value(err, "compression and preallocation exclude each other");
-    if (!drv && o->backing_file)
-        return ic_error_value(err, "raw images have no backing file");
-    if (o->backing_format && !ic_format_readable(o->backing_format))
-        return ic_error_value(err, "backing format must be one of the readable formats, not "
-                              "'%s'", o->backing_format);
-    if (o->backing_file && (!o->backing_file[0] || strlen(o->backing_file) > 1023))
-        return ic_error_value(err, "backing file name must be 1 to 1023 bytes");
-    return 0;
-}
-
 int ic_image_create(const char *path, const char *format, uint64_t size, unsigned flags,
                     const struct ic_create_options *opts, struct ic_image **out, int *fresh,
                     struct ic_error *err)
 {
+    /* options a format cannot take are refused before anything is touched */
+    if (ic_create_options_check(format, opts, err) < 0)
+        return -1;
     int to_null = format && strcmp(format, "null") == 0;
     const struct ic_driver *proto = to_null ? &ic_protocol_null : ic_protocol_for(path);
-    const char *name = to_null || !format ? "raw" : format;
-    const struct ic_driver *drv = ic_format_driver(name);
-    if (!drv && strcmp(name, "raw") != 0)
-        return ic_error_value(err, "unknown image format '%s'", name);
-    if (drv && !drv->create)
-        return ic_error_value(err, "cannot write %s images", drv->name);
-    if (check_create_options(drv, opts, err) < 0)
-        return -1;
+    const struct ic_driver *drv = to_null || !format ? NULL : ic_format_driver(format);
     /* a format's file starts empty: the format lays it out */
     struct ic_image *p = ic_image_new(path, proto, flags | IC_OPEN_RDWR, drv ? 0 : size);
     struct ic_image *img = NULL;

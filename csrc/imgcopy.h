@@ -70,6 +70,10 @@ struct ic_cache_stats {
 int ic_image_probe(const char *path, const char **format, struct ic_error *err);
 /* Whether imgcopy can open images of this format. */
 int ic_format_readable(const char *format);
+/* The formats imgcopy reads ("raw" first), and those it can create: up to
+ * `cap` static names in `names`; returns how many there are. */
+size_t ic_formats(const char **names, size_t cap);
+size_t ic_writable_formats(const char **names, size_t cap);
 
 /* format: NULL probes; otherwise a driver name ("raw"). */
 int ic_image_open(const char *path, const char *format, unsigned flags,
@@ -83,6 +87,18 @@ struct ic_create_options {
     const char *backing_file;   /* qcow2 overlay: its backing file, as stored */
     const char *backing_format; /* NULL: probe it */
 };
+
+/* qemu's names of the choices: compat "1.1" (or "v3") and "0.10" (or
+ * "v2"); preallocation "off" and "metadata" (options.c). */
+int ic_create_options_set_compat(struct ic_create_options *o, const char *name,
+                                 struct ic_error *err);
+int ic_create_options_set_preallocation(struct ic_create_options *o, const char *name,
+                                        struct ic_error *err);
+/* Whether a new image of `format` (NULL: raw; "null": the null sink) can
+ * be laid out as `opts` (NULL: the defaults) says; ic_image_create()
+ * checks this before it touches anything. */
+int ic_create_options_check(const char *format, const struct ic_create_options *opts,
+                            struct ic_error *err);
 
 /* Create (or, for a block device, reuse) a writable image of `size`
  * bytes.  *fresh tells whether it is known to read as zeros.  Until
@@ -219,6 +235,15 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
                           uint64_t tail_end, const char *const *names, size_t nnames,
                           struct ic_error *err);
 
+/* Bytes of a list of extents by flag. */
+struct ic_extent_totals {
+    uint64_t data;
+    uint64_t zero;
+    uint64_t present;
+    uint64_t compressed;
+};
+void ic_extent_totals(const struct ic_extent *ext, size_t n, struct ic_extent_totals *out);
+
 /* The two merge rules of qemu-img map. */
 int ic_extent_mergeable(const struct ic_extent *cur, const struct ic_extent *next);
 
@@ -250,6 +275,11 @@ struct ic_copy_options {
     struct ic_request_log *log; /* optional: record every request here     */
 };
 
+/* The defaults (options.c), and whether options are valid: ic_copy_start()
+ * checks them before it touches the destination. */
+void ic_copy_options_init(struct ic_copy_options *o);
+int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
 struct ic_copy_stats {
     uint64_t bytes_read;
     uint64_t bytes_written;
@@ -278,5 +308,32 @@ void ic_copy_cancel(struct ic_copy *c);
 int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err);
 
 int ic_is_zero(const void *buf, size_t len);
+
+/* ---- the structs front ends fill in and show, by name (fields.c) ------ */
+
+/* A field of one of the structs above, for front ends that take options
+ * as keywords and show counters as dicts (the Python glue): a new option
+ * or counter is a row in a table, not code in every front end. */
+enum ic_field_kind {
+    IC_FIELD_U64,      /* uint64_t                                  */
+    IC_FIELD_UNSIGNED, /* unsigned                                  */
+    IC_FIELD_FLAG,     /* int, 0 or 1                               */
+    IC_FIELD_TEXT,     /* const char *, NULL for none               */
+    IC_FIELD_CHOICE,   /* one of the names `choose` takes           */
+};
+
+struct ic_field {
+    const char *name;
+    enum ic_field_kind kind;
+    size_t offset;
+    /* IC_FIELD_CHOICE: sets the struct at `s` as `name` says */
+    int (*choose)(void *s, const char *name, struct ic_error *err);
+};
+
+/* Each table ends with a row whose name is NULL. */
+extern const struct ic_field ic_copy_option_fields[];   /* struct ic_copy_options */
+extern const struct ic_field ic_create_option_fields[]; /* struct ic_create_options */
+extern const struct ic_field ic_copy_stats_fields[];    /* struct ic_copy_stats: the result */
+extern const struct ic_field ic_cache_stats_fields[];   /* struct ic_cache_stats */
 
 #endif

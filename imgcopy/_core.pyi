@@ -1,11 +1,21 @@
-"""Type stubs for imgcopy's C core (csrc/py/module.c)."""
-from typing import Any, Callable, List, Optional, Tuple, Union
+"""Type stubs for imgcopy's C core (csrc/py/module.c).
+
+Options are keywords, each a field of the C struct it fills (csrc/fields.c
+lists them); left out, they take the core's defaults."""
 import os
+from typing import List, Optional, Tuple, TypedDict, Union, final
+
+from .errors import Error as Error, ImageFormatError as ImageFormatError
 
 _Path = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
-_ExtentTuple = Tuple[int, int, int, bool, bool, bool, Optional[int], bool]
 
 EXTENT_SIZE: int
+EXTENT_DATA: int
+EXTENT_ZERO: int
+EXTENT_PRESENT: int
+EXTENT_OFFSET_VALID: int
+EXTENT_COMPRESSED: int
+SNAPSHOT_SIZE: int
 REQUEST_SIZE: int
 REQ_WRITE: int
 REQ_ZERO: int
@@ -13,41 +23,108 @@ REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
-from .errors import Error as Error, ImageFormatError as ImageFormatError
+class CacheStats(TypedDict):
+    """Image.cache_stats(): the extent cache's counters."""
+    hits: int
+    misses: int
+    lseek_calls: int
+    intervals: int
 
+class CopyCounters(TypedDict):
+    """What a copy did (struct ic_copy_stats)."""
+    bytes_read: int
+    bytes_written: int
+    bytes_zeroed: int
+    bytes_skipped: int
+    read_requests: int
+    write_requests: int
+    zero_requests: int
+    extents: int
+
+class CopyReport(CopyCounters):
+    """copy()'s result: the counters, and the requests made (packed struct
+    ic_request, sorted by offset) when copy() was asked to log them."""
+    requests: Optional[bytes]
+
+class CopyOptionDefaults(TypedDict):
+    """copy_option_defaults(): struct ic_copy_options as the core fills it."""
+    sparse_threshold: int
+    request_size: int
+    concurrency: int
+    out_of_order: bool
+    target_is_zero: bool
+    offload: bool
+    flush: bool
+
+@final
 class Image:
-    size: int
-    format: str
-    writable: bool
-    closed: bool
-    finished: bool
-    def __init__(self, path: _Path, format: Optional[str] = ..., writable: bool = ...,
+    """An open disk image; its files locked as qemu locks them."""
+    @property
+    def size(self) -> int: ...
+    @property
+    def format(self) -> str: ...
+    @property
+    def writable(self) -> bool: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def finished(self) -> bool: ...
+    def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ...) -> None: ...
-    def close(self, finish: bool = ...) -> None: ...
-    def finish(self, sync: bool = ...) -> None: ...
-    def block_status(self, offset: int, length: int) -> _ExtentTuple: ...
-    def map(self, start: int, end: int) -> bytes: ...
+    def close(self, *, finish: bool = ...) -> None:
+        """Close once calls in flight end (idempotent); ``finish`` first
+        writes held metadata and marks the image complete."""
+    def finish(self, *, sync: bool = ...) -> None:
+        """Write held metadata and mark a new image complete."""
+    def block_status(self, offset: int, length: int) -> bytes:
+        """The extent at ``offset``, packed (struct ic_extent)."""
+    def map(self, start: int, end: int) -> bytes:
+        """The extents of [start, end), packed (struct ic_extent array)."""
     def read(self, offset: int, length: int) -> bytes: ...
     def write(self, offset: int, data: bytes) -> None: ...
     def zero(self, offset: int, length: int, flags: int = ...) -> None: ...
     def flush(self) -> None: ...
-    def cache_stats(self) -> dict: ...
+    def cache_stats(self) -> CacheStats: ...
     def drop_cache(self) -> None: ...
-    def chain(self) -> list: ...
-    def reads_file(self, path: _Path) -> Optional[str]: ...
-    def snapshots(self) -> List[Tuple[bytes, bytes, int, int, int, int, int]]: ...
+    def chain(self) -> List[Tuple[str, str]]:
+        """[(path, format)] from this image down its backing chain."""
+    def reads_file(self, path: _Path, /) -> Optional[str]:
+        """The file of this image's chain that ``path`` names, or None."""
+    def snapshots(self) -> bytes:
+        """The internal snapshots, packed (struct ic_snapshot array)."""
 
-def probe(path: _Path) -> str: ...
-def create(path: _Path, format: Optional[str], size: int, direct: bool = ...,
-           writeback: bool = ..., cluster_size: int = ..., compat_v2: bool = ...,
-           prealloc_metadata: bool = ..., compress: bool = ...,
-           backing_file: Optional[str] = ..., backing_format: Optional[str] = ...,
-           atomic: bool = ...) -> Tuple[Image, bool]: ...
-def copy(src: Image, dst: Image, sparse_threshold: int, request_size: int, concurrency: int,
-         out_of_order: bool, target_is_zero: bool, offload: bool, flush: bool,
-         progress: Optional[Callable[[int, int], object]], log: bool = ...) -> Any: ...
-def format_map_json(packed: bytes, start: int, tail_end: int) -> str: ...
-def format_map_human(packed: bytes, start: int, tail_end: int, names: list) -> str: ...
-def extent_at(packed: bytes, i: int) -> _ExtentTuple: ...
-def extent_totals(packed: bytes) -> Tuple[int, int, int, int]: ...
+def probe(path: _Path, /) -> str:
+    """The format the file looks like ("raw" when nothing else matches)."""
+def formats() -> Tuple[str, ...]:
+    """The formats imgcopy reads."""
+def writable_formats() -> Tuple[str, ...]:
+    """The formats imgcopy can create."""
+def create(path: _Path, format: Optional[str], size: int, *, direct: bool = ...,
+           writeback: bool = ..., atomic: bool = ..., cluster_size: int = ...,
+           compat: Optional[str] = ..., preallocation: Optional[str] = ...,
+           compress: bool = ..., backing_file: Optional[str] = ...,
+           backing_format: Optional[str] = ...) -> Tuple[Image, bool]:
+    """A new writable image, and whether it reads as zeros."""
+def check_create_options(format: Optional[str], *, cluster_size: int = ...,
+                         compat: Optional[str] = ..., preallocation: Optional[str] = ...,
+                         compress: bool = ..., backing_file: Optional[str] = ...,
+                         backing_format: Optional[str] = ...) -> None:
+    """ValueError unless create() takes these options."""
+def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
+         sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
+         out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
+         offload: bool = ..., flush: bool = ...) -> CopyReport:
+    """Copy src to dst; progress(done, total) is called as it goes."""
+def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
+                       concurrency: int = ..., out_of_order: bool = ...,
+                       target_is_zero: Optional[bool] = ..., offload: bool = ...,
+                       flush: bool = ...) -> None:
+    """ValueError unless copy() takes these options."""
+def copy_option_defaults() -> CopyOptionDefaults: ...
+def format_map(packed: bytes, start: int, tail_end: int,
+               names: Optional[str] = ...) -> str:
+    """qemu-img map's output: JSON, or human with ``names`` (the file of
+    each depth of the chain, NUL-separated)."""
+def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
+    """(data, zero, present, compressed) bytes of packed extents."""

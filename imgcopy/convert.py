@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
 
 from . import _core
 from .errors import ImageFormatError, Remedy
@@ -12,17 +12,18 @@ from .image import Image, PathArg, _check_format
 from .progress import close_progress, make_progress
 from .sizes import Size, parse_size
 
-# Chosen by measurement (benchmarks/bench_convert.py, README): with 2 MiB
-# requests, 4 threads keep a 2-core machine's disk busy without queueing
-# more than it can use.
-DEFAULT_CONCURRENCY = 4
-DEFAULT_REQUEST_SIZE = 2 << 20
-DEFAULT_SPARSE_THRESHOLD = 4096
+if TYPE_CHECKING:
+    from ._core import CacheStats, CopyReport
+
+# the C core's defaults (csrc/options.c says why these)
+_DEFAULTS = _core.copy_option_defaults()
+DEFAULT_CONCURRENCY = _DEFAULTS["concurrency"]
+DEFAULT_REQUEST_SIZE = _DEFAULTS["request_size"]
+DEFAULT_SPARSE_THRESHOLD = _DEFAULTS["sparse_threshold"]
 
 NULL_TARGET = "null:"
-DEST_FORMATS = ("raw", "qcow2", "null")
-COMPATS = {"1.1": False, "v3": False, "0.10": True, "v2": True}
-PREALLOCATIONS = ("off", "metadata")
+# the formats the C core writes, and "null", the null target's name
+DEST_FORMATS = _core.writable_formats() + ("null",)
 
 Progress = Union[Callable[[int, int], Any], Any, None]
 
@@ -78,14 +79,9 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
 
 
 def check_copy_options(sparse_threshold: int, concurrency: int, request_size: int) -> None:
-    if not isinstance(concurrency, int) or isinstance(concurrency, bool):
-        raise TypeError("concurrency must be an int")
-    if sparse_threshold % 512 or sparse_threshold > 16 << 20:
-        raise ValueError("sparse_threshold must be a multiple of 512 from 0 to 16 MiB")
-    if not 1 <= concurrency <= 1024:
-        raise ValueError("concurrency must be between 1 and 1024")
-    if request_size < 4096 or request_size % 4096 or request_size > 1 << 30:
-        raise ValueError("request_size must be a multiple of 4096 between 4 KiB and 1 GiB")
+    """The C core's check, the one the copy makes (ValueError, TypeError)."""
+    _core.check_copy_options(sparse_threshold=sparse_threshold, concurrency=concurrency,
+                             request_size=request_size)
 
 
 def _check_not_read(source: Image, dst: str) -> None:
@@ -203,21 +199,19 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     elif dst_format is None:
         dst_format = "raw" if create else _existing_format(dst_name)
 
-    if compat not in COMPATS:
-        raise ValueError(f"compat must be one of {', '.join(COMPATS)}, not {compat!r}")
-    if preallocation not in PREALLOCATIONS:
-        raise ValueError(f"preallocation must be 'off' or 'metadata', not {preallocation!r}")
     qcow2_only = cluster_size is not None or compress or preallocation != "off" or \
         compat != "1.1" or backing_file is not None
     if qcow2_only and dst_format != "qcow2":
         raise ValueError("cluster_size, compat, preallocation, compress and backing_file "
                          "need dst_format='qcow2'")
+    layout: Dict[str, Any] = dict(
+        compat=compat, preallocation=preallocation, compress=compress,
+        backing_file=None if backing_file is None else os.fsdecode(backing_file),
+        backing_format=backing_format)
     if cluster_size is not None:
-        cluster_size = parse_size(cluster_size, "cluster_size")
-        if not 512 <= cluster_size <= 2 << 20 or cluster_size & (cluster_size - 1):
-            raise ValueError("cluster_size must be a power of two from 512 to 2 MiB")
-    if compress and preallocation != "off":
-        raise ValueError("compression and preallocation exclude each other")
+        layout["cluster_size"] = parse_size(cluster_size, "cluster_size")
+    if qcow2_only:  # the C core's check, the one creation makes
+        _core.check_create_options(dst_format, **layout)
     if backing_file is not None and not create:
         raise ValueError("backing_file makes a new image: it needs create=True")
     src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
@@ -237,16 +231,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:
             core, fresh = _core.create(dst, dst_format, source.size,
-                                       direct=bool(dst_direct), writeback=flush,
-                                       cluster_size=cluster_size or 0,
-                                       compat_v2=COMPATS[compat],
-                                       prealloc_metadata=preallocation == "metadata",
-                                       compress=compress,
-                                       backing_file=None if backing_file is None
-                                       else os.fsdecode(backing_file),
-                                       backing_format=backing_format, atomic=True)
+                                       direct=bool(dst_direct), writeback=flush, atomic=True,
+                                       **layout)
         else:
-            core = _core.Image(dst, dst_format, True, bool(dst_direct))
+            core = _core.Image(dst, dst_format, writable=True, direct=bool(dst_direct))
             fresh = False
             dst_size = core.size
             if dst_size < source.size:
@@ -265,10 +253,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             bar = make_progress(progress, source.size, os.path.basename(source.filename))
             zero_target = fresh if target_is_zero is None else bool(target_is_zero)
             options["target_is_zero"] = zero_target
-            counters = _core.copy(source._img, core, sparse_threshold, request_size,
-                                  concurrency, out_of_order, zero_target, offload,
-                                  flush and not is_null, _progress_adapter(bar))
-            core.finish(flush and not is_null)
+            report = _core.copy(source._img, core, sparse_threshold=sparse_threshold,
+                                request_size=request_size, concurrency=concurrency,
+                                out_of_order=out_of_order, target_is_zero=zero_target,
+                                offload=offload, flush=flush and not is_null,
+                                progress=_progress_adapter(bar))
+            core.finish(sync=flush and not is_null)
         except KeyboardInterrupt:
             if not core.finished:
                 close_progress(bar, progress)
@@ -278,16 +268,21 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             raise
         finally:
             core.close()
-        return _completed(counters, time.monotonic() - t0, source.cache_stats(), options)
+        return _completed(report, time.monotonic() - t0, source.cache_stats(), options)
 
 
-def _completed(counters: dict, elapsed: float, cache: dict, options: dict) -> CopyResult:
+def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
+               options: dict) -> CopyResult:
     """The result of a committed copy: a Ctrl-C while it is built changes
     nothing (the destination is complete)."""
     while True:
         try:
-            return CopyResult(**counters, elapsed=elapsed, cache_hits=cache["hits"],
-                              cache_misses=cache["misses"], lseek_calls=cache["lseek_calls"],
-                              options=options)
+            return CopyResult(
+                bytes_read=report["bytes_read"], bytes_written=report["bytes_written"],
+                bytes_zeroed=report["bytes_zeroed"], bytes_skipped=report["bytes_skipped"],
+                read_requests=report["read_requests"], write_requests=report["write_requests"],
+                zero_requests=report["zero_requests"], extents=report["extents"],
+                elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
+                lseek_calls=cache["lseek_calls"], options=options)
         except KeyboardInterrupt:
             continue

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import struct
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
     overload
 
@@ -34,6 +35,14 @@ def extent_kind(depth: int, zero: bool, data: bool) -> str:
     return "zero" if data else "hole"
 
 
+# struct ic_extent, as the C core packs extents: start, length, host
+# offset, flags, depth
+_EXTENT = struct.Struct("=QQQII")
+assert _EXTENT.size == _core.EXTENT_SIZE
+_DATA, _ZERO, _PRESENT = _core.EXTENT_DATA, _core.EXTENT_ZERO, _core.EXTENT_PRESENT
+_OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
+
+
 class Extent(NamedTuple):
     """A run of guest bytes with the same block status.
 
@@ -51,6 +60,14 @@ class Extent(NamedTuple):
     data: bool
     host_offset: Optional[int]
     compressed: bool = False
+
+    @classmethod
+    def unpack(cls, packed: bytes, index: int = 0) -> "Extent":
+        """Extent ``index`` of extents packed by the C core."""
+        start, length, host, flags, depth = _EXTENT.unpack_from(packed, index * _EXTENT.size)
+        return cls(start, length, depth, bool(flags & _PRESENT), bool(flags & _ZERO),
+                   bool(flags & _DATA), host if flags & _OFFSET_VALID else None,
+                   bool(flags & _COMPRESSED))
 
     @property
     def end(self) -> int:
@@ -113,11 +130,11 @@ class ExtentMap(Sequence[Extent]):
             i += self._count
         if not 0 <= i < self._count:
             raise IndexError("extent index out of range")
-        return Extent(*_core.extent_at(self._packed, i))
+        return Extent.unpack(self._packed, i)
 
     def __iter__(self) -> Iterator[Extent]:
         for i in range(self._count):
-            yield Extent(*_core.extent_at(self._packed, i))
+            yield Extent.unpack(self._packed, i)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExtentMap):
@@ -144,7 +161,7 @@ class ExtentMap(Sequence[Extent]):
     def to_json(self) -> str:
         """Exactly what ``qemu-img map --output=json`` prints for this range,
         including qemu's zero tail past a raw file's unaligned end."""
-        return _core.format_map_json(self._packed, self.start, self._qemu_end)
+        return _core.format_map(self._packed, self.start, self._qemu_end)
 
     def to_human(self, filename: Optional[str] = None) -> str:
         """Exactly what ``qemu-img map`` prints (data extents only), naming
@@ -152,7 +169,7 @@ class ExtentMap(Sequence[Extent]):
         names = list(self._chain)
         if filename is not None:
             names[0] = filename
-        return _core.format_map_human(self._packed, self.start, self._qemu_end, names)
+        return _core.format_map(self._packed, self.start, self._qemu_end, "\0".join(names))
 
     def _totals_cached(self) -> tuple:
         if self._totals is None:

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from . import _core
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
+if TYPE_CHECKING:
+    from ._core import CacheStats
+
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-FORMATS = ("raw", "qcow2")
+# the formats the C core reads (csrc/registry.c)
+FORMATS = _core.formats()
 MODES = ("r", "r+")
 
 
@@ -29,8 +33,8 @@ class Image:
         _check_format(format)
         self.filename = os.fsdecode(os.fspath(path))
         self.mode = mode
-        self._img = _core.Image(path, format, mode == "r+", direct, force, force_share,
-                                _source)
+        self._img = _core.Image(path, format, writable=mode == "r+", direct=direct, force=force,
+                                force_share=force_share, source=_source)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -81,7 +85,7 @@ class Image:
             if not 0 <= offset < size:
                 raise ValueError(f"offset {offset} is outside the image (size {size})")
             length = size - offset
-        return Extent(*self._img.block_status(offset, length))
+        return Extent.unpack(self._img.block_status(offset, length))
 
     def extents(self, start: int = 0, length: Optional[int] = None) -> ExtentMap:
         """The extents of ``[start, start + length)``; ``length`` is clipped
@@ -113,7 +117,7 @@ class Image:
         """[(filename, format), ...] of the backing files, nearest first."""
         return self._img.chain()[1:]
 
-    def cache_stats(self) -> dict:
+    def cache_stats(self) -> CacheStats:
         """Extent-cache counters: hits, misses, lseek_calls, intervals."""
         return self._img.cache_stats()
 
@@ -134,7 +138,7 @@ class Image:
 
     def flush(self) -> None:
         """Make everything written so far durable (qcow2: metadata too)."""
-        self._img.finish(True)
+        self._img.finish(sync=True)
         self._img.flush()
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from . import _core
 from .extents import QEMU_SECTOR, human_size
 from .image import PathArg, open as open_image
 
@@ -175,10 +176,17 @@ SNAPSHOT_HEADER = "%-10s%-17s%8s%20s%13s%11s" % ("ID", "TAG", "VM SIZE", "DATE",
                                                  "ICOUNT")
 
 
-def _snapshot(raw: Tuple[bytes, bytes, int, int, int, int, int]) -> Snapshot:
-    id_, name, state, date_sec, date_nsec, clock, icount = raw
-    return Snapshot(id_, name, state, date_sec, date_nsec, clock,
-                    None if icount == -1 else icount)
+# struct ic_snapshot, as the C core packs snapshots
+_SNAPSHOT = struct.Struct("=128s256sQQIIq")
+assert _SNAPSHOT.size == _core.SNAPSHOT_SIZE
+
+
+def _snapshots(packed: bytes) -> List[Snapshot]:
+    """Snapshots as the C core packs them: id and name are cut at a NUL."""
+    return [Snapshot(id_.split(b"\0")[0], name.split(b"\0")[0], state, date_sec, date_nsec,
+                     clock, None if icount == -1 else icount)
+            for id_, name, state, clock, date_sec, date_nsec, icount
+            in _SNAPSHOT.iter_unpack(packed)]
 
 
 _ESCAPE = re.compile(r"\\(u[0-9a-f]{4}|.)")
@@ -330,7 +338,7 @@ def info(path: PathArg, format: Optional[str] = None, *,
         size = img.size
         chain = [(name, f) for name, f in img.backing_chain]
         emap = img.extents() if fmt == "qcow2" else None
-        snapshots = [_snapshot(raw) for raw in img._img.snapshots()]
+        snapshots = _snapshots(img._img.snapshots())
     try:
         st = os.stat(filename)
         actual: Optional[int] = st.st_blocks * 512

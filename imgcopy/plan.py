@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import struct
-from typing import Iterator, List, NamedTuple, Optional
+from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .convert import (DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEFAULT_SPARSE_THRESHOLD,
@@ -28,7 +28,8 @@ class CopyPlan:
     """The requests of a copy, in guest order, with the counters the copy
     would report (``totals()``, keys as ``CopyResult.to_dict()``)."""
 
-    def __init__(self, packed: bytes, counters: dict, *, size: int, options: dict) -> None:
+    def __init__(self, packed: bytes, counters: Dict[str, int], *, size: int,
+                 options: dict) -> None:
         self._packed = packed
         self._counters = dict(counters)
         self.size = size
@@ -59,7 +60,7 @@ class CopyPlan:
     def requests(self, kind: Optional[str] = None) -> List[Request]:
         return [r for r in self if kind is None or r.kind == kind]
 
-    def totals(self) -> dict:
+    def totals(self) -> Dict[str, int]:
         return dict(self._counters)
 
     def to_pandas(self):  # -> pandas.DataFrame
@@ -87,9 +88,11 @@ def plan(src: PathArg, *, src_format: Optional[str] = None,
     with Image(src, src_format) as source:
         sink, _ = _core.create(NULL_TARGET, "null", source.size)
         try:
-            counters, packed = _core.copy(source._img, sink, sparse_threshold, request_size,
-                                          concurrency, True, bool(target_is_zero), False, False,
-                                          None, log=True)
+            report = _core.copy(source._img, sink, sparse_threshold=sparse_threshold,
+                                request_size=request_size, concurrency=concurrency,
+                                target_is_zero=bool(target_is_zero), offload=False,
+                                flush=False, log=True)
         finally:
             sink.close()
-        return CopyPlan(packed, counters, size=source.size, options=options)
+        counters = {k: v for k, v in report.items() if isinstance(v, int)}
+        return CopyPlan(report["requests"] or b"", counters, size=source.size, options=options)

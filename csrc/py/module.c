@@ -1,16 +1,17 @@
 /* imgcopy._core: the only file that knows about Python.  It converts
- * arguments, releases the GIL around the core's work and turns struct
- * ic_error into Python exceptions. */
+ * arguments (options are keywords), runs the core's calls with the GIL
+ * released (calls.h) and turns struct ic_error into Python exceptions.
+ * Its state (exception classes, the Image type) is the module's. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#include <errno.h>
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
-#include "../imgcopy.h"
+#include "calls.h"
 
-/* CPython 3.9 (the oldest supported) lacks these 3.10 conveniences. */
+/* CPython 3.9 (the oldest supported) lacks these 3.10 functions. */
 #if PY_VERSION_HEX < 0x030A0000
 static inline PyObject *Py_NewRef(PyObject *obj)
 {
@@ -29,77 +30,271 @@ static int PyModule_AddObjectRef(PyObject *module, const char *name, PyObject *v
 }
 #endif
 
-static PyObject *Error;
-static PyObject *ImageFormatError;
-static PyObject *UnsupportedOperation;
+typedef struct {
+    PyTypeObject *image_type;
+    PyObject *error;                 /* imgcopy.errors.Error */
+    PyObject *image_format_error;    /* imgcopy.errors.ImageFormatError */
+    PyObject *os_error_factory;      /* imgcopy.errors.os_error */
+    PyObject *unsupported_operation; /* io.UnsupportedOperation */
+} core_state;
 
-static PyObject *OSErrorFactory; /* imgcopy.errors.os_error */
-
-static const char *remedy_code(enum ic_remedy remedy)
+static core_state *module_state(PyObject *module)
 {
-    switch (remedy) {
-    case IC_REMEDY_AS_RAW:
-        return "as_raw";
-    case IC_REMEDY_FORCE:
-        return "force";
-    case IC_REMEDY_FORCE_SHARE:
-        return "force_share";
-    case IC_REMEDY_NONE:
-        break;
-    }
-    return NULL;
+    return PyModule_GetState(module);
 }
 
-static PyObject *raise_error(const struct ic_error *err)
+/* Image is final: its type's module is the one that made it. */
+static core_state *type_state(PyTypeObject *type)
 {
+    return PyType_GetModuleState(type);
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+/* How imgcopy/errors.py names a remedy (None: there is none). */
+static const char *const remedy_codes[] = {
+    [IC_REMEDY_NONE] = NULL,
+    [IC_REMEDY_AS_RAW] = "as_raw",
+    [IC_REMEDY_FORCE] = "force",
+    [IC_REMEDY_FORCE_SHARE] = "force_share",
+};
+
+/* The exception a factory of imgcopy.errors made becomes the current one. */
+static void raise_made(PyObject *exc)
+{
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+}
+
+static void raise_error(core_state *st, const struct ic_error *err)
+{
+    PyObject *path = NULL, *reason = NULL;
+    if (err->kind == IC_ERR_OS || err->kind == IC_ERR_FORMAT)
+        path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path) : Py_NewRef(Py_None);
     switch (err->kind) {
-    case IC_ERR_OS: {
-        const char *what = strerror(err->errnum);
-        PyObject *reason = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", what, err->msg)
-                                       : PyUnicode_FromString(what);
-        PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path) : Py_NewRef(Py_None);
-        PyObject *exc = reason && path
-                            ? PyObject_CallFunction(OSErrorFactory, "iOOz", err->errnum, reason,
-                                                    path, remedy_code(err->remedy))
-                            : NULL;
-        if (exc) {
-            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-            Py_DECREF(exc);
-        }
-        Py_XDECREF(reason);
-        Py_XDECREF(path);
-        return NULL;
-    }
-    case IC_ERR_FORMAT: {
-        const char *remedy = remedy_code(err->remedy);
-        PyObject *path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path)
-                                      : Py_NewRef(Py_None);
-        PyObject *exc = path ? PyObject_CallFunction(ImageFormatError, "sOz", err->msg, path,
-                                                     remedy)
-                             : NULL;
-        Py_XDECREF(path);
-        if (exc) {
-            PyErr_SetObject(ImageFormatError, exc);
-            Py_DECREF(exc);
-        }
-        return NULL;
-    }
+    case IC_ERR_OS:
+        reason = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", strerror(err->errnum), err->msg)
+                             : PyUnicode_FromString(strerror(err->errnum));
+        if (reason && path)
+            raise_made(PyObject_CallFunction(st->os_error_factory, "iOOz", err->errnum, reason,
+                                             path, remedy_codes[err->remedy]));
+        break;
+    case IC_ERR_FORMAT:
+        if (path)
+            raise_made(PyObject_CallFunction(st->image_format_error, "sOz", err->msg, path,
+                                             remedy_codes[err->remedy]));
+        break;
     case IC_ERR_NOMEM:
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        break;
     case IC_ERR_READONLY:
-        PyErr_Format(UnsupportedOperation, "%s: %s", err->path, err->msg);
-        return NULL;
+        PyErr_Format(st->unsupported_operation, "%s: %s", err->path, err->msg);
+        break;
     case IC_ERR_VALUE:
         PyErr_SetString(PyExc_ValueError, err->msg);
-        return NULL;
+        break;
     case IC_ERR_NONE:
+        PyErr_SetString(st->error, err->msg[0] ? err->msg : "unknown error");
         break;
     }
-    PyErr_SetString(Error, err->msg[0] ? err->msg : "unknown error");
-    return NULL;
+    Py_XDECREF(reason);
+    Py_XDECREF(path);
 }
 
-/* ---- Image ------------------------------------------------------------ */
+/* Every blocking call of the core goes through here: run with the GIL
+ * released, its failure raised (-1). */
+static int run(core_state *st, struct glue_call *call)
+{
+    struct ic_error err = {0};
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = glue_call_run(call, &err);
+    Py_END_ALLOW_THREADS
+    if (ret < 0)
+        raise_error(st, &err);
+    return ret < 0 ? -1 : 0;
+}
+
+/* ---- argument converters (PyArg_Parse* "O&") ---------------------------- */
+
+/* A non-negative integer argument, named with its function in errors. */
+struct u64_arg {
+    const char *function;
+    const char *name;
+    uint64_t value;
+};
+
+static int u64_converter(PyObject *obj, void *target)
+{
+    struct u64_arg *arg = target;
+    /* a bool is an int to Python, but never a size or an offset */
+    PyObject *index = PyBool_Check(obj) || !PyIndex_Check(obj) ? NULL : PyNumber_Index(obj);
+    if (!index) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "%s() argument '%s' must be an int, not %.100s",
+                         arg->function, arg->name, Py_TYPE(obj)->tp_name);
+        return 0;
+    }
+    int overflow;
+    long long as_signed = PyLong_AsLongLongAndOverflow(index, &overflow);
+    unsigned long long value =
+        overflow > 0 ? PyLong_AsUnsignedLongLong(index) : (unsigned long long)as_signed;
+    Py_DECREF(index);
+    const char *problem = overflow < 0 || (!overflow && as_signed < 0) ? "must not be negative"
+                          : PyErr_Occurred()           ? "is too large"
+                                                       : NULL;
+    if (problem) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s() argument '%s' %s", arg->function, arg->name,
+                     problem);
+        return 0;
+    }
+    arg->value = value;
+    return 1;
+}
+
+/* A path (str, bytes, os.PathLike) as the file system spells it; no NULs. */
+struct path_arg {
+    PyObject *bytes;
+    const char *path;
+};
+
+static int path_converter(PyObject *obj, void *target)
+{
+    struct path_arg *arg = target;
+    if (!obj) { /* a later argument failed */
+        Py_CLEAR(arg->bytes);
+        return 1;
+    }
+    if (!PyUnicode_FSConverter(obj, &arg->bytes))
+        return 0;
+    arg->path = PyBytes_AS_STRING(arg->bytes);
+    return Py_CLEANUP_SUPPORTED;
+}
+
+/* Packed extents (a struct ic_extent array) in a bytes-like object. */
+struct packed_arg {
+    Py_buffer buf;
+    const struct ic_extent *extents;
+    size_t count;
+};
+
+static int packed_converter(PyObject *obj, void *target)
+{
+    struct packed_arg *arg = target;
+    if (!obj) {
+        PyBuffer_Release(&arg->buf);
+        return 1;
+    }
+    if (PyObject_GetBuffer(obj, &arg->buf, PyBUF_SIMPLE) < 0)
+        return 0;
+    if (arg->buf.len % (Py_ssize_t)sizeof(struct ic_extent)) {
+        PyBuffer_Release(&arg->buf);
+        PyErr_SetString(PyExc_ValueError, "packed extents have the wrong length");
+        return 0;
+    }
+    arg->extents = arg->buf.buf;
+    arg->count = (size_t)arg->buf.len / sizeof(struct ic_extent);
+    return Py_CLEANUP_SUPPORTED;
+}
+
+/* ---- the core's structs as keywords and dicts (ic_field tables) -------- */
+
+static int set_field(const struct ic_field *f, void *target, PyObject *value,
+                     const char *function)
+{
+    char *at = (char *)target + f->offset;
+    struct u64_arg number = {function, f->name, 0};
+    struct ic_error err = {0};
+    int truth;
+    switch (f->kind) {
+    case IC_FIELD_U64:
+    case IC_FIELD_UNSIGNED:
+        if (!u64_converter(value, &number))
+            return -1;
+        if (f->kind == IC_FIELD_U64)
+            *(uint64_t *)at = number.value;
+        else /* too many stays too many, never wraps round to a valid count */
+            *(unsigned *)at = number.value > UINT_MAX ? UINT_MAX : (unsigned)number.value;
+        return 0;
+    case IC_FIELD_FLAG:
+        if ((truth = PyObject_IsTrue(value)) < 0)
+            return -1;
+        *(int *)at = truth;
+        return 0;
+    case IC_FIELD_TEXT:
+    case IC_FIELD_CHOICE:
+        break;
+    }
+    const char *text = NULL;
+    if (value != Py_None && !PyUnicode_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "%s() argument '%s' must be str or None, not %.100s",
+                     function, f->name, Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    if (value != Py_None && !(text = PyUnicode_AsUTF8(value)))
+        return -1;
+    if (f->kind == IC_FIELD_TEXT)
+        *(const char **)at = text; /* the caller's keywords keep it alive */
+    else if (text && f->choose(target, text, &err) < 0) {
+        PyErr_SetString(PyExc_ValueError, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* The keywords `fields` names, set in the struct at `target` (the others
+ * keep what it holds); returns a new dict of the other keywords, for
+ * PyArg_ParseTupleAndKeywords, or NULL. */
+static PyObject *take_fields(PyObject *kwds, const struct ic_field *fields, void *target,
+                             const char *function)
+{
+    PyObject *rest = kwds ? PyDict_Copy(kwds) : PyDict_New();
+    for (const struct ic_field *f = fields; rest && f->name; f++) {
+        PyObject *key = PyUnicode_FromString(f->name);
+        /* borrowed: `kwds` keeps it, and the text a field points into, alive */
+        PyObject *value = key ? PyDict_GetItemWithError(rest, key) : NULL;
+        if (!key || (!value && PyErr_Occurred()) ||
+            (value && (set_field(f, target, value, function) < 0 ||
+                       PyDict_DelItem(rest, key) < 0)))
+            Py_CLEAR(rest);
+        Py_XDECREF(key);
+    }
+    return rest;
+}
+
+static PyObject *field_value(const struct ic_field *f, const void *source)
+{
+    const char *at = (const char *)source + f->offset;
+    switch (f->kind) {
+    case IC_FIELD_U64:
+        return PyLong_FromUnsignedLongLong(*(const uint64_t *)at);
+    case IC_FIELD_UNSIGNED:
+        return PyLong_FromUnsignedLong(*(const unsigned *)at);
+    case IC_FIELD_FLAG:
+        return PyBool_FromLong(*(const int *)at);
+    case IC_FIELD_TEXT:
+    case IC_FIELD_CHOICE:
+        break;
+    }
+    return PyErr_Format(PyExc_SystemError, "field %s cannot be shown", f->name);
+}
+
+static PyObject *fields_dict(const struct ic_field *fields, const void *source)
+{
+    PyObject *dict = PyDict_New();
+    for (const struct ic_field *f = fields; dict && f->name; f++) {
+        PyObject *value = field_value(f, source);
+        if (!value || PyDict_SetItemString(dict, f->name, value) < 0)
+            Py_CLEAR(dict);
+        Py_XDECREF(value);
+    }
+    return dict;
+}
+
+/* ---- Image -------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
@@ -118,8 +313,7 @@ static void image_release(ImageObject *self)
     }
 }
 
-/* Every method starts with this: a closed image is a ValueError, as for
- * Python file objects. */
+/* A closed image is a ValueError, as for Python file objects. */
 static struct ic_image *usable(ImageObject *self)
 {
     if (!self->img || self->close_pending || self->closing) {
@@ -140,131 +334,62 @@ static void leave(ImageObject *self)
         image_release(self);
 }
 
-/* Run fn(img) with the GIL released; None or the error. */
-static PyObject *call_unlocked(ImageObject *self, int (*fn)(struct ic_image *, struct ic_error *))
+/* run() on this image, which stays open meanwhile: close() waits for the
+ * call, or leaves the release to it. */
+static int run_on_image(ImageObject *self, struct glue_call *call)
 {
-    struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    struct ic_error err = {0};
-    int ret;
+    core_state *st = (call->img = usable(self)) ? type_state(Py_TYPE(self)) : NULL;
+    if (!st)
+        return -1;
     enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = fn(img, &err);
-    Py_END_ALLOW_THREADS
+    int ret = run(st, call);
     leave(self);
-    if (ret < 0)
-        return raise_error(&err);
-    Py_RETURN_NONE;
+    return ret;
 }
 
-static int parse_u64(PyObject *obj, const char *what, uint64_t *out)
-{
-    if (!PyLong_Check(obj) && !PyIndex_Check(obj)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an integer", what);
-        return -1;
-    }
-    PyObject *idx = PyNumber_Index(obj);
-    if (!idx)
-        return -1;
-    int overflow;
-    long long sv = PyLong_AsLongLongAndOverflow(idx, &overflow);
-    if (overflow < 0 || (overflow == 0 && sv < 0)) {
-        Py_DECREF(idx);
-        if (!PyErr_Occurred())
-            PyErr_Format(PyExc_ValueError, "%s must not be negative", what);
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(idx);
-    Py_DECREF(idx);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s is too large", what);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* (offset, length)-style arguments: two non-negative integers. */
-static int parse_pair(PyObject *args, const char *n1, uint64_t *a, const char *n2, uint64_t *b)
-{
-    PyObject *x, *y;
-    if (!PyArg_ParseTuple(args, "OO", &x, &y) || parse_u64(x, n1, a) < 0 ||
-        parse_u64(y, n2, b) < 0)
-        return -1;
-    return 0;
-}
-
-/* Paths arrive through PyUnicode_FSConverter, which refuses embedded NULs. */
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
                              "source", NULL};
-    PyObject *path_bytes = NULL;
-    const char *format = NULL;
+    struct path_arg path = {0};
     int writable = 0, direct = 0, force = 0, force_share = 0, source = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|zppppp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &writable, &direct, &force,
+    struct glue_call call = {.op = GLUE_OPEN};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$ppppp:Image", kwlist, path_converter,
+                                     &path, &call.format, &writable, &direct, &force,
                                      &force_share, &source))
         return -1;
-    if (self->img) {
-        Py_DECREF(path_bytes);
+    call.path = path.path;
+    call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
+                 (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
+                 (source ? IC_OPEN_SOURCE : 0);
+    core_state *st = type_state(Py_TYPE(self));
+    int ret = -1;
+    if (self->img)
         PyErr_SetString(PyExc_RuntimeError, "Image is already open");
-        return -1;
-    }
-    const char *path = PyBytes_AS_STRING(path_bytes);
-    struct ic_error err = {0};
-    struct ic_image *img = NULL;
-    int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_open(path, format,
-                        (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
-                            (force ? IC_OPEN_FORCE : 0) |
-                            (force_share ? IC_OPEN_FORCE_SHARE : 0) |
-                            (source ? IC_OPEN_SOURCE : 0),
-                        &img, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path_bytes);
-    if (ret < 0) {
-        raise_error(&err);
-        return -1;
-    }
-    self->img = img;
-    return 0;
+    else if (st && (ret = run(st, &call)) == 0)
+        self->img = call.image;
+    Py_DECREF(path.bytes);
+    return ret;
 }
 
-static void image_dealloc(ImageObject *self)
+static void image_dealloc(PyObject *obj)
 {
-    image_release(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static int do_finish(struct ic_image *img, struct ic_error *err)
-{
-    return ic_image_finish(img, 1, err);
-}
-
-static int do_finish_nosync(struct ic_image *img, struct ic_error *err)
-{
-    return ic_image_finish(img, 0, err);
+    PyTypeObject *type = Py_TYPE(obj);
+    image_release((ImageObject *)obj);
+    type->tp_free(obj);
+    Py_DECREF(type); /* an instance of a heap type owns a reference to it */
 }
 
 /* Writes what the format holds in memory and marks the image complete. */
-static PyObject *image_finish(ImageObject *self, PyObject *args)
+static PyObject *image_finish(ImageObject *self, PyObject *args, PyObject *kwds)
 {
+    static char *kwlist[] = {"sync", NULL};
     int sync = 1;
-    if (!PyArg_ParseTuple(args, "|p", &sync))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$p:finish", kwlist, &sync))
         return NULL;
-    PyObject *r = call_unlocked(self, sync ? do_finish : do_finish_nosync);
-    self->finished = r != NULL;
-    return r;
-}
-
-static PyObject *get_finished(ImageObject *self, void *c)
-{
-    (void)c;
-    return PyBool_FromLong(self->finished);
+    struct glue_call call = {.op = GLUE_FINISH, .flags = (unsigned)sync};
+    self->finished = run_on_image(self, &call) == 0;
+    return self->finished ? Py_NewRef(Py_None) : NULL;
 }
 
 /* close(finish=False): with finish, what the format holds in memory is
@@ -278,7 +403,7 @@ static PyObject *image_close(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"finish", NULL};
     int finish = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p", kwlist, &finish))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$p:close", kwlist, &finish))
         return NULL;
     if (!self->img || self->close_pending || self->closing)
         Py_RETURN_NONE;
@@ -286,6 +411,9 @@ static PyObject *image_close(ImageObject *self, PyObject *args, PyObject *kwds)
         self->close_pending = 1;
         Py_RETURN_NONE;
     }
+    core_state *st = type_state(Py_TYPE(self));
+    if (!st)
+        return NULL;
     self->closing = 1;
     while (self->busy) {
         Py_BEGIN_ALLOW_THREADS
@@ -293,213 +421,142 @@ static PyObject *image_close(ImageObject *self, PyObject *args, PyObject *kwds)
         nanosleep(&nap, NULL);
         Py_END_ALLOW_THREADS
     }
-    struct ic_error err = {0};
-    int ret = 0;
-    if (finish) {
-        struct ic_image *img = self->img;
-        Py_BEGIN_ALLOW_THREADS
-        ret = ic_image_finish(img, 0, &err);
-        Py_END_ALLOW_THREADS
-    }
+    struct glue_call call = {.op = GLUE_FINISH, .img = self->img, .flags = 0 /* no sync */};
+    int ret = finish ? run(st, &call) : 0;
     image_release(self);
     self->closing = 0;
-    if (ret < 0)
-        return raise_error(&err);
-    Py_RETURN_NONE;
+    return ret < 0 ? NULL : Py_NewRef(Py_None);
 }
 
-static PyObject *get_closed(ImageObject *self, void *c)
-{
-    (void)c;
-    return PyBool_FromLong(!self->img || self->close_pending || self->closing);
-}
+/* The getters: what an image is; `finished` and `closed` stay readable
+ * once it is closed. */
+enum image_attribute { IMAGE_SIZE, IMAGE_FORMAT, IMAGE_WRITABLE, IMAGE_CLOSED, IMAGE_FINISHED };
 
-static PyObject *get_size(ImageObject *self, void *c)
+static PyObject *image_get(ImageObject *self, void *closure)
 {
-    (void)c;
-    struct ic_image *img = usable(self);
-    return img ? PyLong_FromUnsignedLongLong(ic_image_size(img)) : NULL;
-}
-
-static PyObject *get_format(ImageObject *self, void *c)
-{
-    (void)c;
-    struct ic_image *img = usable(self);
-    return img ? PyUnicode_FromString(ic_image_format(img)) : NULL;
-}
-
-static PyObject *get_writable(ImageObject *self, void *c)
-{
-    (void)c;
-    struct ic_image *img = usable(self);
-    return img ? PyBool_FromLong(ic_image_writable(img)) : NULL;
-}
-
-static PyObject *extent_tuple(const struct ic_extent *e)
-{
-    PyObject *host = (e->flags & IC_EXT_OFFSET_VALID)
-                         ? PyLong_FromUnsignedLongLong(e->host_offset)
-                         : Py_NewRef(Py_None);
-    if (!host)
-        return NULL;
-    return Py_BuildValue("(KKINNNNN)", (unsigned long long)e->start,
-                         (unsigned long long)e->length, (unsigned)e->depth,
-                         PyBool_FromLong(e->flags & IC_EXT_PRESENT),
-                         PyBool_FromLong(e->flags & IC_EXT_ZERO),
-                         PyBool_FromLong(e->flags & IC_EXT_DATA), host,
-                         PyBool_FromLong(e->flags & IC_EXT_COMPRESSED));
-}
-
-static PyObject *image_block_status(ImageObject *self, PyObject *args)
-{
-    uint64_t off, len;
-    if (parse_pair(args, "offset", &off, "length", &len) < 0)
-        return NULL;
+    enum image_attribute which = (enum image_attribute)(intptr_t)closure;
+    if (which == IMAGE_FINISHED)
+        return PyBool_FromLong(self->finished);
+    if (which == IMAGE_CLOSED)
+        return PyBool_FromLong(!self->img || self->close_pending || self->closing);
     struct ic_image *img = usable(self);
     if (!img)
         return NULL;
-    struct ic_error err = {0};
-    struct ic_extent e;
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_block_status(img, off, len, &e, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    return ret < 0 ? raise_error(&err) : extent_tuple(&e);
+    if (which == IMAGE_SIZE)
+        return PyLong_FromUnsignedLongLong(ic_image_size(img));
+    if (which == IMAGE_FORMAT)
+        return PyUnicode_FromString(ic_image_format(img));
+    return PyBool_FromLong(ic_image_writable(img));
 }
 
-/* Extents travel to Python packed, as struct ic_extent: an ExtentMap of a
- * million extents stays one bytes object until someone looks inside. */
-static PyObject *image_map(ImageObject *self, PyObject *args)
+/* (offset, length)-like arguments into call->offset and call->length, and
+ * an optional third unit (zero's flags) into call->flags */
+static int parse_range(PyObject *args, PyObject *kwds, const char *format, char **kwlist,
+                       struct glue_call *call)
 {
-    uint64_t start, end;
-    if (parse_pair(args, "start", &start, "end", &end) < 0)
+    const char *function = strchr(format, ':') + 1;
+    struct u64_arg first = {function, kwlist[0], 0}, second = {function, kwlist[1], 0};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, format, kwlist, u64_converter, &first,
+                                     u64_converter, &second, &call->flags))
+        return -1;
+    call->offset = first.value;
+    call->length = second.value;
+    return 0;
+}
+
+/* Extents (and snapshots) travel to Python packed, as the core's structs:
+ * an ExtentMap of a million extents stays one bytes object until someone
+ * looks inside (imgcopy/extents.py reads them). */
+static PyObject *packed(const void *items, size_t count, size_t size)
+{
+    return PyBytes_FromStringAndSize(items, (Py_ssize_t)(count * size));
+}
+
+static PyObject *image_block_status(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"offset", "length", NULL};
+    struct glue_call call = {.op = GLUE_BLOCK_STATUS};
+    if (parse_range(args, kwds, "O&O&:block_status", kwlist, &call) < 0 ||
+        run_on_image(self, &call) < 0)
         return NULL;
-    struct ic_image *img = usable(self);
-    if (!img)
+    return packed(&call.extent, 1, sizeof call.extent);
+}
+
+static PyObject *image_map(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"start", "end", NULL};
+    struct glue_call call = {.op = GLUE_MAP};
+    if (parse_range(args, kwds, "O&O&:map", kwlist, &call) < 0)
         return NULL;
-    struct ic_error err = {0};
-    struct ic_extent_list list = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_map(img, start, end, &list, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    PyObject *res = ret < 0 ? raise_error(&err)
-                            : PyBytes_FromStringAndSize((const char *)list.items,
-                                                        (Py_ssize_t)(list.count * sizeof *list.items));
-    ic_extent_list_free(&list);
+    call.end = call.length;
+    PyObject *res = run_on_image(self, &call) < 0
+                        ? NULL
+                        : packed(call.list.items, call.list.count, sizeof *call.list.items);
+    ic_extent_list_free(&call.list);
     return res;
 }
 
-static PyObject *image_read(ImageObject *self, PyObject *args)
+static PyObject *image_read(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    uint64_t off, len;
-    if (parse_pair(args, "offset", &off, "length", &len) < 0)
+    static char *kwlist[] = {"offset", "length", NULL};
+    struct glue_call call = {.op = GLUE_READ};
+    struct ic_image *img;
+    if (parse_range(args, kwds, "O&O&:read", kwlist, &call) < 0 || !(img = usable(self)))
         return NULL;
-    struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    if (off > ic_image_size(img) || len > ic_image_size(img) - off)
+    uint64_t size = ic_image_size(img);
+    if (call.offset > size || call.length > size - call.offset)
         return PyErr_Format(PyExc_ValueError, "read of %llu bytes at %llu is outside the image "
-                            "(size %llu)", (unsigned long long)len, (unsigned long long)off,
-                            (unsigned long long)ic_image_size(img));
-    if (len > PY_SSIZE_T_MAX)
+                            "(size %llu)", (unsigned long long)call.length,
+                            (unsigned long long)call.offset, (unsigned long long)size);
+    if (call.length > PY_SSIZE_T_MAX)
         return PyErr_NoMemory();
-    PyObject *buf = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
-    if (!buf)
-        return NULL;
-    struct ic_error err = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_pread(img, PyBytes_AS_STRING(buf), (size_t)len, off, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    if (ret < 0) {
-        Py_DECREF(buf);
-        return raise_error(&err);
-    }
-    return buf;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)call.length);
+    if (data && (call.buf = PyBytes_AS_STRING(data), run_on_image(self, &call) < 0))
+        Py_CLEAR(data);
+    return data;
 }
 
-static PyObject *image_write(ImageObject *self, PyObject *args)
+static PyObject *image_write(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *o_off;
+    static char *kwlist[] = {"offset", "data", NULL};
+    struct u64_arg offset = {"write", "offset", 0};
     Py_buffer data;
-    uint64_t off;
-    if (!PyArg_ParseTuple(args, "Oy*", &o_off, &data))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&y*:write", kwlist, u64_converter, &offset,
+                                     &data))
         return NULL;
-    if (parse_u64(o_off, "offset", &off) < 0) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
-    struct ic_image *img = usable(self);
-    if (!img) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
-    struct ic_error err = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_pwrite(img, data.buf, (size_t)data.len, off, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
+    struct glue_call call = {.op = GLUE_WRITE, .offset = offset.value, .buf = data.buf,
+                             .length = (uint64_t)data.len};
+    int ret = run_on_image(self, &call);
     PyBuffer_Release(&data);
-    if (ret < 0)
-        return raise_error(&err);
-    Py_RETURN_NONE;
+    return ret < 0 ? NULL : Py_NewRef(Py_None);
 }
 
-static PyObject *image_zero(ImageObject *self, PyObject *args)
+static PyObject *image_zero(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *o_off, *o_len;
-    uint64_t off, len;
-    unsigned flags = 0;
-    if (!PyArg_ParseTuple(args, "OO|I", &o_off, &o_len, &flags) ||
-        parse_u64(o_off, "offset", &off) < 0 || parse_u64(o_len, "length", &len) < 0)
+    static char *kwlist[] = {"offset", "length", "flags", NULL};
+    struct glue_call call = {.op = GLUE_ZERO};
+    if (parse_range(args, kwds, "O&O&|I:zero", kwlist, &call) < 0 ||
+        run_on_image(self, &call) < 0)
         return NULL;
-    struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    struct ic_error err = {0};
-    int ret;
-    enter(self);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_zero(img, off, len, flags, &err);
-    Py_END_ALLOW_THREADS
-    leave(self);
-    if (ret < 0)
-        return raise_error(&err);
     Py_RETURN_NONE;
-}
-
-static int do_flush(struct ic_image *img, struct ic_error *err)
-{
-    return ic_image_flush(img, err);
 }
 
 static PyObject *image_flush(ImageObject *self, PyObject *unused)
 {
     (void)unused;
-    return call_unlocked(self, do_flush);
+    struct glue_call call = {.op = GLUE_FLUSH};
+    return run_on_image(self, &call) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 static PyObject *image_cache_stats(ImageObject *self, PyObject *unused)
 {
     (void)unused;
     struct ic_image *img = usable(self);
+    struct ic_cache_stats stats;
     if (!img)
         return NULL;
-    struct ic_cache_stats st;
-    ic_image_cache_stats(img, &st);
-    return Py_BuildValue("{sKsKsKsK}", "hits", (unsigned long long)st.hits, "misses",
-                         (unsigned long long)st.misses, "lseek_calls",
-                         (unsigned long long)st.lseek_calls, "intervals",
-                         (unsigned long long)st.intervals);
+    ic_image_cache_stats(img, &stats);
+    return fields_dict(ic_cache_stats_fields, &stats);
 }
 
 /* [(path, format), ...] from this image down its backing chain */
@@ -507,57 +564,37 @@ static PyObject *image_chain(ImageObject *self, PyObject *unused)
 {
     (void)unused;
     struct ic_image *img = usable(self);
-    if (!img)
-        return NULL;
-    PyObject *list = PyList_New(0);
+    PyObject *list = img ? PyList_New(0) : NULL;
     for (; list && img; img = ic_image_backing(img)) {
         PyObject *item = Py_BuildValue("(O&s)", PyUnicode_DecodeFSDefault, ic_image_path(img),
                                        ic_image_format(img));
-        if (!item || PyList_Append(list, item) < 0) {
-            Py_XDECREF(item);
+        if (!item || PyList_Append(list, item) < 0)
             Py_CLEAR(list);
-            break;
-        }
-        Py_DECREF(item);
+        Py_XDECREF(item);
     }
     return list;
 }
 
-/* [(id, name, vm_state_size, date_sec, date_nsec, vm_clock_nsec, icount)]:
- * the internal snapshots; id and name are bytes, as stored */
 static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
 {
     (void)unused;
     struct ic_image *img = usable(self);
+    const struct ic_snapshot *snapshots;
+    size_t count;
     if (!img)
         return NULL;
-    const struct ic_snapshot *sn;
-    size_t n;
-    ic_image_snapshots(img, &sn, &n);
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++) {
-        PyObject *item = Py_BuildValue("(yyKIIKL)", sn[i].id, sn[i].name,
-                                       (unsigned long long)sn[i].vm_state_size, sn[i].date_sec,
-                                       sn[i].date_nsec, (unsigned long long)sn[i].vm_clock_nsec,
-                                       (long long)sn[i].icount);
-        if (!item) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, item);
-    }
-    return list;
+    ic_image_snapshots(img, &snapshots, &count);
+    return packed(snapshots, count, sizeof *snapshots);
 }
 
-/* reads_file(path) -> the file of the chain `path` names, or None */
 static PyObject *image_reads_file(ImageObject *self, PyObject *arg)
 {
     struct ic_image *img = usable(self);
-    PyObject *path_bytes = NULL;
-    if (!img || !PyUnicode_FSConverter(arg, &path_bytes))
+    struct path_arg path = {0};
+    if (!img || !path_converter(arg, &path))
         return NULL;
-    const char *found = ic_image_reads_file(img, PyBytes_AS_STRING(path_bytes));
-    Py_DECREF(path_bytes);
+    const char *found = ic_image_reads_file(img, path.path);
+    Py_DECREF(path.bytes);
     return found ? PyUnicode_DecodeFSDefault(found) : Py_NewRef(Py_None);
 }
 
@@ -571,438 +608,409 @@ static PyObject *image_drop_cache(ImageObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* imgcopy/_core.pyi documents the functions and methods. */
+#define KEYWORDS(function) (PyCFunction)(void (*)(void))(function), METH_VARARGS | METH_KEYWORDS
+
 static PyMethodDef image_methods[] = {
-    {"close", (PyCFunction)(void (*)(void))image_close, METH_VARARGS | METH_KEYWORDS,
-     "close(finish=False): close the image (idempotent) once calls in flight end; finish "
-     "first writes held metadata and marks the image complete"},
-    {"finish", (PyCFunction)image_finish, METH_VARARGS,
-     "finish(sync=True): write held metadata and mark a new image complete"},
-    {"block_status", (PyCFunction)image_block_status, METH_VARARGS,
-     "block_status(offset, length) -> (start, length, depth, present, zero, data, offset, "
-     "compressed)"},
-    {"map", (PyCFunction)image_map, METH_VARARGS,
-     "map(start, end) -> bytes of packed extents (struct ic_extent)"},
-    {"read", (PyCFunction)image_read, METH_VARARGS, "read(offset, length) -> bytes"},
-    {"write", (PyCFunction)image_write, METH_VARARGS, "write(offset, data)"},
-    {"zero", (PyCFunction)image_zero, METH_VARARGS, "zero(offset, length, flags=0)"},
-    {"flush", (PyCFunction)image_flush, METH_NOARGS, "flush()"},
-    {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, "cache counters"},
-    {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, "forget all cached extents"},
-    {"reads_file", (PyCFunction)image_reads_file, METH_O,
-     "reads_file(path) -> the file of this image's chain that path names, or None"},
-    {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS,
-     "snapshots() -> [(id, name, vm_state_size, date_sec, date_nsec, vm_clock_nsec, icount)]"},
-    {"chain", (PyCFunction)image_chain, METH_NOARGS,
-     "chain() -> [(path, format)] from this image down its backing chain"},
+    {"close", KEYWORDS(image_close), NULL},
+    {"finish", KEYWORDS(image_finish), NULL},
+    {"block_status", KEYWORDS(image_block_status), NULL},
+    {"map", KEYWORDS(image_map), NULL},
+    {"read", KEYWORDS(image_read), NULL},
+    {"write", KEYWORDS(image_write), NULL},
+    {"zero", KEYWORDS(image_zero), NULL},
+    {"flush", (PyCFunction)image_flush, METH_NOARGS, NULL},
+    {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, NULL},
+    {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, NULL},
+    {"reads_file", (PyCFunction)image_reads_file, METH_O, NULL},
+    {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS, NULL},
+    {"chain", (PyCFunction)image_chain, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
+#define ATTRIBUTE(name, which) {name, (getter)image_get, NULL, NULL, (void *)(intptr_t)(which)}
+
 static PyGetSetDef image_getset[] = {
-    {"size", (getter)get_size, NULL, "virtual size in bytes", NULL},
-    {"format", (getter)get_format, NULL, "format name", NULL},
-    {"writable", (getter)get_writable, NULL, "opened for writing", NULL},
-    {"closed", (getter)get_closed, NULL, "True after close()", NULL},
-    {"finished", (getter)get_finished, NULL, "True once finish() succeeded", NULL},
+    ATTRIBUTE("size", IMAGE_SIZE),
+    ATTRIBUTE("format", IMAGE_FORMAT),
+    ATTRIBUTE("writable", IMAGE_WRITABLE),
+    ATTRIBUTE("closed", IMAGE_CLOSED),
+    ATTRIBUTE("finished", IMAGE_FINISHED),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject ImageType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imgcopy._core.Image",
-    .tp_basicsize = sizeof(ImageObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-    .tp_doc = "Image(path, format=None, writable=False): an open disk image",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)image_init,
-    .tp_dealloc = (destructor)image_dealloc,
-    .tp_methods = image_methods,
-    .tp_getset = image_getset,
+static PyType_Slot image_slots[] = {
+    {Py_tp_doc, (void *)"an open disk image"},
+    {Py_tp_new, (void *)PyType_GenericNew},
+    {Py_tp_init, (void *)image_init},
+    {Py_tp_dealloc, (void *)image_dealloc},
+    {Py_tp_methods, image_methods},
+    {Py_tp_getset, image_getset},
+    {0, NULL},
 };
 
-/* create(path, format, size, direct=False, writeback=False, cluster_size=0,
- *        compat_v2=False, prealloc_metadata=False, compress=False) -> (Image, fresh) */
-static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
-{
-    (void)m;
-    static char *kwlist[] = {"path", "format", "size", "direct", "writeback", "cluster_size",
-                             "compat_v2", "prealloc_metadata", "compress", "backing_file",
-                             "backing_format", "atomic", NULL};
-    PyObject *path_bytes = NULL, *o_size, *o_cluster = NULL;
-    const char *format = NULL;
-    int direct = 0, writeback = 0, atomic = 0;
-    struct ic_create_options copts = {0};
-    uint64_t size;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&zO|ppOpppzzp", kwlist, PyUnicode_FSConverter,
-                                     &path_bytes, &format, &o_size, &direct, &writeback,
-                                     &o_cluster, &copts.compat_v2, &copts.prealloc_metadata,
-                                     &copts.compress, &copts.backing_file,
-                                     &copts.backing_format, &atomic))
-        return NULL;
-    if (parse_u64(o_size, "size", &size) < 0 ||
-        (o_cluster && parse_u64(o_cluster, "cluster_size", &copts.cluster_size) < 0)) {
-        Py_DECREF(path_bytes);
-        return NULL;
-    }
-    const char *path = PyBytes_AS_STRING(path_bytes);
-    unsigned flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0) |
-                     (atomic ? IC_CREATE_ATOMIC : 0);
-    struct ic_error err = {0};
-    struct ic_image *img = NULL;
-    int fresh = 0, ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_create(path, format, size, flags, &copts, &img, &fresh, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path_bytes);
-    if (ret < 0)
-        return raise_error(&err);
-    ImageObject *obj = (ImageObject *)ImageType.tp_alloc(&ImageType, 0);
-    if (!obj) {
-        ic_image_close(img);
-        return NULL;
-    }
-    obj->img = img;
-    return Py_BuildValue("(NN)", (PyObject *)obj, PyBool_FromLong(fresh));
-}
+static PyType_Spec image_spec = {
+    .name = "imgcopy._core.Image",
+    .basicsize = sizeof(ImageObject),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = image_slots,
+};
 
-/* probe(path) -> the format name the file looks like */
+/* ---- module functions --------------------------------------------------- */
+
 static PyObject *mod_probe(PyObject *m, PyObject *arg)
 {
-    (void)m;
-    PyObject *path_bytes = NULL;
-    if (!PyUnicode_FSConverter(arg, &path_bytes))
+    struct path_arg path = {0};
+    if (!path_converter(arg, &path))
         return NULL;
-    const char *path = PyBytes_AS_STRING(path_bytes);
-    struct ic_error err = {0};
-    const char *format = NULL;
-    int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_image_probe(path, &format, &err);
-    Py_END_ALLOW_THREADS
-    Py_DECREF(path_bytes);
-    return ret < 0 ? raise_error(&err) : PyUnicode_FromString(format);
+    struct glue_call call = {.op = GLUE_PROBE, .path = path.path};
+    int ret = run(module_state(m), &call);
+    Py_DECREF(path.bytes);
+    return ret < 0 ? NULL : PyUnicode_FromString(call.probed);
 }
 
-static PyObject *stats_dict(const struct ic_copy_stats *st)
+static PyObject *names_tuple(size_t (*list)(const char **, size_t))
 {
-    return Py_BuildValue("{sKsKsKsKsKsKsKsK}", "bytes_read", (unsigned long long)st->bytes_read,
-                         "bytes_written", (unsigned long long)st->bytes_written, "bytes_zeroed",
-                         (unsigned long long)st->bytes_zeroed, "bytes_skipped",
-                         (unsigned long long)st->bytes_skipped, "read_requests",
-                         (unsigned long long)st->read_requests, "write_requests",
-                         (unsigned long long)st->write_requests, "zero_requests",
-                         (unsigned long long)st->zero_requests, "extents",
-                         (unsigned long long)st->extents);
+    const char *names[64];
+    size_t count = list(names, sizeof names / sizeof names[0]);
+    if (count > sizeof names / sizeof names[0])
+        return PyErr_Format(PyExc_SystemError, "more than %zu formats", count);
+    PyObject *tuple = PyTuple_New((Py_ssize_t)count);
+    for (size_t i = 0; tuple && i < count; i++) {
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (!name)
+            Py_CLEAR(tuple);
+        else
+            PyTuple_SET_ITEM(tuple, (Py_ssize_t)i, name);
+    }
+    return tuple;
+}
+
+static PyObject *mod_formats(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    return names_tuple(ic_formats);
+}
+
+static PyObject *mod_writable_formats(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    return names_tuple(ic_writable_formats);
+}
+
+static PyObject *mod_create(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"path", "format", "size", "direct", "writeback", "atomic", NULL};
+    core_state *st = module_state(m);
+    struct path_arg path = {0};
+    struct u64_arg size = {"create", "size", 0};
+    struct ic_create_options opts = {0};
+    int direct = 0, writeback = 0, atomic = 0, ret = -1;
+    struct glue_call call = {.op = GLUE_CREATE, .create_options = &opts};
+    PyObject *rest = take_fields(kwds, ic_create_option_fields, &opts, "create");
+    if (rest && PyArg_ParseTupleAndKeywords(args, rest, "O&zO&|$ppp:create", kwlist,
+                                            path_converter, &path, &call.format, u64_converter,
+                                            &size, &direct, &writeback, &atomic)) {
+        call.path = path.path;
+        call.size = size.value;
+        call.flags = (direct ? IC_OPEN_DIRECT : 0) | (writeback ? IC_OPEN_WRITEBACK : 0) |
+                     (atomic ? IC_CREATE_ATOMIC : 0);
+        ret = run(st, &call);
+        Py_DECREF(path.bytes);
+    }
+    Py_XDECREF(rest);
+    if (ret < 0)
+        return NULL;
+    ImageObject *image = (ImageObject *)st->image_type->tp_alloc(st->image_type, 0);
+    if (!image) {
+        ic_image_close(call.image);
+        return NULL;
+    }
+    image->img = call.image;
+    return Py_BuildValue("(NN)", (PyObject *)image, PyBool_FromLong(call.fresh));
+}
+
+/* The check create() and copy() make before they touch anything, alone. */
+static PyObject *mod_check_create_options(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"format", NULL};
+    struct ic_create_options opts = {0};
+    struct ic_error err = {0};
+    const char *format;
+    PyObject *rest = take_fields(kwds, ic_create_option_fields, &opts, "check_create_options");
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "z:check_create_options",
+                                                     kwlist, &format);
+    if (parsed && ic_create_options_check(format, &opts, &err) < 0)
+        raise_error(module_state(m), &err);
+    Py_XDECREF(rest);
+    return parsed && !err.kind ? Py_NewRef(Py_None) : NULL;
+}
+
+static PyObject *mod_check_copy_options(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {NULL};
+    struct ic_copy_options opt;
+    struct ic_error err = {0};
+    ic_copy_options_init(&opt);
+    PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "check_copy_options");
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, ":check_copy_options", kwlist);
+    if (parsed && ic_copy_options_check(&opt, &err) < 0)
+        raise_error(module_state(m), &err);
+    Py_XDECREF(rest);
+    return parsed && !err.kind ? Py_NewRef(Py_None) : NULL;
+}
+
+static PyObject *mod_copy_option_defaults(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    struct ic_copy_options defaults;
+    ic_copy_options_init(&defaults);
+    return fields_dict(ic_copy_option_fields, &defaults);
 }
 
 /* Slices the calling thread waits in, with the GIL released: short enough
  * for Ctrl-C and progress to feel immediate. */
 #define WAIT_SLICE_MS 100
 
-/* copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order,
- *      target_is_zero, offload, flush, progress) -> dict of counters */
+static int report_progress(PyObject *progress, const struct ic_copy_stats *st)
+{
+    PyObject *r = progress == Py_None
+                      ? Py_NewRef(Py_None)
+                      : PyObject_CallFunction(progress, "KK", (unsigned long long)st->done,
+                                              (unsigned long long)st->total);
+    Py_XDECREF(r);
+    return r ? 0 : -1;
+}
+
+/* Waits for the copy's threads, reporting progress.  A Python error (the
+ * callback's, Ctrl-C) cancels the copy and stays set for the caller: 1. */
+static int watch_copy(struct glue_call *copy, PyObject *progress)
+{
+    int python_error = 0, done;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        done = ic_copy_wait(copy->copy, WAIT_SLICE_MS);
+        Py_END_ALLOW_THREADS
+        if (done)
+            return python_error; /* the last report waits for the outcome */
+        if (!python_error) {
+            ic_copy_progress(copy->copy, &copy->stats);
+            python_error = report_progress(progress, &copy->stats) < 0 ||
+                           PyErr_CheckSignals() < 0;
+        }
+        if (python_error)
+            ic_copy_cancel(copy->copy);
+    }
+}
+
+/* copy()'s one result: the counters, and under "requests" the requests
+ * made (packed struct ic_request, by offset) when they were logged. */
+static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log)
+{
+    size_t count = 0;
+    const struct ic_request *requests = log ? ic_request_log_sorted(log, &count) : NULL;
+    PyObject *logged = log ? packed(requests, count, sizeof *requests) : Py_NewRef(Py_None);
+    PyObject *report = logged ? fields_dict(ic_copy_stats_fields, stats) : NULL;
+    if (report && PyDict_SetItemString(report, "requests", logged) < 0)
+        Py_CLEAR(report);
+    Py_XDECREF(logged);
+    return report;
+}
+
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    (void)m;
-    static char *kwlist[] = {"src", "dst", "sparse_threshold", "request_size", "concurrency",
-                             "out_of_order", "target_is_zero", "offload", "flush", "progress",
-                             "log", NULL};
+    static char *kwlist[] = {"src", "dst", "progress", "log", NULL};
+    core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *o_thr, *o_req, *progress = Py_None;
-    unsigned concurrency;
-    int out_of_order, target_is_zero, offload, flush, want_log = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOIppppO|p", kwlist, &ImageType, &src,
-                                     &ImageType, &dst, &o_thr, &o_req, &concurrency,
-                                     &out_of_order, &target_is_zero, &offload, &flush, &progress,
-                                     &want_log))
+    PyObject *progress = Py_None, *report = NULL;
+    int log = 0;
+    struct ic_copy_options opt;
+    ic_copy_options_init(&opt);
+    PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$Op:copy", kwlist,
+                                                     st->image_type, &src, st->image_type,
+                                                     &dst, &progress, &log);
+    Py_XDECREF(rest);
+    if (!parsed)
         return NULL;
-    struct ic_copy_options opt = {
-        .concurrency = concurrency,
-        .out_of_order = out_of_order,
-        .target_is_zero = target_is_zero,
-        .offload = offload,
-        .flush = flush,
-    };
-    if (parse_u64(o_thr, "sparse_threshold", &opt.sparse_threshold) < 0 ||
-        parse_u64(o_req, "request_size", &opt.request_size) < 0)
-        return NULL;
-    struct ic_image *s_img = usable(src), *d_img = s_img ? usable(dst) : NULL;
-    if (!s_img || !d_img)
+    if (progress != Py_None && !PyCallable_Check(progress))
+        return PyErr_Format(PyExc_TypeError, "copy() argument 'progress' must be callable");
+    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = &opt, .img = usable(src)};
+    if (!copy.img || !(copy.dst = usable(dst)))
         return NULL;
     if (src == dst)
         return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
-    if (want_log && !(opt.log = ic_request_log_new()))
+    if (log && !(opt.log = ic_request_log_new()))
         return PyErr_NoMemory();
-
-    struct ic_error err = {0};
-    struct ic_copy *c = NULL;
-    int ret;
     enter(src);
     enter(dst);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_copy_start(s_img, d_img, &opt, &c, &err);
-    Py_END_ALLOW_THREADS
-    if (ret < 0) {
-        leave(src);
-        leave(dst);
-        ic_request_log_free(opt.log);
-        return raise_error(&err);
+    if (run(st, &copy) == 0) {
+        int python_error = watch_copy(&copy, progress);
+        struct ic_error err = {0};
+        copy.op = GLUE_COPY_FINISH;
+        /* Python's error (already set) wins over the copy's own */
+        int ret = python_error ? glue_call_run(&copy, &err) : run(st, &copy);
+        /* Every byte is written, nothing committed yet (the caller finishes
+         * the destination when this returns): the 100% report and Ctrl-C
+         * can still cancel the copy, however short it was. */
+        if (!python_error && ret == 0 && report_progress(progress, &copy.stats) == 0 &&
+            PyErr_CheckSignals() == 0)
+            report = copy_report(&copy.stats, opt.log);
     }
-    /* Python errors raised while waiting (the progress callback, Ctrl-C)
-     * cancel the copy and win over its own error. */
-    int python_error = 0, done = 0;
-    struct ic_copy_stats st;
-    while (!done) {
-        Py_BEGIN_ALLOW_THREADS
-        done = ic_copy_wait(c, WAIT_SLICE_MS);
-        Py_END_ALLOW_THREADS
-        if (done)
-            break; /* the last report waits for the outcome */
-        if (!python_error && progress != Py_None) {
-            ic_copy_progress(c, &st);
-            PyObject *r = PyObject_CallFunction(progress, "KK", (unsigned long long)st.done,
-                                                (unsigned long long)st.total);
-            if (!r)
-                python_error = 1;
-            Py_XDECREF(r);
-        }
-        if (!python_error && PyErr_CheckSignals() < 0)
-            python_error = 1;
-        if (python_error)
-            ic_copy_cancel(c);
-    }
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_copy_finish(c, &st, &err);
-    Py_END_ALLOW_THREADS
     leave(src);
     leave(dst);
-    /* Every byte is written, nothing committed yet (the caller finishes
-     * the destination when this returns): the 100% report and Ctrl-C can
-     * still cancel the copy, however short it was. */
-    if (ret == 0 && !python_error && progress != Py_None) {
-        PyObject *r = PyObject_CallFunction(progress, "KK", (unsigned long long)st.done,
-                                            (unsigned long long)st.total);
-        python_error = r == NULL;
-        Py_XDECREF(r);
-    }
-    if (ret == 0 && !python_error && PyErr_CheckSignals() < 0)
-        python_error = 1;
-    PyObject *res = NULL;
-    if (python_error)
-        res = NULL;
-    else if (ret < 0)
-        raise_error(&err);
-    else if (!opt.log)
-        res = stats_dict(&st);
-    else {
-        /* (counters, packed struct ic_request array sorted by offset) */
-        size_t n;
-        const struct ic_request *reqs = ic_request_log_sorted(opt.log, &n);
-        PyObject *packed = PyBytes_FromStringAndSize((const char *)reqs,
-                                                     (Py_ssize_t)(n * sizeof *reqs));
-        PyObject *d = stats_dict(&st);
-        if (packed && d)
-            res = PyTuple_Pack(2, d, packed);
-        Py_XDECREF(packed);
-        Py_XDECREF(d);
-    }
     ic_request_log_free(opt.log);
-    return res;
+    return report;
 }
 
-/* ---- packed extent helpers --------------------------------------------- */
+/* ---- packed extents ----------------------------------------------------- */
 
-static int packed_extents(Py_buffer *buf, const struct ic_extent **ext, size_t *n)
+/* format_map(packed, start, tail_end, names=None): qemu-img map's output,
+ * JSON without names, else human with the file of each depth of the chain
+ * in names, NUL-separated */
+static PyObject *mod_format_map(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    if (buf->len % (Py_ssize_t)sizeof(struct ic_extent)) {
-        PyErr_SetString(PyExc_ValueError, "packed extents have the wrong length");
-        return -1;
-    }
-    *ext = buf->buf;
-    *n = (size_t)buf->len / sizeof(struct ic_extent);
-    return 0;
+    static char *kwlist[] = {"packed", "start", "tail_end", "names", NULL};
+    struct packed_arg extents = {0};
+    struct u64_arg start = {"format_map", "start", 0}, tail_end = {"format_map", "tail_end", 0};
+    Py_ssize_t names_length = 0;
+    struct glue_call call = {.op = GLUE_FORMAT_MAP};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&O&|z#:format_map", kwlist,
+                                     packed_converter, &extents, u64_converter, &start,
+                                     u64_converter, &tail_end, &call.names, &names_length))
+        return NULL;
+    call.extents = extents.extents;
+    call.extent_count = extents.count;
+    call.offset = start.value;
+    call.end = tail_end.value;
+    call.names_length = (size_t)names_length;
+    PyObject *text = run(module_state(m), &call) < 0 ? NULL : PyUnicode_FromString(call.text);
+    free(call.text);
+    PyBuffer_Release(&extents.buf);
+    return text;
 }
 
-static PyObject *format_map(PyObject *args, int json)
-{
-    Py_buffer buf;
-    unsigned long long start, tail_end;
-    PyObject *names_obj = NULL;
-    int ok = json ? PyArg_ParseTuple(args, "y*KK", &buf, &start, &tail_end)
-                  : PyArg_ParseTuple(args, "y*KKO", &buf, &start, &tail_end, &names_obj);
-    if (!ok)
-        return NULL;
-    const struct ic_extent *ext;
-    size_t n;
-    if (packed_extents(&buf, &ext, &n) < 0) {
-        PyBuffer_Release(&buf);
-        return NULL;
-    }
-    /* the file name of each depth of the chain */
-    PyObject *seq = NULL;
-    const char **names = NULL;
-    Py_ssize_t nnames = 0;
-    if (!json) {
-        seq = PySequence_Fast(names_obj, "names must be a sequence of str");
-        if (!seq) {
-            PyBuffer_Release(&buf);
-            return NULL;
-        }
-        nnames = PySequence_Fast_GET_SIZE(seq);
-        names = PyMem_Calloc((size_t)nnames + 1, sizeof *names);
-        for (Py_ssize_t i = 0; names && i < nnames; i++) {
-            names[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i));
-            if (!names[i]) {
-                PyMem_Free(names);
-                Py_DECREF(seq);
-                PyBuffer_Release(&buf);
-                return NULL;
-            }
-        }
-        if (!names) {
-            Py_DECREF(seq);
-            PyBuffer_Release(&buf);
-            return PyErr_NoMemory();
-        }
-    }
-    struct ic_error err = {0};
-    char *s;
-    Py_BEGIN_ALLOW_THREADS
-    s = json ? ic_format_map_json(ext, n, start, tail_end, &err)
-             : ic_format_map_human(ext, n, start, tail_end, names, (size_t)nnames, &err);
-    Py_END_ALLOW_THREADS
-    PyMem_Free(names);
-    Py_XDECREF(seq);
-    PyBuffer_Release(&buf);
-    if (!s)
-        return raise_error(&err);
-    PyObject *res = PyUnicode_FromString(s);
-    free(s);
-    return res;
-}
-
-static PyObject *mod_format_map_json(PyObject *m, PyObject *args)
+static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
 {
     (void)m;
-    return format_map(args, 1);
-}
-
-static PyObject *mod_format_map_human(PyObject *m, PyObject *args)
-{
-    (void)m;
-    return format_map(args, 0);
-}
-
-static PyObject *mod_extent_at(PyObject *m, PyObject *args)
-{
-    (void)m;
-    Py_buffer buf;
-    Py_ssize_t i;
-    if (!PyArg_ParseTuple(args, "y*n", &buf, &i))
+    struct packed_arg extents = {0};
+    struct ic_extent_totals t;
+    if (!packed_converter(arg, &extents))
         return NULL;
-    const struct ic_extent *ext;
-    size_t n;
-    PyObject *res = NULL;
-    if (packed_extents(&buf, &ext, &n) == 0) {
-        if (i < 0 || (size_t)i >= n)
-            PyErr_SetString(PyExc_IndexError, "extent index out of range");
-        else
-            res = extent_tuple(&ext[i]);
-    }
-    PyBuffer_Release(&buf);
-    return res;
-}
-
-/* (data_bytes, zero_bytes, present_bytes, compressed_bytes) */
-static PyObject *mod_extent_totals(PyObject *m, PyObject *args)
-{
-    (void)m;
-    Py_buffer buf;
-    if (!PyArg_ParseTuple(args, "y*", &buf))
-        return NULL;
-    const struct ic_extent *ext;
-    size_t n;
-    if (packed_extents(&buf, &ext, &n) < 0) {
-        PyBuffer_Release(&buf);
-        return NULL;
-    }
-    unsigned long long data = 0, zero = 0, present = 0, compressed = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ext[i].flags & IC_EXT_DATA)
-            data += ext[i].length;
-        if (ext[i].flags & IC_EXT_ZERO)
-            zero += ext[i].length;
-        if (ext[i].flags & IC_EXT_PRESENT)
-            present += ext[i].length;
-        if (ext[i].flags & IC_EXT_COMPRESSED)
-            compressed += ext[i].length;
-    }
-    PyBuffer_Release(&buf);
-    return Py_BuildValue("(KKKK)", data, zero, present, compressed);
+    ic_extent_totals(extents.extents, extents.count, &t);
+    PyBuffer_Release(&extents.buf);
+    return Py_BuildValue("(KKKK)", (unsigned long long)t.data, (unsigned long long)t.zero,
+                         (unsigned long long)t.present, (unsigned long long)t.compressed);
 }
 
 static PyMethodDef module_methods[] = {
-    {"probe", mod_probe, METH_O,
-     "probe(path) -> the format the file looks like ('raw' when nothing else matches)"},
-    {"create", (PyCFunction)(void (*)(void))mod_create, METH_VARARGS | METH_KEYWORDS,
-     "create(path, format, size, direct=False, writeback=False, cluster_size=0, compat_v2=False, "
-     "prealloc_metadata=False, compress=False, backing_file=None, backing_format=None, "
-     "atomic=False) -> (Image, fresh)"},
-    {"copy", (PyCFunction)(void (*)(void))mod_copy, METH_VARARGS | METH_KEYWORDS,
-     "copy(src, dst, sparse_threshold, request_size, concurrency, out_of_order, "
-     "target_is_zero, offload, flush, progress) -> dict"},
-    {"format_map_json", mod_format_map_json, METH_VARARGS,
-     "format_map_json(packed, start, tail_end) -> str, as qemu-img map --output=json"},
-    {"format_map_human", mod_format_map_human, METH_VARARGS,
-     "format_map_human(packed, start, tail_end, names) -> str, as qemu-img map; names[d] "
-     "is the file of depth d"},
-    {"extent_at", mod_extent_at, METH_VARARGS, "extent_at(packed, i) -> tuple"},
-    {"extent_totals", mod_extent_totals, METH_VARARGS,
-     "extent_totals(packed) -> (data, zero, present, compressed) bytes"},
+    {"probe", mod_probe, METH_O, NULL},
+    {"formats", mod_formats, METH_NOARGS, NULL},
+    {"writable_formats", mod_writable_formats, METH_NOARGS, NULL},
+    {"create", KEYWORDS(mod_create), NULL},
+    {"check_create_options", KEYWORDS(mod_check_create_options), NULL},
+    {"copy", KEYWORDS(mod_copy), NULL},
+    {"check_copy_options", KEYWORDS(mod_check_copy_options), NULL},
+    {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
+    {"format_map", KEYWORDS(mod_format_map), NULL},
+    {"extent_totals", mod_extent_totals, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, .m_name = "imgcopy._core",
-    .m_doc = "imgcopy's C core", .m_size = -1, .m_methods = module_methods,
+/* ---- the module --------------------------------------------------------- */
+
+static int core_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    core_state *st = module_state(m);
+    Py_VISIT(st->image_type);
+    Py_VISIT(st->error);
+    Py_VISIT(st->image_format_error);
+    Py_VISIT(st->os_error_factory);
+    Py_VISIT(st->unsupported_operation);
+    return 0;
+}
+
+static int core_clear(PyObject *m)
+{
+    core_state *st = module_state(m);
+    Py_CLEAR(st->image_type);
+    Py_CLEAR(st->error);
+    Py_CLEAR(st->image_format_error);
+    Py_CLEAR(st->os_error_factory);
+    Py_CLEAR(st->unsupported_operation);
+    return 0;
+}
+
+static void core_free(void *m)
+{
+    core_clear(m);
+}
+
+static PyObject *attribute_of(const char *module_name, const char *name)
+{
+    PyObject *module = PyImport_ImportModule(module_name);
+    PyObject *value = module ? PyObject_GetAttrString(module, name) : NULL;
+    Py_XDECREF(module);
+    return value;
+}
+
+static int core_exec(PyObject *m)
+{
+    core_state *st = module_state(m);
+    /* the exceptions are Python classes (imgcopy/errors.py): they spell
+     * remedies for the API and the CLI */
+    if (!(st->unsupported_operation = attribute_of("io", "UnsupportedOperation")) ||
+        !(st->error = attribute_of("imgcopy.errors", "Error")) ||
+        !(st->image_format_error = attribute_of("imgcopy.errors", "ImageFormatError")) ||
+        !(st->os_error_factory = attribute_of("imgcopy.errors", "os_error")) ||
+        !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_spec, NULL)))
+        return -1;
+    static const struct {
+        const char *name;
+        long value;
+    } constants[] = {
+        {"ZERO_MAY_UNMAP", IC_ZERO_MAY_UNMAP},
+        {"ZERO_FAST", IC_ZERO_FAST},
+        {"EXTENT_SIZE", (long)sizeof(struct ic_extent)},
+        {"EXTENT_DATA", IC_EXT_DATA},
+        {"EXTENT_ZERO", IC_EXT_ZERO},
+        {"EXTENT_PRESENT", IC_EXT_PRESENT},
+        {"EXTENT_OFFSET_VALID", IC_EXT_OFFSET_VALID},
+        {"EXTENT_COMPRESSED", IC_EXT_COMPRESSED},
+        {"SNAPSHOT_SIZE", (long)sizeof(struct ic_snapshot)},
+        {"REQUEST_SIZE", (long)sizeof(struct ic_request)},
+        {"REQ_WRITE", IC_REQ_WRITE},
+        {"REQ_ZERO", IC_REQ_ZERO},
+        {"REQ_SKIP", IC_REQ_SKIP},
+    };
+    for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
+        if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)
+            return -1;
+    if (PyModule_AddObjectRef(m, "Image", (PyObject *)st->image_type) < 0 ||
+        PyModule_AddObjectRef(m, "Error", st->error) < 0 ||
+        PyModule_AddObjectRef(m, "ImageFormatError", st->image_format_error) < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, (void *)core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "imgcopy._core",
+    .m_doc = "imgcopy's C core (imgcopy/_core.pyi describes it)",
+    .m_size = sizeof(core_state),
+    .m_methods = module_methods,
+    .m_slots = core_slots,
+    .m_traverse = core_traverse,
+    .m_clear = core_clear,
+    .m_free = core_free,
 };
 
 PyMODINIT_FUNC PyInit__core(void)
 {
-    PyObject *m = PyModule_Create(&moduledef);
-    if (!m)
-        return NULL;
-    PyObject *io = PyImport_ImportModule("io");
-    if (!io)
-        goto fail;
-    UnsupportedOperation = PyObject_GetAttrString(io, "UnsupportedOperation");
-    Py_DECREF(io);
-    if (!UnsupportedOperation)
-        goto fail;
-    /* the exceptions are Python classes (imgcopy/errors.py): they spell
-     * remedies for the API and the CLI */
-    PyObject *errors = PyImport_ImportModule("imgcopy.errors");
-    if (!errors)
-        goto fail;
-    Error = PyObject_GetAttrString(errors, "Error");
-    ImageFormatError = PyObject_GetAttrString(errors, "ImageFormatError");
-    OSErrorFactory = PyObject_GetAttrString(errors, "os_error");
-    Py_DECREF(errors);
-    if (!Error || !ImageFormatError || !OSErrorFactory)
-        goto fail;
-    if (PyType_Ready(&ImageType) < 0)
-        goto fail;
-    if (PyModule_AddObjectRef(m, "Image", (PyObject *)&ImageType) < 0 ||
-        PyModule_AddObjectRef(m, "Error", Error) < 0 ||
-        PyModule_AddObjectRef(m, "ImageFormatError", ImageFormatError) < 0 ||
-        PyModule_AddIntConstant(m, "ZERO_MAY_UNMAP", IC_ZERO_MAY_UNMAP) < 0 ||
-        PyModule_AddIntConstant(m, "ZERO_FAST", IC_ZERO_FAST) < 0 ||
-        PyModule_AddIntConstant(m, "EXTENT_SIZE", (long)sizeof(struct ic_extent)) < 0 ||
-        PyModule_AddIntConstant(m, "REQUEST_SIZE", (long)sizeof(struct ic_request)) < 0 ||
-        PyModule_AddIntConstant(m, "REQ_WRITE", IC_REQ_WRITE) < 0 ||
-        PyModule_AddIntConstant(m, "REQ_ZERO", IC_REQ_ZERO) < 0 ||
-        PyModule_AddIntConstant(m, "REQ_SKIP", IC_REQ_SKIP) < 0)
-        goto fail;
-    return m;
-fail:
-    Py_DECREF(m);
-    return NULL;
+    return PyModuleDef_Init(&core_module);
 }

@@ -1,0 +1,111 @@
+/* What a copy and a new image may be asked for: the one definition of valid
+ * options and of the copy's defaults.  The copy engine and image creation
+ * check here, and so do Python's option objects when they are made, so
+ * that a bad option is refused before any file is touched, with the same
+ * message wherever it comes from. */
+#include <string.h>
+
+#include "driver.h"
+
+/* qemu-img's limit too */
+#define MAX_SPARSE_THRESHOLD (16u << 20)
+#define MAX_CONCURRENCY 1024u
+#define MIN_REQUEST_SIZE 4096u
+#define MAX_REQUEST_SIZE (1u << 30)
+
+void ic_copy_options_init(struct ic_copy_options *o)
+{
+    *o = (struct ic_copy_options){
+        /* qemu-img's -S default: a 4 KiB run of zeros is worth a hole */
+        .sparse_threshold = 4096,
+        /* chosen by measurement (benchmarks/bench_convert.py, README): with
+         * 2 MiB requests, 4 threads keep a 2-core machine's disk busy
+         * without queueing more than it can use */
+        .request_size = 2u << 20,
+        .concurrency = 4,
+        .out_of_order = 1,
+        .flush = 1,
+    };
+}
+
+int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
+{
+    if (o->concurrency < 1 || o->concurrency > MAX_CONCURRENCY)
+        return ic_error_value(err, "concurrency must be between 1 and %u", MAX_CONCURRENCY);
+    if (o->request_size < MIN_REQUEST_SIZE || o->request_size > MAX_REQUEST_SIZE ||
+        o->request_size % MIN_REQUEST_SIZE)
+        return ic_error_value(err, "request_size must be a multiple of 4096 between 4 KiB "
+                                   "and 1 GiB");
+    if (o->sparse_threshold % 512 || o->sparse_threshold > MAX_SPARSE_THRESHOLD)
+        return ic_error_value(err, "sparse_threshold must be a multiple of 512 from 0 to "
+                                   "16 MiB");
+    return 0;
+}
+
+/* qemu's spellings of the qcow2 versions (-o compat=) */
+static const struct {
+    const char *name;
+    int v2;
+} compat_names[] = {
+    {"1.1", 0},
+    {"v3", 0},
+    {"0.10", 1},
+    {"v2", 1},
+};
+
+int ic_create_options_set_compat(struct ic_create_options *o, const char *name,
+                                 struct ic_error *err)
+{
+    for (size_t i = 0; i < sizeof compat_names / sizeof compat_names[0]; i++) {
+        if (strcmp(name, compat_names[i].name) == 0) {
+            o->compat_v2 = compat_names[i].v2;
+            return 0;
+        }
+    }
+    return ic_error_value(err, "compat must be one of 1.1, v3, 0.10, v2, not '%s'", name);
+}
+
+int ic_create_options_set_preallocation(struct ic_create_options *o, const char *name,
+                                        struct ic_error *err)
+{
+    if (strcmp(name, "off") != 0 && strcmp(name, "metadata") != 0)
+        return ic_error_value(err, "preallocation must be 'off' or 'metadata', not '%s'", name);
+    o->prealloc_metadata = strcmp(name, "metadata") == 0;
+    return 0;
+}
+
+/* The format named as ic_image_create() names it: NULL is raw, and the
+ * null destination lays nothing out (raw too). */
+static int creatable(const char *format, const struct ic_driver **drv, struct ic_error *err)
+{
+    const char *name = !format || strcmp(format, "null") == 0 ? "raw" : format;
+    *drv = ic_format_driver(name);
+    if (!*drv && strcmp(name, "raw") != 0)
+        return ic_error_value(err, "unknown image format '%s'", name);
+    if (*drv && !(*drv)->create)
+        return ic_error_value(err, "cannot write %s images", name);
+    return 0;
+}
+
+int ic_create_options_check(const char *format, const struct ic_create_options *o,
+                            struct ic_error *err)
+{
+    const struct ic_driver *drv;
+    if (creatable(format, &drv, err) < 0)
+        return -1;
+    if (!o)
+        return 0;
+    uint64_t c = o->cluster_size;
+    if (c && (c < 512 || c > (2u << 20) || (c & (c - 1))))
+        return ic_error_value(err, "cluster_size must be a power of two from 512 to 2 MiB");
+    if (o->compress && o->prealloc_metadata)
+        return ic_error_value(err, "compression and preallocation exclude each other");
+    if (!drv && o->backing_file)
+        return ic_error_value(err, "raw images have no backing file");
+    if (o->backing_format && !ic_format_readable(o->backing_format))
+        return ic_error_value(err, "backing format must be one of the readable formats, not "
+                              "'%s'", o->backing_format);
+    if (o->backing_file && (!o->backing_file[0] || strlen(o->backing_file) > 1023))
+        return ic_error_value(err, "backing file name must be 1 to 1023 bytes");
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* The core's blocking calls as data: the Python glue (module.c) fills in a
+ * struct glue_call and runs it with the GIL released through one function,
+ * which raises its error; the calls themselves need no Python. */
+#ifndef IMGCOPY_GLUE_CALLS_H
+#define IMGCOPY_GLUE_CALLS_H
+
+#include "../imgcopy.h"
+
+enum glue_op {
+    GLUE_OPEN,
+    GLUE_CREATE,
+    GLUE_PROBE,
+    GLUE_BLOCK_STATUS,
+    GLUE_MAP,
+    GLUE_READ,
+    GLUE_WRITE,
+    GLUE_ZERO,
+    GLUE_FLUSH,
+    GLUE_FINISH,
+    GLUE_COPY_START,
+    GLUE_COPY_FINISH,
+    GLUE_FORMAT_MAP,
+};
+
+struct glue_call {
+    enum glue_op op;
+    /* what the call takes, as its core function names it */
+    struct ic_image *img, *dst;
+    const char *path, *format;
+    uint64_t offset, length, end, size;
+    unsigned flags; /* open, create and zero flags; finish: sync */
+    void *buf;      /* read into / write from */
+    const struct ic_create_options *create_options;
+    const struct ic_copy_options *copy_options;
+    const struct ic_extent *extents; /* format_map */
+    size_t extent_count;
+    /* format_map: NULL for JSON, else the file of each depth of the
+     * chain, NUL-separated in `names_length` bytes */
+    const char *names;
+    size_t names_length;
+    /* what it gives */
+    struct ic_image *image; /* open, create */
+    int fresh;              /* create */
+    const char *probed;     /* probe */
+    struct ic_extent extent;
+    struct ic_extent_list list;
+    struct ic_copy *copy;
+    struct ic_copy_stats stats;
+    char *text; /* format_map: malloc'ed */
+};
+
+int glue_call_run(struct glue_call *c, struct ic_error *err);
+
+#endif

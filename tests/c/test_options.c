@@ -1,0 +1,160 @@
+/* What options are valid (csrc/options.c), at the edges of every range,
+ * and the tables front ends read them by (csrc/fields.c).  The copy and the
+ * creation refuse what the check refuses, before they touch anything. */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "imgcopy.h"
+
+static int copy_valid(struct ic_copy_options o)
+{
+    struct ic_error err = {0};
+    int r = ic_copy_options_check(&o, &err);
+    CHECK((r == 0) == (err.kind == IC_ERR_NONE), "result %d, error kind %d", r, err.kind);
+    CHECK(r == 0 || (err.kind == IC_ERR_VALUE && err.msg[0]), "a refusal says why");
+    return r == 0;
+}
+
+static void check_copy_options(void)
+{
+    struct ic_copy_options d;
+    ic_copy_options_init(&d);
+    CHECK(copy_valid(d), "the defaults are valid");
+    CHECK(d.sparse_threshold == 4096 && d.out_of_order && d.flush && !d.target_is_zero &&
+              !d.offload && !d.log,
+          "defaults");
+    struct {
+        uint64_t sparse_threshold, request_size;
+        unsigned concurrency;
+        int valid;
+    } cases[] = {
+        {0, 4096, 1, 1},
+        {512, 1u << 30, 1024, 1},
+        {16u << 20, 2u << 20, 4, 1},
+        {(16u << 20) + 512, 2u << 20, 4, 0}, /* qemu-img's -S limit */
+        {1000, 2u << 20, 4, 0},             /* not whole sectors */
+        {4096, 4095, 4, 0},
+        {4096, 4096 + 512, 4, 0},
+        {4096, (1u << 30) + 4096, 4, 0},
+        {4096, 0, 4, 0},
+        {4096, 2u << 20, 0, 0},
+        {4096, 2u << 20, 1025, 0},
+        {4096, 2u << 20, ~0u, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct ic_copy_options o = d;
+        o.sparse_threshold = cases[i].sparse_threshold;
+        o.request_size = cases[i].request_size;
+        o.concurrency = cases[i].concurrency;
+        CHECK(copy_valid(o) == cases[i].valid, "case %zu", i);
+    }
+}
+
+static void check_create_options(void)
+{
+    struct ic_error err = {0};
+    struct ic_create_options o = {0};
+    CHECK(ic_create_options_check("qcow2", &o, &err) == 0, "%s", err.msg);
+    CHECK(ic_create_options_check(NULL, NULL, &err) == 0, "raw, defaults: %s", err.msg);
+    CHECK(ic_create_options_check("null", &o, &err) == 0, "%s", err.msg);
+    CHECK(ic_create_options_check("vmdk", &o, &err) < 0, "vmdk is not writable");
+    uint64_t clusters[] = {512, 4096, 65536, 2u << 20, 256, 4u << 20, 3 * 4096, 1000};
+    for (size_t i = 0; i < sizeof clusters / sizeof clusters[0]; i++) {
+        o.cluster_size = clusters[i];
+        ic_error_clear(&err);
+        CHECK((ic_create_options_check("qcow2", &o, &err) == 0) == (i < 4), "cluster %llu",
+              (unsigned long long)clusters[i]);
+    }
+    o = (struct ic_create_options){.compress = 1, .prealloc_metadata = 1};
+    CHECK(ic_create_options_check("qcow2", &o, &err) < 0, "compression with preallocation");
+    o = (struct ic_create_options){.backing_file = "base.raw"};
+    CHECK(ic_create_options_check("qcow2", &o, &err) == 0, "%s", err.msg);
+    CHECK(ic_create_options_check("raw", &o, &err) < 0, "raw has no backing file");
+    o.backing_file = "";
+    CHECK(ic_create_options_check("qcow2", &o, &err) < 0, "an empty backing file name");
+    o = (struct ic_create_options){.backing_file = "b", .backing_format = "vmdk"};
+    CHECK(ic_create_options_check("qcow2", &o, &err) < 0, "an unreadable backing format");
+
+    const char *v3[] = {"1.1", "v3"}, *v2[] = {"0.10", "v2"};
+    for (int i = 0; i < 2; i++) {
+        o = (struct ic_create_options){.compat_v2 = 1};
+        CHECK(ic_create_options_set_compat(&o, v3[i], &err) == 0 && !o.compat_v2, "%s", v3[i]);
+        CHECK(ic_create_options_set_compat(&o, v2[i], &err) == 0 && o.compat_v2, "%s", v2[i]);
+    }
+    CHECK(ic_create_options_set_compat(&o, "1.0", &err) < 0 && strstr(err.msg, "'1.0'"),
+          "an unknown compat is named: %s", err.msg);
+    CHECK(ic_create_options_set_preallocation(&o, "metadata", &err) == 0 && o.prealloc_metadata,
+          "metadata");
+    CHECK(ic_create_options_set_preallocation(&o, "off", &err) == 0 && !o.prealloc_metadata,
+          "off");
+    CHECK(ic_create_options_set_preallocation(&o, "full", &err) < 0, "full is not supported");
+}
+
+/* The copy refuses what the check refuses: nothing of the destination is
+ * touched (not even its size checked first). */
+static void check_copy_refuses_first(void)
+{
+    char src_path[] = "/tmp/imgcopy-test-options-XXXXXX";
+    int fd = mkstemp(src_path);
+    CHECK(fd >= 0 && ftruncate(fd, 1 << 20) == 0, "source");
+    close(fd);
+    struct ic_error err = {0};
+    struct ic_image *src, *dst;
+    int fresh;
+    CHECK(ic_image_open(src_path, "raw", 0, &src, &err) == 0, "%s", err.msg);
+    CHECK(ic_image_create("null:", "null", 1 << 20, 0, NULL, &dst, &fresh, &err) == 0, "%s",
+          err.msg);
+    struct ic_copy_options o;
+    ic_copy_options_init(&o);
+    o.request_size = 1000;
+    struct ic_copy *c = NULL;
+    char why[IC_ERROR_MSG_MAX];
+    CHECK(ic_copy_options_check(&o, &err) < 0, "request_size 1000");
+    memcpy(why, err.msg, sizeof why);
+    ic_error_clear(&err);
+    CHECK(ic_copy_start(src, dst, &o, &c, &err) < 0 && !c, "the copy starts anyway");
+    CHECK(err.kind == IC_ERR_VALUE && strcmp(err.msg, why) == 0, "'%s' vs '%s'", err.msg, why);
+    ic_image_close(dst);
+    ic_image_close(src);
+    unlink(src_path);
+}
+
+/* Every table names distinct fields that lie inside their struct. */
+static void check_table(const struct ic_field *fields, size_t struct_size, size_t expected)
+{
+    size_t n = 0;
+    for (const struct ic_field *f = fields; f->name; f++, n++) {
+        CHECK(f->offset < struct_size, "%s outside its struct", f->name);
+        CHECK((f->kind == IC_FIELD_CHOICE) == (f->choose != NULL), "%s: choose", f->name);
+        for (const struct ic_field *g = fields; g != f; g++)
+            CHECK(strcmp(f->name, g->name) != 0, "%s twice", f->name);
+    }
+    CHECK(n == expected, "%zu fields, expected %zu", n, expected);
+}
+
+static void check_tables(void)
+{
+    check_table(ic_copy_option_fields, sizeof(struct ic_copy_options), 7);
+    check_table(ic_create_option_fields, sizeof(struct ic_create_options), 6);
+    check_table(ic_copy_stats_fields, sizeof(struct ic_copy_stats), 8);
+    check_table(ic_cache_stats_fields, sizeof(struct ic_cache_stats), 4);
+    /* a choice sets its struct as its name says */
+    struct ic_create_options o = {0};
+    struct ic_error err = {0};
+    for (const struct ic_field *f = ic_create_option_fields; f->name; f++)
+        if (strcmp(f->name, "compat") == 0)
+            CHECK(f->choose(&o, "0.10", &err) == 0 && o.compat_v2, "compat 0.10");
+}
+
+int main(void)
+{
+    check_copy_options();
+    check_create_options();
+    check_copy_refuses_first();
+    check_tables();
+    printf("test_options: %lu checks passed\n", check_count);
+    return 0;
+}
