@@ -5,7 +5,9 @@ from .convert import CopyResult, convert
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
 from .info import ImageInfo, info
+from .options import CopyOptions, CreateOptions, Qcow2Options
 from .plan import CopyPlan, Request, plan
 
-__all__ = ["CopyPlan", "CopyResult", "Error", "ImageFormatError", "Extent", "ExtentMap", "Image",
-           "Request", "convert", "map", "open", "plan", "ImageInfo", "info", "__version__"]
+__all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
+           "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
+           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__"]

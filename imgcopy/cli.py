@@ -11,11 +11,15 @@ from typing import Any, Dict, List, Optional
 
 from . import sizes
 from ._version import __version__
-from .convert import DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEST_FORMATS, convert
+from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
+from .options import CopyOptions, Qcow2Options
 from .progress import TextBar
+
+DEFAULTS = CopyOptions()
+
 
 def parse_size(text: str) -> int:
     """A byte count with an optional k/M/G/T/P/E suffix (powers of 1024)."""
@@ -88,11 +92,12 @@ def _build_parser() -> argparse.ArgumentParser:
                         "are left unwritten")
     c.add_argument("-F", dest="backing_format", default=None, metavar="FMT",
                    help="format of the backing file")
-    c.add_argument("-S", dest="sparse_threshold", type=parse_size, default=4096, metavar="SIZE",
+    c.add_argument("-S", dest="sparse_threshold", type=parse_size,
+                   default=DEFAULTS.sparse_threshold, metavar="SIZE",
                    help="zero runs at least this long become holes; 0: fully allocated "
                         "(default 4k)")
-    c.add_argument("-m", dest="concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                   metavar="N", help=f"worker threads (default {DEFAULT_CONCURRENCY})")
+    c.add_argument("-m", dest="concurrency", type=int, default=DEFAULTS.concurrency,
+                   metavar="N", help=f"worker threads (default {DEFAULTS.concurrency})")
     order = c.add_mutually_exclusive_group()
     order.add_argument("-W", dest="out_of_order", action="store_true", default=True,
                        help="out-of-order writes (the default; accepted for qemu-img users)")
@@ -110,7 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="destination cache mode: none = O_DIRECT, unsafe = no flush")
     c.add_argument("-T", dest="src_cache", choices=("none", "writeback"), default="writeback",
                    help="source cache mode: none = O_DIRECT")
-    c.add_argument("--request-size", type=parse_size, default=DEFAULT_REQUEST_SIZE,
+    c.add_argument("--request-size", type=parse_size, default=DEFAULTS.request_size,
                    metavar="SIZE", help="bytes per request (default 2M)")
     c.add_argument("--no-flush", dest="flush", action="store_false",
                    help="do not wait for the destination to be durable")
@@ -170,17 +175,32 @@ def _ignore_sigint() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _copy_options(args: argparse.Namespace) -> CopyOptions:
+    return CopyOptions(
+        sparse_threshold=args.sparse_threshold, concurrency=args.concurrency,
+        request_size=args.request_size, out_of_order=args.out_of_order,
+        target_is_zero=True if args.target_is_zero else None,
+        direct=(args.src_cache == "none", args.dst_cache == "none"),
+        flush=args.flush and args.dst_cache != "unsafe", offload=args.offload)
+
+
+def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
+    """-o, -c, -B and -F: a qcow2 layout, when any of them is given."""
+    layout = _creation_options(args.options)
+    if args.compress:
+        layout["compress"] = True
+    if args.backing_file is not None:
+        layout["backing_file"] = args.backing_file
+    if args.backing_format is not None:
+        layout["backing_format"] = args.backing_format
+    return Qcow2Options(**layout) if layout else None
+
+
 def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         create=args.create, force=args.force, force_share=args.force_share,
-        sparse_threshold=args.sparse_threshold, concurrency=args.concurrency,
-        request_size=args.request_size,
-        out_of_order=args.out_of_order, target_is_zero=True if args.target_is_zero else None,
-        direct=(args.src_cache == "none", args.dst_cache == "none"),
-        flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        progress=bar, compress=args.compress, backing_file=args.backing_file,
-        backing_format=args.backing_format, **_creation_options(args.options))
+        options=_copy_options(args), create_options=_create_options(args), progress=bar)
 
 
 def _cmd_map(args: argparse.Namespace) -> int:

@@ -3,23 +3,18 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple, Union
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 from . import _core
 from .errors import ImageFormatError, Remedy
 from .image import Image, PathArg, _check_format
+from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
 from .progress import close_progress, make_progress
-from .sizes import Size, parse_size
+from .sizes import Size
 
 if TYPE_CHECKING:
     from ._core import CacheStats, CopyReport
-
-# the C core's defaults (csrc/options.c says why these)
-_DEFAULTS = _core.copy_option_defaults()
-DEFAULT_CONCURRENCY = _DEFAULTS["concurrency"]
-DEFAULT_REQUEST_SIZE = _DEFAULTS["request_size"]
-DEFAULT_SPARSE_THRESHOLD = _DEFAULTS["sparse_threshold"]
 
 NULL_TARGET = "null:"
 # the formats the C core writes, and "null", the null target's name
@@ -45,7 +40,7 @@ class CopyResult:
     cache_hits: int = 0
     cache_misses: int = 0
     lseek_calls: int = 0
-    options: dict = field(default_factory=dict, repr=False)
+    options: CopyOptions = field(default_factory=CopyOptions, repr=False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -78,12 +73,6 @@ def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]
     return report
 
 
-def check_copy_options(sparse_threshold: int, concurrency: int, request_size: int) -> None:
-    """The C core's check, the one the copy makes (ValueError, TypeError)."""
-    _core.check_copy_options(sparse_threshold=sparse_threshold, concurrency=concurrency,
-                             request_size=request_size)
-
-
 def _check_not_read(source: Image, dst: str) -> None:
     """Refuse a destination that is a file the source reads: the source
     itself, or a file of its backing chain (under any name)."""
@@ -113,16 +102,17 @@ def _existing_format(path: str) -> str:
 
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             dst_format: Optional[str] = None, create: bool = True, force: bool = False,
-            force_share: bool = False,
-            sparse_threshold: Size = DEFAULT_SPARSE_THRESHOLD,
-            concurrency: int = DEFAULT_CONCURRENCY,
-            request_size: Size = DEFAULT_REQUEST_SIZE, out_of_order: bool = True,
+            force_share: bool = False, options: Optional[CopyOptions] = None,
+            create_options: Optional[CreateOptions] = None,
+            sparse_threshold: Optional[Size] = None, concurrency: Optional[int] = None,
+            request_size: Optional[Size] = None, out_of_order: Optional[bool] = None,
             target_is_zero: Optional[bool] = None,
-            direct: Union[bool, Tuple[bool, bool]] = False, flush: bool = True,
-            offload: bool = False, progress: Progress = None,
-            cluster_size: Optional[Size] = None, compat: str = "1.1",
-            preallocation: str = "off", compress: bool = False,
-            backing_file: Optional[str] = None,
+            direct: Optional[Union[bool, Tuple[bool, bool]]] = None,
+            flush: Optional[bool] = None, offload: Optional[bool] = None,
+            progress: Progress = None, cluster_size: Optional[Size] = None,
+            compat: Optional[str] = None, preallocation: Optional[str] = None,
+            compress: Optional[bool] = None,
+            backing_file: Optional[Union[str, "os.PathLike[str]"]] = None,
             backing_format: Optional[str] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
@@ -150,34 +140,30 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       its tail alone: a failed copy leaves it half written (a qcow2 image is
       then flagged corrupt).
 
-    Copy options (sizes take ints or strings such as "64k", "4M"):
-      ``sparse_threshold`` [4k]: zero runs at least this long inside data
-      become holes (qemu-img -S); 0 writes every byte (fully allocated).
-      ``concurrency`` [4]: worker threads (-m). ``request_size`` [2M]: bytes
-      per read or write request. ``out_of_order`` [True]: writes may complete
-      in any order (-W); False writes in guest order.
-      ``target_is_zero``: the destination already reads as zeros, so zero
-      ranges are skipped; None decides (True only for a new regular file).
-      ``direct``: O_DIRECT on both ends, or a (source, destination) pair
-      (-T none / -t none). ``flush`` [True]: make the destination durable
-      before returning (False: -t unsafe). ``offload``: copy data in the
-      kernel (copy_file_range, -C) where the pair allows it.
+    Copy options: ``options``, a ``CopyOptions`` (its documentation says
+    what each does and its default), or its fields as keywords, which are
+    shorthand for it: ``sparse_threshold`` (-S), ``concurrency`` (-m),
+    ``request_size``, ``out_of_order`` (-W), ``target_is_zero``, ``direct``
+    (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C).
+    Keywords given (not None) replace the fields of ``options``; sizes take
+    ints or strings such as "64k", "4M".
       ``progress``: True shows a bar (tqdm when installed, else text on
       stderr); a callable ``(done, total)``; or an object with ``update(n)``
       (such as a tqdm bar; one whose ``total`` is None learns the copy's).
 
-    qcow2 destinations (new images):
-      ``cluster_size`` [64k], ``compat`` "1.1" (v3) or "0.10" (v2),
-      ``preallocation`` "off" or "metadata", ``compress`` (zlib, per
-      cluster, in the worker threads; -c), ``backing_file`` (stored as
-      given, relative to dst's directory) and ``backing_format``: a qcow2
-      overlay in which what the source's own backing chain holds is left
-      unwritten (-B/-F). Host clusters are allocated in guest order
-      whatever the concurrency.
+    New images: ``create_options``, a ``Qcow2Options`` for
+    ``dst_format="qcow2"``, or its fields as keywords, shorthand as above:
+    ``cluster_size`` [64k], ``compat`` "1.1" (v3) or "0.10" (v2),
+    ``preallocation`` "off" or "metadata", ``compress`` (zlib, per cluster,
+    in the worker threads; -c), ``backing_file`` (stored as given, relative
+    to dst's directory) and ``backing_format``: a qcow2 overlay in which what
+    the source's own backing chain holds is left unwritten (-B/-F). Host
+    clusters are allocated in guest order whatever the concurrency.
 
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
-    extents, elapsed seconds and the source's extent-cache counters.
+    extents, elapsed seconds, the source's extent-cache counters and the
+    ``CopyOptions`` the copy ran with (``target_is_zero`` decided).
 
     Raises: ``ImageFormatError`` for a corrupt or unsupported source or
     destination image (its message says which option would help);
@@ -189,38 +175,31 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     if dst_format is not None and dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
                          f"(known: {', '.join(DEST_FORMATS)})")
-    sparse_threshold = parse_size(sparse_threshold, "sparse_threshold")
-    request_size = parse_size(request_size, "request_size")
-    check_copy_options(sparse_threshold, concurrency, request_size)
+    options = with_keywords(options if options is not None else CopyOptions(),
+                            sparse_threshold=sparse_threshold,
+                            concurrency=concurrency, request_size=request_size,
+                            out_of_order=out_of_order, target_is_zero=target_is_zero,
+                            direct=direct, flush=flush, offload=offload)
+    layout = dict(cluster_size=cluster_size, compat=compat, preallocation=preallocation,
+                  compress=compress, backing_file=backing_file, backing_format=backing_format)
+    if any(v is not None for v in layout.values()):
+        create_options = with_keywords(
+            create_options if create_options is not None else Qcow2Options(), **layout)
     dst_name = os.fsdecode(os.fspath(dst))
     is_null = dst_format == "null" or dst_name == NULL_TARGET
     if is_null:
         dst_format = "null"
     elif dst_format is None:
         dst_format = "raw" if create else _existing_format(dst_name)
-
-    qcow2_only = cluster_size is not None or compress or preallocation != "off" or \
-        compat != "1.1" or backing_file is not None
-    if qcow2_only and dst_format != "qcow2":
-        raise ValueError("cluster_size, compat, preallocation, compress and backing_file "
-                         "need dst_format='qcow2'")
-    layout: Dict[str, Any] = dict(
-        compat=compat, preallocation=preallocation, compress=compress,
-        backing_file=None if backing_file is None else os.fsdecode(backing_file),
-        backing_format=backing_format)
-    if cluster_size is not None:
-        layout["cluster_size"] = parse_size(cluster_size, "cluster_size")
-    if qcow2_only:  # the C core's check, the one creation makes
-        _core.check_create_options(dst_format, **layout)
-    if backing_file is not None and not create:
+    if create_options is not None and create_options.format != dst_format:
+        names = ", ".join(f.name for f in fields(create_options))
+        raise ValueError(f"{type(create_options).__name__} ({names}) need "
+                         f"dst_format={create_options.format!r}")
+    if getattr(create_options, "backing_file", None) is not None and not create:
         raise ValueError("backing_file makes a new image: it needs create=True")
-    src_direct, dst_direct = direct if isinstance(direct, tuple) else (direct, direct)
-    options = dict(sparse_threshold=sparse_threshold, concurrency=concurrency,
-                   request_size=request_size, out_of_order=out_of_order, direct=direct,
-                   flush=flush, offload=offload)
 
     try:
-        source = Image(src, src_format, direct=bool(src_direct), force=force,
+        source = Image(src, src_format, direct=options.source_direct, force=force,
                        force_share=force_share, _source=True)
     except ImageFormatError as exc:
         raise exc.renamed({"format": "src_format"})
@@ -230,11 +209,13 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         if is_null:
             core, fresh = _core.create(NULL_TARGET, "null", source.size)
         elif create:
+            laid_out = create_options.create_keywords() if create_options else {}
             core, fresh = _core.create(dst, dst_format, source.size,
-                                       direct=bool(dst_direct), writeback=flush, atomic=True,
-                                       **layout)
+                                       direct=options.destination_direct,
+                                       writeback=options.flush, atomic=True, **laid_out)
         else:
-            core = _core.Image(dst, dst_format, writable=True, direct=bool(dst_direct))
+            core = _core.Image(dst, dst_format, writable=True,
+                               direct=options.destination_direct)
             fresh = False
             dst_size = core.size
             if dst_size < source.size:
@@ -251,14 +232,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         t0 = time.monotonic()
         try:
             bar = make_progress(progress, source.size, os.path.basename(source.filename))
-            zero_target = fresh if target_is_zero is None else bool(target_is_zero)
-            options["target_is_zero"] = zero_target
-            report = _core.copy(source._img, core, sparse_threshold=sparse_threshold,
-                                request_size=request_size, concurrency=concurrency,
-                                out_of_order=out_of_order, target_is_zero=zero_target,
-                                offload=offload, flush=flush and not is_null,
-                                progress=_progress_adapter(bar))
-            core.finish(sync=flush and not is_null)
+            if options.target_is_zero is None:
+                options = replace(options, target_is_zero=fresh)
+            report = _core.copy(source._img, core, progress=_progress_adapter(bar),
+                                **options.engine_options(flush=options.flush and not is_null))
+            core.finish(sync=options.flush and not is_null)
         except KeyboardInterrupt:
             if not core.finished:
                 close_progress(bar, progress)
@@ -272,7 +250,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
 
 
 def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
-               options: dict) -> CopyResult:
+               options: CopyOptions) -> CopyResult:
     """The result of a committed copy: a Ctrl-C while it is built changes
     nothing (the destination is complete)."""
     while True:

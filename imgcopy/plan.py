@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
-from .convert import (DEFAULT_CONCURRENCY, DEFAULT_REQUEST_SIZE, DEFAULT_SPARSE_THRESHOLD,
-                      NULL_TARGET, check_copy_options)
+from .convert import NULL_TARGET
 from .image import Image, PathArg
-from .sizes import Size, parse_size
+from .options import CopyOptions, with_keywords
+from .sizes import Size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
 _REQUEST = struct.Struct("=QQII")
@@ -29,7 +30,7 @@ class CopyPlan:
     would report (``totals()``, keys as ``CopyResult.to_dict()``)."""
 
     def __init__(self, packed: bytes, counters: Dict[str, int], *, size: int,
-                 options: dict) -> None:
+                 options: CopyOptions) -> None:
         self._packed = packed
         self._counters = dict(counters)
         self.size = size
@@ -74,24 +75,28 @@ class CopyPlan:
 
 
 def plan(src: PathArg, *, src_format: Optional[str] = None,
-         sparse_threshold: Size = DEFAULT_SPARSE_THRESHOLD,
-         request_size: Size = DEFAULT_REQUEST_SIZE, concurrency: int = DEFAULT_CONCURRENCY,
-         target_is_zero: bool = True) -> CopyPlan:
-    """The requests ``convert(src, dst, ...)`` with the same options makes
-    into a raw destination, found by the same C engine: the source is read
-    (zero runs are found in its data) but nothing is written."""
-    sparse_threshold = parse_size(sparse_threshold, "sparse_threshold")
-    request_size = parse_size(request_size, "request_size")
-    check_copy_options(sparse_threshold, concurrency, request_size)
-    options = dict(sparse_threshold=sparse_threshold, request_size=request_size,
-                   concurrency=concurrency, target_is_zero=target_is_zero)
+         options: Optional[CopyOptions] = None, sparse_threshold: Optional[Size] = None,
+         request_size: Optional[Size] = None, concurrency: Optional[int] = None,
+         target_is_zero: Optional[bool] = None) -> CopyPlan:
+    """The requests ``convert(src, dst, options=options)`` makes into a new
+    raw destination, found by the same C engine: the source is read (zero
+    runs are found in its data) but nothing is written.  ``options`` and the
+    keywords (shorthand for its fields, replacing them) are convert()'s;
+    ``target_is_zero`` None is True, as for a new file.  The plan is of a
+    copy without ``offload`` (the kernel would copy whole data extents);
+    ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
+    the options planned with."""
+    options = with_keywords(options if options is not None else CopyOptions(),
+                            sparse_threshold=sparse_threshold,
+                            request_size=request_size, concurrency=concurrency,
+                            target_is_zero=target_is_zero)
+    if options.target_is_zero is None:
+        options = replace(options, target_is_zero=True)
     with Image(src, src_format) as source:
         sink, _ = _core.create(NULL_TARGET, "null", source.size)
         try:
-            report = _core.copy(source._img, sink, sparse_threshold=sparse_threshold,
-                                request_size=request_size, concurrency=concurrency,
-                                target_is_zero=bool(target_is_zero), offload=False,
-                                flush=False, log=True)
+            report = _core.copy(source._img, sink, log=True,
+                                **options.engine_options(offload=False, flush=False))
         finally:
             sink.close()
         counters = {k: v for k, v in report.items() if isinstance(v, int)}

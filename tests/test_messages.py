@@ -130,7 +130,7 @@ def test_sizes_take_strings(tmp_path):
                         request_size=1 << 20)
     keys = ("bytes_written", "bytes_skipped", "write_requests", "zero_requests")
     assert [getattr(a, k) for k in keys] == [getattr(b, k) for k in keys]
-    assert a.options["sparse_threshold"] == 8192 and a.options["request_size"] == MiB
+    assert a.options.sparse_threshold == 8192 and a.options.request_size == MiB
     c = imgcopy.convert(src, str(tmp_path / "c.qcow2"), dst_format="qcow2", cluster_size="4k")
     assert c.bytes_written
     assert imgcopy.info(str(tmp_path / "c.qcow2")).cluster_size == 4096

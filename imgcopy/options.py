@@ -1,0 +1,163 @@
+"""Options as objects: how a copy runs (``CopyOptions``) and how a new image
+is laid out (``Qcow2Options``).  Both are frozen dataclasses, checked by the
+C core when they are made (the check the copy and the creation make again
+before they touch anything: there is one definition of what is valid),
+and shared by ``convert()`` and ``plan()``, whose keyword arguments are
+shorthand for their fields.
+
+A new option is a field here with its default, a field of the C struct
+it fills (``struct ic_copy_options`` or ``struct ic_create_options``), a
+row in that struct's table (csrc/fields.c) and its check (csrc/options.c);
+nothing between them spells it out again."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, Dict, Optional, Tuple, TypeVar, Union
+
+from . import _core
+from .sizes import Size, parse_size
+
+# the engine's defaults are the C core's (csrc/options.c says why these)
+_DEFAULTS = _core.copy_option_defaults()
+
+_Options = TypeVar("_Options", "CopyOptions", "CreateOptions")
+
+# fields the copy engine does not take: they apply when images are opened
+_AT_OPEN = {"at_open": True}
+
+
+def _flag(value: Any) -> bool:
+    return bool(value)
+
+
+@dataclass(frozen=True)
+class CopyOptions:
+    """How a copy runs (qemu-img convert's flag, and the default, in brackets).
+
+    ``sparse_threshold`` [-S, 4k]: zero runs at least this long inside data
+    become holes; 0 writes every byte (fully allocated).
+    ``concurrency`` [-m, 4]: worker threads.
+    ``request_size`` [2M]: bytes per read or write request.
+    ``out_of_order`` [-W, True]: writes may complete in any order; False
+    writes in guest order.
+    ``target_is_zero`` [--target-is-zero, None]: the destination already
+    reads as zeros, so zero ranges are skipped; None decides: True for a
+    regular file the copy creates (and for ``plan()``), else False.
+    ``direct`` [-T none / -t none, False]: O_DIRECT on both ends, or a
+    (source, destination) pair; stored as a bool when both agree.
+    ``flush`` [True; -t unsafe: False]: make the destination durable before
+    the copy returns.
+    ``offload`` [-C, False]: copy data in the kernel (copy_file_range)
+    where the pair of files allows it.
+
+    Sizes take ints or strings such as ``"64k"`` and are stored as ints.
+    An invalid option raises ValueError (TypeError for a wrong type) here,
+    before anything is opened."""
+
+    sparse_threshold: Size = _DEFAULTS["sparse_threshold"]
+    concurrency: int = _DEFAULTS["concurrency"]
+    request_size: Size = _DEFAULTS["request_size"]
+    out_of_order: bool = _DEFAULTS["out_of_order"]
+    target_is_zero: Optional[bool] = None
+    direct: Union[bool, Tuple[bool, bool]] = field(default=False, metadata=_AT_OPEN)
+    flush: bool = _DEFAULTS["flush"]
+    offload: bool = _DEFAULTS["offload"]
+
+    def __post_init__(self) -> None:
+        normal = {
+            "sparse_threshold": parse_size(self.sparse_threshold, "sparse_threshold"),
+            "request_size": parse_size(self.request_size, "request_size"),
+            "out_of_order": _flag(self.out_of_order),
+            "target_is_zero": None if self.target_is_zero is None else _flag(self.target_is_zero),
+            "direct": _direct(self.direct),
+            "flush": _flag(self.flush),
+            "offload": _flag(self.offload),
+        }
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+        _core.check_copy_options(**self.engine_options())
+
+    @property
+    def source_direct(self) -> bool:
+        return self.direct[0] if isinstance(self.direct, tuple) else self.direct
+
+    @property
+    def destination_direct(self) -> bool:
+        return self.direct[1] if isinstance(self.direct, tuple) else self.direct
+
+    def engine_options(self, **resolved: Any) -> Dict[str, Any]:
+        """The keywords of ``_core.copy()``: the fields the engine takes,
+        with ``resolved`` (e.g. ``target_is_zero=True``) in place of them."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if not f.metadata.get("at_open")}
+        out.update(resolved)
+        return out
+
+
+def _direct(value: Any) -> Union[bool, Tuple[bool, bool]]:
+    if isinstance(value, tuple):
+        if len(value) != 2:
+            raise TypeError("direct must be a bool or a (source, destination) pair of bools")
+        source, destination = _flag(value[0]), _flag(value[1])
+        return source if source == destination else (source, destination)
+    return _flag(value)
+
+
+@dataclass(frozen=True)
+class CreateOptions:
+    """How a new image of ``format`` is laid out: the base of each format's
+    options (``Qcow2Options``)."""
+
+    format: ClassVar[str] = ""
+
+    def create_keywords(self) -> Dict[str, Any]:
+        """The keywords of ``_core.create()``: the fields that are set."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+    def _check(self) -> None:
+        _core.check_create_options(self.format, **self.create_keywords())
+
+
+@dataclass(frozen=True)
+class Qcow2Options(CreateOptions):
+    """How a new qcow2 image is laid out (qemu-img convert -O qcow2 -o ...).
+
+    ``cluster_size`` [None: 64k]: a power of two from 512 to 2M.
+    ``compat`` ["1.1"]: "1.1" (or "v3") or "0.10" (or "v2", qcow2 version 2).
+    ``preallocation`` ["off"]: "off" or "metadata" (every cluster allocated,
+    unwritten).
+    ``compress`` [-c, False]: data clusters zlib-compressed, in the copy's
+    worker threads.
+    ``backing_file`` [-B, None]: the new image is an overlay of this file
+    (stored as given, relative to the image's directory); what the source's
+    own backing chain holds is left unwritten.
+    ``backing_format`` [-F, None]: the backing file's format; None probes it.
+
+    An invalid option raises ValueError here, before anything is opened."""
+
+    format: ClassVar[str] = "qcow2"
+
+    cluster_size: Optional[Size] = None
+    compat: str = "1.1"
+    preallocation: str = "off"
+    compress: bool = False
+    backing_file: Optional[Union[str, "os.PathLike[str]"]] = None
+    backing_format: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.cluster_size is not None:
+            object.__setattr__(self, "cluster_size",
+                               parse_size(self.cluster_size, "cluster_size"))
+        if self.backing_file is not None:
+            object.__setattr__(self, "backing_file", os.fsdecode(self.backing_file))
+        object.__setattr__(self, "compress", _flag(self.compress))
+        self._check()
+
+
+def with_keywords(options: _Options, **keywords: Any) -> _Options:
+    """``options`` with the keywords that were given (not None) in place of
+    its fields: the shorthand of convert() and plan()."""
+    given = {k: v for k, v in keywords.items() if v is not None}
+    return replace(options, **given) if given else options
