@@ -23,6 +23,14 @@ REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
+class ImageDescription(TypedDict):
+    """Image.describe(): what the image's own header says."""
+    cluster_size: int  # 0: the format has no clusters
+    dirty: bool  # not cleanly shut down
+    backing_name: Optional[str]  # as the image stores it
+    backing_format: Optional[str]  # None: not stored
+    format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
+
 class CacheStats(TypedDict):
     """Image.cache_stats(): the extent cache's counters."""
     hits: int
@@ -93,6 +101,7 @@ class Image:
         """The file of this image's chain that ``path`` names, or None."""
     def snapshots(self) -> bytes:
         """The internal snapshots, packed (struct ic_snapshot array)."""
+    def describe(self) -> ImageDescription: ...
 
 def probe(path: _Path, /) -> str:
     """The format the file looks like ("raw" when nothing else matches)."""
@@ -123,7 +132,7 @@ def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,
-               names: Optional[str] = ...) -> str:
+               names: Optional[Union[str, bytes]] = ...) -> str:
     """qemu-img map's output: JSON, or human with ``names`` (the file of
     each depth of the chain, NUL-separated)."""
 def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:

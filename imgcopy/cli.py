@@ -203,12 +203,24 @@ def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
         options=_copy_options(args), create_options=_create_options(args), progress=bar)
 
 
+def _write(text: str) -> None:
+    """Text that names files, written as qemu-img writes it: a name's bytes
+    as they are, UTF-8 or not."""
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:
+        sys.stdout.write(text)
+        return
+    sys.stdout.flush()
+    out.write(os.fsencode(text))
+    out.flush()
+
+
 def _cmd_map(args: argparse.Namespace) -> int:
     with open_image(args.filename, args.format, force=args.force,
                     force_share=args.force_share) as img:
         emap = img.extents(args.start_offset, args.max_length)
     text = emap.to_json() if args.output == "json" else emap.to_human(args.filename)
-    sys.stdout.write(text)
+    _write(text)
     return 0
 
 
@@ -219,7 +231,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     else:
         one = info(args.filename, args.format, force_share=args.force_share)
         text = one.to_json() if args.output == "json" else one.to_human()
-    sys.stdout.write(text)
+    _write(text)
     return 0
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import struct
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
@@ -169,7 +170,9 @@ class ExtentMap(Sequence[Extent]):
         names = list(self._chain)
         if filename is not None:
             names[0] = filename
-        return _core.format_map(self._packed, self.start, self._qemu_end, "\0".join(names))
+        # names as bytes: a file's name need not be UTF-8
+        return _core.format_map(self._packed, self.start, self._qemu_end,
+                                os.fsencode("\0".join(names)))
 
     def _totals_cached(self) -> tuple:
         if self._totals is None:

@@ -13,116 +13,12 @@ from . import _core
 from .extents import QEMU_SECTOR, human_size
 from .image import PathArg, open as open_image
 
-QCOW2_MAGIC = b"QFI\xfb"
-# qcow2 header (docs/interop/qcow2.txt): the version 2 fields, then version 3's
-_QCOW2_V2 = struct.Struct(">4sIQIIQIIQQIIQ")           # 72 bytes
-_QCOW2_V3 = struct.Struct(">QQQII")                    # bytes 72..103
-QCOW2_HEADER_READ = 112
-# feature bits
-INCOMPAT_DIRTY = 1 << 0
-INCOMPAT_CORRUPT = 1 << 1
-INCOMPAT_EXTERNAL_DATA = 1 << 2
-INCOMPAT_COMPRESSION = 1 << 3
-INCOMPAT_EXTENDED_L2 = 1 << 4
-COMPAT_LAZY_REFCOUNTS = 1 << 0
-COMPRESSION_TYPES = {0: "zlib", 1: "zstd"}
-
-
-@dataclass
-class Qcow2Header:
-    """The fields of a qcow2 header that ``info`` reports."""
-
-    version: int
-    cluster_bits: int
-    size: int
-    backing_file_offset: int
-    backing_file_size: int
-    nb_snapshots: int
-    incompatible_features: int = 0
-    compatible_features: int = 0
-    autoclear_features: int = 0
-    refcount_order: int = 4
-    header_length: int = 72
-    compression_type: int = 0
-
-    @property
-    def cluster_size(self) -> int:
-        return 1 << self.cluster_bits
-
-    @property
-    def compat(self) -> str:
-        return "0.10" if self.version == 2 else "1.1"
-
-
-def read_qcow2_header(f: Any) -> Qcow2Header:
-    """Parse the first 112 bytes of a qcow2 file (a binary file object);
-    ValueError if it is not one."""
-    f.seek(0)
-    buf = f.read(QCOW2_HEADER_READ)
-    if len(buf) < _QCOW2_V2.size or buf[:4] != QCOW2_MAGIC:
-        raise ValueError("not a qcow2 image")
-    (_, version, backing_off, backing_size, cluster_bits, size, _, _, _, _, _, nb_snapshots,
-     _) = _QCOW2_V2.unpack_from(buf)
-    h = Qcow2Header(version=version, cluster_bits=cluster_bits, size=size,
-                    backing_file_offset=backing_off, backing_file_size=backing_size,
-                    nb_snapshots=nb_snapshots)
-    if version >= 3 and len(buf) >= _QCOW2_V2.size + _QCOW2_V3.size:
-        (h.incompatible_features, h.compatible_features, h.autoclear_features,
-         h.refcount_order, h.header_length) = _QCOW2_V3.unpack_from(buf, _QCOW2_V2.size)
-        if h.header_length > 104 and len(buf) > 104 and \
-                h.incompatible_features & INCOMPAT_COMPRESSION:
-            h.compression_type = buf[104]
-    return h
-
-
-def read_qcow2_backing_name(f: Any, h: Qcow2Header) -> Optional[str]:
-    """The backing file name as the header stores it, or None."""
-    if not h.backing_file_offset or not h.backing_file_size:
-        return None
-    f.seek(h.backing_file_offset)
-    raw = f.read(min(h.backing_file_size, 1023))
-    return raw.decode("utf-8", "surrogateescape")
-
-
-EXT_BACKING_FORMAT = 0xE2792ACA
-_EXT = struct.Struct(">II")
-
-
-def read_qcow2_extensions(f: Any, h: Qcow2Header) -> Dict[int, bytes]:
-    """The header extensions (type -> data) of the header cluster."""
-    start = h.header_length if h.version >= 3 else _QCOW2_V2.size
-    f.seek(start)
-    buf = f.read(max(0, min(h.cluster_size, 2 << 20) - start))
-    out: Dict[int, bytes] = {}
-    pos = 0
-    while pos + _EXT.size <= len(buf):
-        kind, length = _EXT.unpack_from(buf, pos)
-        if kind == 0:
-            break
-        pos += _EXT.size
-        if pos + length > len(buf):
-            break
-        out[kind] = buf[pos:pos + length]
-        pos += (length + 7) // 8 * 8
-    return out
-
-
-def qcow2_format_specific(h: Qcow2Header) -> Dict[str, Any]:
-    """qemu-img info's "format-specific" of a qcow2 image (qemu 7.2's keys;
-    bitmaps and external data files are not reported)."""
-    data: Dict[str, Any] = {"compat": h.compat,
-                            "compression-type": COMPRESSION_TYPES.get(h.compression_type,
-                                                                      str(h.compression_type))}
-    if h.version >= 3:
-        data["lazy-refcounts"] = bool(h.compatible_features & COMPAT_LAZY_REFCOUNTS)
-    data["refcount-bits"] = 1 << h.refcount_order
-    if h.version >= 3:
-        data["corrupt"] = bool(h.incompatible_features & INCOMPAT_CORRUPT)
-        data["extended-l2"] = bool(h.incompatible_features & INCOMPAT_EXTENDED_L2)
-    return {"type": "qcow2", "data": data}
-
-
 _U64 = 1 << 64
+
+
+def _json_text(name: str) -> str:
+    """A file name as qemu's JSON has it: bytes that are not UTF-8 become U+FFFD."""
+    return os.fsencode(name).decode("utf-8", "replace")
 
 
 def _int64(value: int) -> int:
@@ -237,7 +133,7 @@ class ImageInfo:
         if self.snapshots:
             d["snapshots"] = [sn.to_dict() for sn in self.snapshots]
         d["virtual-size"] = self.qemu_virtual_size
-        d["filename"] = self.filename
+        d["filename"] = _json_text(self.filename)
         if self.cluster_size is not None:
             d["cluster-size"] = self.cluster_size
         d["format"] = self.format
@@ -247,8 +143,8 @@ class ImageInfo:
             d["format-specific"] = self.format_specific
         if self.backing_filename is not None:
             if self.full_backing_filename is not None:
-                d["full-backing-filename"] = self.full_backing_filename
-            d["backing-filename"] = self.backing_filename
+                d["full-backing-filename"] = _json_text(self.full_backing_filename)
+            d["backing-filename"] = _json_text(self.backing_filename)
         d["dirty-flag"] = self.dirty_flag
         if self.compressed_clusters is not None:
             d["compressed-clusters"] = self.compressed_clusters
@@ -337,8 +233,10 @@ def info(path: PathArg, format: Optional[str] = None, *,
         fmt = img.format
         size = img.size
         chain = [(name, f) for name, f in img.backing_chain]
-        emap = img.extents() if fmt == "qcow2" else None
         snapshots = _snapshots(img._img.snapshots())
+        description = img._img.describe()
+        # formats with clusters may store some compressed
+        emap = img.extents() if description["cluster_size"] else None
     try:
         st = os.stat(filename)
         actual: Optional[int] = st.st_blocks * 512
@@ -346,25 +244,20 @@ def info(path: PathArg, format: Optional[str] = None, *,
         actual = None
     result = ImageInfo(filename=filename, format=fmt, virtual_size=size, actual_size=actual,
                        backing_chain=chain, snapshots=snapshots)
-    if fmt == "qcow2":
-        with open(filename, "rb") as f:
-            h = read_qcow2_header(f)
-            backing = read_qcow2_backing_name(f, h)
-            extensions = read_qcow2_extensions(f, h)
-        result.cluster_size = h.cluster_size
-        result.dirty_flag = bool(h.incompatible_features & INCOMPAT_DIRTY)
-        result.format_specific = qcow2_format_specific(h)
-        if backing is not None:
-            result.backing_filename = backing
-            if chain:
-                result.full_backing_filename = chain[0][0]
-            if EXT_BACKING_FORMAT in extensions:  # absent: qemu probes, and does not say
-                result.backing_filename_format = extensions[EXT_BACKING_FORMAT].decode(
-                    "utf-8", "surrogateescape")
-        assert emap is not None
-        result.compressed_clusters = _compressed_clusters(emap, h.cluster_size)
+    if description["cluster_size"]:
+        result.cluster_size = description["cluster_size"]
+    result.dirty_flag = description["dirty"]
+    if description["format_specific"]:
+        result.format_specific = {"type": fmt, "data": dict(description["format_specific"])}
+    if description["backing_name"] is not None:
+        result.backing_filename = description["backing_name"]
+        if chain:
+            result.full_backing_filename = chain[0][0]
+        # not stored: qemu probes, and does not say
+        result.backing_filename_format = description["backing_format"]
+    if emap is not None:
+        result.compressed_clusters = _compressed_clusters(emap, description["cluster_size"])
     return result
-
 
 
 def info_chain(path: PathArg, format: Optional[str] = None, *,

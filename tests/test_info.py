@@ -14,8 +14,7 @@ from .gen.sparse import make_sparse
 from .oracles import needs_qemu, qemu_img, qemu_info
 from .units import MiB
 from imgcopy.extents import human_size
-from imgcopy.info import (ImageInfo, chain_to_human, chain_to_json, info_chain,
-                          read_qcow2_header)
+from imgcopy.info import ImageInfo, chain_to_human, chain_to_json, info_chain
 
 pytestmark = needs_qemu
 
@@ -149,15 +148,33 @@ def test_dirty_and_corrupt_images(qcow2_store, tmp_path, bits, dirty, corrupt):
     assert ("cleanly shut down: no" in human) is dirty
 
 
-def test_header_parser(qcow2_store):
+def test_describe_is_what_the_header_says(qcow2_store, tmp_path):
     b = qcow2_store.get("uni-c4096-v3")
-    with open(b.path, "rb") as f:
-        h = read_qcow2_header(f)
-    assert (h.version, h.cluster_size, h.size, h.compat) == (3, 4096, b.size, "1.1")
-    assert h.refcount_order == 4 and h.header_length >= 104
-    with open(qcow2_meta.__file__, "rb") as f:
-        with pytest.raises(ValueError):
-            read_qcow2_header(f)
+    with imgcopy.open(b.path) as img:
+        d = img._img.describe()
+    assert d["cluster_size"] == 4096 and d["dirty"] is False and d["backing_name"] is None
+    assert d["format_specific"] == [("compat", "1.1"), ("compression-type", "zlib"),
+                                    ("lazy-refcounts", False), ("refcount-bits", 16),
+                                    ("corrupt", False), ("extended-l2", False)]
+    raw = str(tmp_path / "plain.raw")
+    make_sparse(raw, MiB)
+    with imgcopy.open(raw) as img:
+        assert img._img.describe() == {"cluster_size": 0, "dirty": False, "backing_name": None,
+                                       "backing_format": None, "format_specific": []}
+
+
+def test_backing_name_bytes_as_stored(tmp_path):
+    """A backing name that is not UTF-8, and one qemu would probe the format of."""
+    base = os.fsencode(str(tmp_path)) + b"/b\xe4se.raw"
+    make_sparse(base, MiB)
+    top = str(tmp_path / "top.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", top)
+    i = imgcopy.info(top)
+    assert i.backing_filename == os.fsdecode(base) and i.backing_filename_format == "raw"
+    d, human = without_compressed(i)
+    assert d == qemu_info(top)  # qemu's JSON: U+FFFD for the byte
+    qemu_human = subprocess.run(["qemu-img", "info", top], stdout=subprocess.PIPE, check=True)
+    assert os.fsencode(human) == qemu_human.stdout  # its text: the byte
 
 
 def test_errors(tmp_path):
@@ -206,6 +223,20 @@ def test_cli_info(qcow2_store, imgcopy_env, extra, tmp_path):
     else:
         want = chain_to_human(infos) if "--backing-chain" in extra else infos[0].to_human()
     assert p.stdout == want
+
+
+def test_cli_names_that_are_not_utf8(tmp_path, imgcopy_env):
+    """imgcopy map and info print a file's name as qemu-img does: its bytes."""
+    base = os.fsencode(str(tmp_path)) + b"/b\xe4se.raw"
+    make_sparse(base, MiB, [(4096, b"x" * 4096)])
+    top = str(tmp_path / "top.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", base, "-F", "raw", top)
+    for args in (["map", base], ["map", top], ["info", "--backing-chain", top]):
+        ours = subprocess.run([sys.executable, "-m", "imgcopy"] + args, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=imgcopy_env, cwd=str(tmp_path))
+        assert ours.returncode == 0, ours.stderr
+        qemu = subprocess.run(["qemu-img"] + args, stdout=subprocess.PIPE, check=True)
+        assert ours.stdout.replace(b"compressed clusters: 0\n", b"") == qemu.stdout
 
 
 def test_cli_info_errors(tmp_path, imgcopy_env):

@@ -587,6 +587,59 @@ static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
     return packed(snapshots, count, sizeof *snapshots);
 }
 
+/* An ic_info_field's value as Python's int, bool or str */
+static PyObject *info_value(const struct ic_info_field *field)
+{
+    switch (field->kind) {
+    case IC_INFO_BOOL:
+        return PyBool_FromLong(field->number != 0);
+    case IC_INFO_INT:
+        return PyLong_FromLongLong(field->number);
+    case IC_INFO_STRING:
+        break;
+    }
+    return PyUnicode_FromString(field->text);
+}
+
+static PyObject *decoded_or_none(const char *text)
+{
+    return text[0] ? PyUnicode_DecodeFSDefault(text) : Py_NewRef(Py_None);
+}
+
+/* What the image's own header says (imgcopy/_core.pyi: ImageDescription) */
+static PyObject *image_describe(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = usable(self);
+    if (!img)
+        return NULL;
+    struct ic_image_info info;
+    ic_image_describe(img, &info);
+    PyObject *specific = PyList_New(0);
+    for (size_t i = 0; specific && i < info.nfields; i++) {
+        PyObject *value = info_value(&info.fields[i]);
+        PyObject *item = value ? Py_BuildValue("(sO)", info.fields[i].key, value) : NULL;
+        if (!item || PyList_Append(specific, item) < 0)
+            Py_CLEAR(specific);
+        Py_XDECREF(item);
+        Py_XDECREF(value);
+    }
+    PyObject *backing_name = decoded_or_none(info.has_backing ? info.backing_name : "");
+    PyObject *backing_format = decoded_or_none(info.backing_format);
+    PyObject *result = NULL;
+    if (specific && backing_name && backing_format)
+        result = Py_BuildValue("{s:K,s:O,s:O,s:O,s:O}",
+                               "cluster_size", (unsigned long long)info.cluster_size,
+                               "dirty", info.dirty ? Py_True : Py_False,
+                               "backing_name", backing_name,
+                               "backing_format", backing_format,
+                               "format_specific", specific);
+    Py_XDECREF(specific);
+    Py_XDECREF(backing_name);
+    Py_XDECREF(backing_format);
+    return result;
+}
+
 static PyObject *image_reads_file(ImageObject *self, PyObject *arg)
 {
     struct ic_image *img = usable(self);
@@ -624,6 +677,7 @@ static PyMethodDef image_methods[] = {
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, NULL},
     {"reads_file", (PyCFunction)image_reads_file, METH_O, NULL},
     {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS, NULL},
+    {"describe", (PyCFunction)image_describe, METH_NOARGS, NULL},
     {"chain", (PyCFunction)image_chain, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -884,7 +938,7 @@ static PyObject *mod_format_map(PyObject *m, PyObject *args, PyObject *kwds)
     call.offset = start.value;
     call.end = tail_end.value;
     call.names_length = (size_t)names_length;
-    PyObject *text = run(module_state(m), &call) < 0 ? NULL : PyUnicode_FromString(call.text);
+    PyObject *text = run(module_state(m), &call) < 0 ? NULL : PyUnicode_DecodeFSDefault(call.text);
     free(call.text);
     PyBuffer_Release(&extents.buf);
     return text;
