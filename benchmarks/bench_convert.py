@@ -97,8 +97,21 @@ def tool_table(python: str) -> List[Tuple[str, str, List[str]]]:
     ]
 
 
+BASELINE = "baseline"
+
+
+def baseline_tool(python: str) -> Tuple[str, str, List[str]]:
+    """Another build of imgcopy (``--baseline PYTHON``), timed in the same
+    rounds: before/after a change without trusting an earlier number."""
+    return (BASELINE, "imgcopy baseline", [python, "-m", "imgcopy", "convert", "SRC", "DST"])
+
+
 def is_imgcopy(key: str) -> bool:
     return key.startswith("imgcopy")
+
+
+def is_anchor(key: str) -> bool:
+    return not is_imgcopy(key) and key != BASELINE
 
 
 def argv_for(template: List[str], src: str, dst: str) -> List[str]:
@@ -488,6 +501,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dst-dir", help="destination directory (default CORPUS/bench-dst)")
     ap.add_argument("--python", help="interpreter with imgcopy installed "
                     "(default %s/.venv/bin/python)" % REPO)
+    ap.add_argument("--baseline", metavar="PYTHON",
+                    help="also time PYTHON -m imgcopy convert (another build, e.g. a worktree of "
+                         "an older commit) in the same rounds; the summary prints its ratio")
     ap.add_argument("--no-verify", action="store_true", help="skip qemu-img compare / map")
     ap.add_argument("--no-pin", action="store_true", help="run the venv's imgcopy as it is at "
                     "each run (default: a private copy of it taken at the start)")
@@ -526,6 +542,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if t not in known:
                 ap.error("unknown tool %r (known: %s)" % (t, ", ".join(known)))
         tools = [t for t in tools if t[0] in want]
+    if a.baseline:
+        tools.append(baseline_tool(a.baseline))
     for key, _, tmpl in tools:
         if not is_imgcopy(key) and not shutil.which(tmpl[0]):
             sys.exit("bench_convert: %s not found (apt-get install -y qemu-utils libnbd-bin)" % tmpl[0])
@@ -767,12 +785,14 @@ def print_table(image, cache, info, data_bytes, tools, times, syncs, bgs, builds
 
 
 def print_summary(images, caches, tools, results) -> None:
-    anchors = [k for k, _, _ in tools if not is_imgcopy(k)]
+    anchors = [k for k, _, _ in tools if is_anchor(k)]
     labels = {k: l for k, l, _ in tools}
+    has_baseline = any(k == BASELINE for k, _, _ in tools)
     print()
     print("== summary: medians in seconds; ratio = best anchor / imgcopy (> 1 = imgcopy faster) ==")
-    print("%-17s %-5s %9s %9s  %-17s %8s %8s %8s" % (
-        "image", "cache", "imgcopy", "-m 8", "best anchor", "median", "ratio", "ratio-m8"))
+    print("%-17s %-5s %9s %9s  %-17s %8s %8s %8s%s" % (
+        "image", "cache", "imgcopy", "-m 8", "best anchor", "median", "ratio", "ratio-m8",
+        "  baseline/imgcopy" if has_baseline else ""))
     for image in images:
         for cache in caches:
             t = results.get((image, cache))
@@ -784,11 +804,13 @@ def print_summary(images, caches, tools, results) -> None:
                 m = med(t[k])
                 if m is not None and (best is None or m < best[1]):
                     best = (k, m)
-            print("%-17s %-5s %9s %9s  %-17s %8s %8s %8s" % (
+            base = med(t.get(BASELINE, []))
+            print("%-17s %-5s %9s %9s  %-17s %8s %8s %8s%s" % (
                 image, cache, fmt_s(im), fmt_s(im8),
                 labels[best[0]] if best else "-", fmt_s(best[1]) if best else "-",
                 fmt_ratio(best[1] / im if best and im else None),
-                fmt_ratio(best[1] / im8 if best and im8 else None)))
+                fmt_ratio(best[1] / im8 if best and im8 else None),
+                "  %s" % fmt_ratio(base / im if base and im else None) if has_baseline else ""))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,10 @@ commands alternated round-robin, medians printed with ratios
 (anchor median / imgcopy median: > 1 means imgcopy is faster); for qcow2
 outputs, `qemu-img check` fragmentation is printed too.
 
-  bench_qcow2.py [--corpus DIR] [--scale S] [--runs N] [--quick]
+  bench_qcow2.py [--corpus DIR] [--scale S] [--runs N] [--quick] [--baseline PYTHON]
+
+--baseline PYTHON times another build of imgcopy (PYTHON -m imgcopy, e.g. a
+worktree of an older commit) in the same rounds as "imgcopy baseline".
 """
 import argparse
 import os
@@ -92,6 +95,8 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="scale 0.0625, 2 runs")
+    ap.add_argument("--baseline", metavar="PYTHON",
+                    help="also time PYTHON -m imgcopy (another build) in the same rounds")
     a = ap.parse_args()
     if a.quick:
         a.scale, a.runs = 0.0625, 2
@@ -113,6 +118,13 @@ def main():
         if os.path.exists(p):
             os.unlink(p)
 
+    def imgcopy(*args):
+        """The imgcopy commands: this build, and the baseline's when given."""
+        cmds = {"imgcopy": [py, "-m", "imgcopy"] + list(args)}
+        if a.baseline:
+            cmds["imgcopy baseline"] = [a.baseline, "-m", "imgcopy"] + list(args)
+        return cmds
+
     # qcow2 -> raw
     for image in ["sparse-6g.qcow2", "sparse-6g-compressed.qcow2", "frag-backward.qcow2"]:
         src = os.path.join(a.corpus, image)
@@ -120,7 +132,7 @@ def main():
                                   capture_output=True, text=True).stdout.split(
             '"virtual-size": ')[1].split(",")[0])
         cmds = {
-            "imgcopy": [py, "-m", "imgcopy", "convert", "-O", "raw", src, dst_raw],
+            **imgcopy("convert", "-O", "raw", src, dst_raw),
             "qemu-img convert -O raw": ["qemu-img", "convert", "-O", "raw", src, dst_raw],
             "qemu-img convert -W -m 8": ["qemu-img", "convert", "-W", "-m", "8", "-O", "raw",
                                          src, dst_raw],
@@ -145,7 +157,7 @@ def main():
     for compressed in (False, True):
         c = ["-c"] if compressed else []
         cmds = {
-            "imgcopy": [py, "-m", "imgcopy", "convert", "-O", "qcow2"] + c + [src, dst_q],
+            **imgcopy("convert", "-O", "qcow2", *c, src, dst_q),
             "qemu-img convert -O qcow2": ["qemu-img", "convert", "-O", "qcow2"] + c +
             [src, dst_q],
             "qemu-img convert -W -O qcow2": ["qemu-img", "convert", "-W", "-O", "qcow2"] + c +
@@ -175,7 +187,7 @@ def main():
     # map of fragmented images
     for image in ["frag-backward.qcow2", "frag-forward.qcow2"]:
         src = os.path.join(a.corpus, image)
-        cmds = {"imgcopy": [py, "-m", "imgcopy", "map", "--output=json", src],
+        cmds = {**imgcopy("map", "--output=json", src),
                 "qemu-img map": ["qemu-img", "map", "--output=json", src]}
         rows = {k: ([], "") for k in cmds}
         for _ in range(max(a.runs, 3)):
