@@ -1,0 +1,68 @@
+/* How a call of the core runs from Python, and how its error is raised. */
+#include <string.h>
+
+#include "glue.h"
+
+/* How imgcopy/errors.py names a remedy (None: there is none). */
+static const char *const remedy_codes[] = {
+    [IC_REMEDY_NONE] = NULL,
+    [IC_REMEDY_AS_RAW] = "as_raw",
+    [IC_REMEDY_FORCE] = "force",
+    [IC_REMEDY_FORCE_SHARE] = "force_share",
+};
+
+/* The exception a factory of imgcopy.errors made becomes the current one. */
+static void raise_made(PyObject *exc)
+{
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+}
+
+void raise_error(core_state *st, const struct ic_error *err)
+{
+    PyObject *path = NULL, *reason = NULL;
+    if (err->kind == IC_ERR_OS || err->kind == IC_ERR_FORMAT)
+        path = err->path[0] ? PyUnicode_DecodeFSDefault(err->path) : Py_NewRef(Py_None);
+    switch (err->kind) {
+    case IC_ERR_OS:
+        reason = err->msg[0] ? PyUnicode_FromFormat("%s (%s)", strerror(err->errnum), err->msg)
+                             : PyUnicode_FromString(strerror(err->errnum));
+        if (reason && path)
+            raise_made(PyObject_CallFunction(st->os_error_factory, "iOOz", err->errnum, reason,
+                                             path, remedy_codes[err->remedy]));
+        break;
+    case IC_ERR_FORMAT:
+        if (path)
+            raise_made(PyObject_CallFunction(st->image_format_error, "sOz", err->msg, path,
+                                             remedy_codes[err->remedy]));
+        break;
+    case IC_ERR_NOMEM:
+        PyErr_NoMemory();
+        break;
+    case IC_ERR_READONLY:
+        PyErr_Format(st->unsupported_operation, "%s: %s", err->path, err->msg);
+        break;
+    case IC_ERR_VALUE:
+        PyErr_SetString(PyExc_ValueError, err->msg);
+        break;
+    case IC_ERR_NONE:
+        PyErr_SetString(st->error, err->msg[0] ? err->msg : "unknown error");
+        break;
+    }
+    Py_XDECREF(reason);
+    Py_XDECREF(path);
+}
+
+int glue_run(core_state *st, struct glue_call *call)
+{
+    struct ic_error err = {0};
+    int ret;
+    Py_BEGIN_ALLOW_THREADS
+    ret = glue_call_run(call, &err);
+    Py_END_ALLOW_THREADS
+    if (ret < 0)
+        raise_error(st, &err);
+    return ret < 0 ? -1 : 0;
+}
