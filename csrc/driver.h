@@ -115,6 +115,7 @@ const struct ic_driver *ic_protocol_for(const char *path);
 
 extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;
+extern const struct ic_driver ic_protocol_nbd;
 extern const struct ic_driver ic_format_qcow2;
 
 #endif

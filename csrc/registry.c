@@ -9,13 +9,27 @@ static const struct ic_driver *const formats[] = {
     &ic_format_qcow2,
 };
 
-/* by what a path looks like; the file protocol takes the rest */
+/* by what a path looks like (the whole path, or a URI's scheme: a
+ * prefix ending in "://"); the file protocol takes the rest */
 static const struct {
     const char *path;
     const struct ic_driver *drv;
 } protocol_paths[] = {
     {"null:", &ic_protocol_null},
+    {"nbd://", &ic_protocol_nbd},
+    {"nbd+unix://", &ic_protocol_nbd},
+    {"nbd+vsock://", &ic_protocol_nbd},
+    {"nbds://", &ic_protocol_nbd},
+    {"nbds+unix://", &ic_protocol_nbd},
+    {"nbds+vsock://", &ic_protocol_nbd},
 };
+
+static int names(const char *path, const char *pattern)
+{
+    size_t n = strlen(pattern);
+    int scheme = n > 3 && strcmp(pattern + n - 3, "://") == 0;
+    return scheme ? strncmp(path, pattern, n) == 0 : strcmp(path, pattern) == 0;
+}
 
 const struct ic_driver *ic_format_driver(const char *name)
 {
@@ -28,7 +42,7 @@ const struct ic_driver *ic_format_driver(const char *name)
 const struct ic_driver *ic_protocol_for(const char *path)
 {
     for (size_t i = 0; i < sizeof protocol_paths / sizeof protocol_paths[0]; i++)
-        if (strcmp(path, protocol_paths[i].path) == 0)
+        if (names(path, protocol_paths[i].path))
             return protocol_paths[i].drv;
     return &ic_protocol_file;
 }

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tu
     overload
 
 from . import _core
+from .uris import qemu_filename
 
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
@@ -170,6 +171,7 @@ class ExtentMap(Sequence[Extent]):
         names = list(self._chain)
         if filename is not None:
             names[0] = filename
+        names = [qemu_filename(n) for n in names]
         # names as bytes: a file's name need not be UTF-8
         return _core.format_map(self._packed, self.start, self._qemu_end,
                                 os.fsencode("\0".join(names)))

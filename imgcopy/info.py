@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import _core
 from .extents import QEMU_SECTOR, human_size
 from .image import PathArg, open as open_image
+from .uris import is_nbd_uri, qemu_filename
 
 _U64 = 1 << 64
 
@@ -108,7 +109,7 @@ class ImageInfo:
     format: str
     virtual_size: int
     actual_size: Optional[int]
-    dirty_flag: bool = False
+    dirty_flag: Optional[bool] = False  # None: unknown (qemu omits it)
     cluster_size: Optional[int] = None
     backing_filename: Optional[str] = None
     full_backing_filename: Optional[str] = None
@@ -145,7 +146,8 @@ class ImageInfo:
             if self.full_backing_filename is not None:
                 d["full-backing-filename"] = _json_text(self.full_backing_filename)
             d["backing-filename"] = _json_text(self.backing_filename)
-        d["dirty-flag"] = self.dirty_flag
+        if self.dirty_flag is not None:
+            d["dirty-flag"] = self.dirty_flag
         if self.compressed_clusters is not None:
             d["compressed-clusters"] = self.compressed_clusters
         return d
@@ -237,16 +239,19 @@ def info(path: PathArg, format: Optional[str] = None, *,
         description = img._img.describe()
         # formats with clusters may store some compressed
         emap = img.extents() if description["cluster_size"] else None
-    try:
-        st = os.stat(filename)
-        actual: Optional[int] = st.st_blocks * 512
-    except OSError:
-        actual = None
-    result = ImageInfo(filename=filename, format=fmt, virtual_size=size, actual_size=actual,
-                       backing_chain=chain, snapshots=snapshots)
+    actual: Optional[int] = None  # a server's disk usage is unknown, as to qemu
+    if not is_nbd_uri(filename):
+        try:
+            actual = os.stat(filename).st_blocks * 512
+        except OSError:
+            pass
+    result = ImageInfo(filename=qemu_filename(filename), format=fmt, virtual_size=size,
+                       actual_size=actual, backing_chain=chain, snapshots=snapshots)
     if description["cluster_size"]:
         result.cluster_size = description["cluster_size"]
-    result.dirty_flag = description["dirty"]
+    # qemu asks the driver under a raw image: an NBD export has no answer
+    plain_nbd = fmt == "raw" and is_nbd_uri(filename)
+    result.dirty_flag = None if plain_nbd else description["dirty"]
     if description["format_specific"]:
         result.format_specific = {"type": fmt, "data": dict(description["format_specific"])}
     if description["backing_name"] is not None:
