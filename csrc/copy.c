@@ -93,6 +93,7 @@ struct action {
     uint64_t off, len;
     const uint8_t *buf; /* data */
     int data;
+    int skip; /* zeros the destination reads already */
 };
 
 /* Writes whose writeback a worker lets run behind it before it waits for
@@ -284,6 +285,22 @@ static int offload_item(struct worker *w, const struct work_item *it, struct tur
     return 1;
 }
 
+/* Whether the destination reads [off, off+len) as zeros already (its
+ * block status: a hole of a file, an NBD export's zero extents), so that
+ * no zero request is needed; any doubt says no. */
+static int reads_zero(struct ic_copy *c, uint64_t off, uint64_t len)
+{
+    struct ic_error ignored = {0};
+    for (uint64_t pos = off, end = off + len; pos < end;) {
+        struct ic_extent e;
+        if (ic_image_block_status(c->dst, pos, end - pos, &e, &ignored) < 0 ||
+            !(e.flags & IC_EXT_ZERO) || e.length == 0)
+            return 0;
+        pos = e.start + e.length;
+    }
+    return 1;
+}
+
 /* Stage every piece, data and zeros (compression happens here, in
  * parallel), place them in guest order (host allocation; an overlay's
  * zero clusters), then commit them. */
@@ -292,10 +309,14 @@ static int execute(struct worker *w, struct turns *t)
     struct ic_copy *c = w->c;
     size_t nstaged = 0;
     int ret = 0;
+    for (size_t k = 0; k < w->nacts; k++) {
+        struct action *a = &w->acts[k];
+        a->skip = !a->data && (c->opt.target_is_zero || reads_zero(c, a->off, a->len));
+    }
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (!a->data && c->opt.target_is_zero)
-            continue; /* skipped at commit */
+        if (a->skip)
+            continue; /* counted at commit */
         struct ic_staged_write *st = &w->staged[nstaged];
         *st = (struct ic_staged_write){.off = a->off, .len = a->len,
                                        .buf = a->data ? a->buf : NULL};
@@ -319,8 +340,10 @@ static int execute(struct worker *w, struct turns *t)
     size_t committed = 0;
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (!a->data && c->opt.target_is_zero) {
+        if (a->skip) {
             atomic_fetch_add(&c->bytes_skipped, a->len);
+            if (!c->opt.target_is_zero)
+                atomic_fetch_add(&c->bytes_already_zero, a->len);
             ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
         }
@@ -474,6 +497,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->dst = dst;
     c->opt = *opt;
     c->write_align = ic_image_write_alignment(dst);
+    c->zero_limit = ic_image_zero_limit(dst);
     if (c->write_align > 1) {
         /* whole units only: a hole is a unit of zeros, nothing less */
         if (c->opt.request_size % c->write_align)
@@ -587,6 +611,7 @@ void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out)
     out->bytes_written = atomic_load(&c->bytes_written);
     out->bytes_zeroed = atomic_load(&c->bytes_zeroed);
     out->bytes_skipped = atomic_load(&c->bytes_skipped);
+    out->bytes_already_zero = atomic_load(&c->bytes_already_zero);
     out->read_requests = atomic_load(&c->read_requests);
     out->write_requests = atomic_load(&c->write_requests);
     out->zero_requests = atomic_load(&c->zero_requests);

@@ -26,6 +26,7 @@ struct ic_copy {
     struct ic_image *src, *dst;
     struct ic_copy_options opt;
     uint64_t write_align; /* the destination writes whole units of this */
+    uint64_t zero_limit;  /* the longest zero request the destination takes */
     uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
 
     pthread_mutex_t lock;
@@ -54,6 +55,7 @@ struct ic_copy {
 
     atomic_int offload_refused;
     atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
+    atomic_uint_fast64_t bytes_already_zero; /* skipped: the destination read zeros */
     atomic_uint_fast64_t read_requests, write_requests, zero_requests;
     atomic_uint_fast64_t extents, done;
 };

@@ -74,6 +74,8 @@ struct ic_driver {
     void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
     /* Writes must cover whole units of this size. */
     uint64_t (*write_alignment)(const struct ic_image *img);
+    /* The longest zero request worth sending (default: IC_ZERO_LIMIT) */
+    uint64_t (*zero_limit)(const struct ic_image *img);
     /* Write what is held in memory and mark the image complete (a format),
      * put a new file in place (a protocol); the image layer finishes the
      * format, then its file. */

@@ -43,6 +43,7 @@ const struct ic_field ic_copy_stats_fields[] = {
     FIELD(struct ic_copy_stats, bytes_written, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, bytes_zeroed, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, bytes_skipped, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_already_zero, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, read_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, write_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, zero_requests, IC_FIELD_U64),

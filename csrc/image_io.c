@@ -228,6 +228,11 @@ uint64_t ic_image_write_alignment(const struct ic_image *img)
     return img->drv->write_alignment ? img->drv->write_alignment(img) : 1;
 }
 
+uint64_t ic_image_zero_limit(const struct ic_image *img)
+{
+    return img->drv->zero_limit ? img->drv->zero_limit(img) : IC_ZERO_LIMIT;
+}
+
 int ic_image_finish(struct ic_image *img, int sync, struct ic_error *err)
 {
     if (!ic_image_writable(img))

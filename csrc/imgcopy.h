@@ -173,6 +173,11 @@ void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w);
 int ic_image_places_in_order(const struct ic_image *img);
 /* Writes must cover whole units of this many bytes (1: any range). */
 uint64_t ic_image_write_alignment(const struct ic_image *img);
+/* Zero ranges are cut into requests of at most this: local zeroing costs
+ * nothing per request, so the default only keeps progress moving; a
+ * remote destination says what its protocol carries. */
+#define IC_ZERO_LIMIT (1ull << 30)
+uint64_t ic_image_zero_limit(const struct ic_image *img);
 
 /* Page-cache hygiene for a copy: wait for the writeback of a range written
  * a while ago and drop its pages; drop the pages of a range read once.
@@ -285,6 +290,7 @@ struct ic_copy_stats {
     uint64_t bytes_written;
     uint64_t bytes_zeroed;
     uint64_t bytes_skipped;
+    uint64_t bytes_already_zero; /* of bytes_skipped: the destination read zeros already */
     uint64_t read_requests;
     uint64_t write_requests;
     uint64_t zero_requests;

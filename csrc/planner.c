@@ -6,10 +6,6 @@
 #include "copy_internal.h"
 #include "sparse.h"
 
-/* Zero ranges need no buffer: large requests keep the request count low,
- * this bound keeps progress moving. */
-#define ZERO_REQUEST_MAX (1ull << 30)
-
 /* Cut one extent into items whose edges fall on multiples of the step; a
  * data extent is first cut where qemu's block-status answers end (unless
  * the destination writes whole clusters: compression). */
@@ -28,7 +24,7 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
     /* a skipped range costs nothing, however long: one item */
     uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size
                     : skipped                         ? UINT64_MAX
-                                                      : ZERO_REQUEST_MAX;
+                                                      : c->zero_limit;
     for (uint64_t pos = start; pos < end;) {
         uint64_t next = (pos / step + 1) * step;
         if (next > end || next < pos)

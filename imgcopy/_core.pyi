@@ -44,6 +44,7 @@ class CopyCounters(TypedDict):
     bytes_written: int
     bytes_zeroed: int
     bytes_skipped: int
+    bytes_already_zero: int
     read_requests: int
     write_requests: int
     zero_requests: int

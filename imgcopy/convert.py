@@ -40,6 +40,9 @@ class CopyResult:
     cache_hits: int = 0
     cache_misses: int = 0
     lseek_calls: int = 0
+    # of bytes_skipped: zeros the destination read already (its block
+    # status said so), so no zero request was sent
+    bytes_already_zero: int = 0
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
 
     def to_dict(self) -> dict:
@@ -261,6 +264,7 @@ def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
                 read_requests=report["read_requests"], write_requests=report["write_requests"],
                 zero_requests=report["zero_requests"], extents=report["extents"],
                 elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
-                lseek_calls=cache["lseek_calls"], options=options)
+                lseek_calls=cache["lseek_calls"],
+                bytes_already_zero=report["bytes_already_zero"], options=options)
         except KeyboardInterrupt:
             continue

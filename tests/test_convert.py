@@ -276,13 +276,35 @@ def test_create_over_existing_file(convert_sources, tmp_path):
 
 
 def test_fresh_target_explicitly_not_zero(convert_sources, tmp_path):
+    """target_is_zero=False assumes nothing, but the destination is asked:
+    the holes of the new file read as zeros, so no zero request is sent."""
     img = convert_sources.get("holes_and_data")
     layout = convert_sources.layout("holes_and_data")
     dst = str(tmp_path / "out.raw")
     res = imgcopy.convert(img.path, dst, target_is_zero=False)
     d = check_result(res, img.size)
-    assert d["bytes_skipped"] == 0 and d["bytes_zeroed"] >= img.size - layout.data_bytes, d
+    assert d["zero_requests"] == 0 and d["bytes_zeroed"] == 0, d
+    assert d["bytes_already_zero"] == d["bytes_skipped"] >= img.size - layout.data_bytes, d
     assert_same_content(img.path, dst, "raw", "raw")
+
+
+@pytest.mark.parametrize("threshold", [4 * KiB, 64 * KiB])
+def test_existing_target_asked_where_it_reads_zeros(convert_sources, tmp_path, threshold):
+    """create=False into a file that is part holes, part garbage: ranges the
+    destination already reads as zeros (its holes) get no zero request,
+    the garbage is zeroed; the result says how many bytes were spared."""
+    img = convert_sources.get("holes_and_data")
+    dst = str(tmp_path / "existing.raw")
+    garbage(dst, img.size // 2, seed=3)
+    with open(dst, "r+b") as f:
+        f.truncate(img.size)  # second half: a hole
+    res = imgcopy.convert(img.path, dst, create=False, sparse_threshold=threshold)
+    d = check_result(res, img.size)
+    assert_same_content(img.path, dst, "raw", "raw")
+    full = imgcopy.plan(img.path, sparse_threshold=threshold, target_is_zero=False).totals()
+    assert 0 < d["bytes_already_zero"] == d["bytes_skipped"], d
+    assert d["zero_requests"] < full["zero_requests"], (d, full)
+    assert d["bytes_zeroed"] + d["bytes_already_zero"] == full["bytes_zeroed"], (d, full)
 
 
 def test_existing_target_smaller(convert_sources, tmp_path):

@@ -18,8 +18,8 @@ from .gen.sparse import make_sparse
 from .units import MiB
 
 
-COUNTERS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "read_requests",
-            "write_requests", "zero_requests", "extents")
+COUNTERS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "bytes_already_zero",
+            "read_requests", "write_requests", "zero_requests", "extents")
 
 
 @pytest.fixture(scope="module")

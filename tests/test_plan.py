@@ -12,6 +12,7 @@ import imgcopy
 from .gen import qcow2_images
 from .gen.raw_kinds import make_image
 from .gen.raw_layouts import odd_1000001, zeros_around_thresholds
+from .gen.sparse import garbage
 from .oracles import require_qemu
 from .units import KiB, MiB
 
@@ -137,14 +138,14 @@ def _blocks(runs, size, block=4 * KiB):
 
 @pytest.mark.parametrize("threshold", [4 * KiB, 64 * KiB])
 def test_plan_into_existing_target(sources, scratch, threshold):
-    """target_is_zero=False: zero ranges are zeroed, as convert(create=False) does."""
+    """target_is_zero=False: zero ranges are zeroed, as convert(create=False)
+    does into a destination with nothing that reads as zeros (garbage)."""
     for name in ("holes_and_data-11", "alloc_zeros-12", "zero_runs", "odd_1000001"):
         src, size = sources[name]
         p = imgcopy.plan(src, sparse_threshold=threshold, target_is_zero=False)
         check_structure(p, size, 2 * MiB, threshold)
         dst = os.path.join(scratch, "existing.raw")
-        with open(dst, "wb") as f:
-            f.truncate(size)
+        garbage(dst, size, seed=11)
         r = imgcopy.convert(src, dst, create=False, target_is_zero=False,
                             sparse_threshold=threshold, flush=False)
         assert common(p.totals()) == common(r.to_dict()), name

@@ -73,6 +73,7 @@ struct nbd_state {
     pthread_cond_t changed; /* a request completed */
     uint64_t bytes_in_flight;
     unsigned unwaited; /* writes and zeroes not completed yet */
+    int unflushed;     /* written or zeroed since the last flush */
     /* the first failure of a request nobody waited for */
     int failed_errno;
     enum nbd_op failed_op;
@@ -300,6 +301,7 @@ static int queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic
     if (r->op == OP_WRITE)
         st->bytes_in_flight += r->len;
     st->unwaited++;
+    st->unflushed = 1;
     enqueue_locked(st, r);
     pthread_mutex_unlock(&st->lock);
     return 0;
@@ -516,13 +518,21 @@ static int nbd_flush(struct ic_image *img, struct ic_error *err)
     struct nbd_state *st = nbd_state_of(img);
     if (drain(img, err) < 0)
         return -1;
-    if (!st->can_flush)
-        return 0;
+    pthread_mutex_lock(&st->lock);
+    int unflushed = st->unflushed;
+    st->unflushed = 0;
+    pthread_mutex_unlock(&st->lock);
+    if (!st->can_flush || !unflushed)
+        return 0; /* each flush is a round trip per connection */
     for (unsigned i = 0; i < st->nconns; i++) {
         struct nbd_request r = {.op = OP_FLUSH};
         int e = run_waited(st, &r, &st->conns[i]);
-        if (e)
+        if (e) {
+            pthread_mutex_lock(&st->lock);
+            st->unflushed = 1;
+            pthread_mutex_unlock(&st->lock);
             return request_error(img, OP_FLUSH, 0, e, err);
+        }
     }
     return 0;
 }
@@ -628,6 +638,13 @@ static int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
     return ret;
 }
 
+static uint64_t nbd_zero_limit(const struct ic_image *img)
+{
+    const struct nbd_state *st = img->drv_state;
+    uint64_t unit = st->min_block > 1 ? st->min_block : 1;
+    return NBD_MAX_ZERO / unit * unit;
+}
+
 static uint64_t nbd_write_alignment(const struct ic_image *img)
 {
     const struct nbd_state *st = img->drv_state;
@@ -648,4 +665,5 @@ const struct ic_driver ic_protocol_nbd = {
     .block_status = nbd_block_status,
     .random_access_status = 1,
     .write_alignment = nbd_write_alignment,
+    .zero_limit = nbd_zero_limit,
 };

@@ -52,7 +52,10 @@ static int null_block_status(struct ic_image *img, uint64_t start, uint64_t end,
 {
     (void)img;
     (void)want;
-    struct ic_extent e = {.start = start, .length = end - start, .flags = IC_EXT_ZERO};
+    /* a sink claims nothing about its content: a copy into it (plan())
+     * does what it would do to a destination it knows nothing of */
+    struct ic_extent e = {.start = start, .length = end - start,
+                          .flags = IC_EXT_DATA | IC_EXT_PRESENT};
     if (ic_extent_list_push(out, &e) < 0)
         return ic_error_nomem(err);
     return 0;
