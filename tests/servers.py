@@ -39,6 +39,7 @@ Nothing here imports imgcopy.
 import atexit
 import ctypes
 import ctypes.util
+import dataclasses
 import datetime
 import os
 import re
@@ -50,7 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, List, NamedTuple, Optional, Sequence, Tuple, TypeVar
 
 import pytest
 
@@ -78,12 +79,15 @@ def _find_libnbd() -> Optional[str]:
 
 LIBNBD = _find_libnbd()
 
-needs_nbdkit = pytest.mark.skipif(NBDKIT is None, reason="nbdkit not found on PATH (apt-get install nbdkit)")
-needs_qemu_nbd = pytest.mark.skipif(QEMU_NBD is None,
-                                    reason="qemu-nbd not found on PATH (apt-get install qemu-utils)")
-needs_libnbd = pytest.mark.skipif(LIBNBD is None, reason="libnbd.so.0 not found (apt-get install libnbd0)")
-needs_nbd_tools = pytest.mark.skipif(NBDINFO is None or NBDCOPY is None,
-                                     reason="nbdinfo/nbdcopy not found on PATH (apt-get install libnbd-bin)")
+NO_NBDKIT = "nbdkit not found on PATH (apt-get install nbdkit)"
+NO_QEMU_NBD = "qemu-nbd not found on PATH (apt-get install qemu-utils)"
+NO_LIBNBD = "libnbd.so.0 not found (apt-get install libnbd0)"
+NO_NBD_TOOLS = "nbdinfo/nbdcopy not found on PATH (apt-get install libnbd-bin)"
+
+needs_nbdkit = pytest.mark.skipif(NBDKIT is None, reason=NO_NBDKIT)
+needs_qemu_nbd = pytest.mark.skipif(QEMU_NBD is None, reason=NO_QEMU_NBD)
+needs_libnbd = pytest.mark.skipif(LIBNBD is None, reason=NO_LIBNBD)
+needs_nbd_tools = pytest.mark.skipif(NBDINFO is None or NBDCOPY is None, reason=NO_NBD_TOOLS)
 
 
 class ServerError(AssertionError):
@@ -103,7 +107,8 @@ class ServerError(AssertionError):
 REQUEST_KINDS = ("Read", "Write", "Zero", "Trim", "Flush", "Extents", "Cache")
 
 
-class Request(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Request:
     """One NBD command as nbdkit's log filter saw it.
 
     kind: Read, Write, Zero, Trim, Flush, Extents or Cache; offset and count
@@ -294,6 +299,7 @@ class Server:
     @property
     def uri(self) -> str:
         if self.tcp:
+            assert self.port is not None, "%s not started" % self.name
             return "nbd://127.0.0.1:%d/%s" % (self.port, self.export)
         return "nbd+unix:///%s?socket=%s" % (self.export, self.socket)
 
@@ -617,7 +623,7 @@ def nbdkit(plugin, *args, filters: Sequence[str] = (), socket_dir=None, log=True
     taken by us and handed over by socket activation) instead of a Unix
     socket; export: the export name in the URI (nbdkit serves any name)."""
     if NBDKIT is None:
-        pytest.skip("nbdkit not found on PATH (apt-get install nbdkit)")
+        pytest.skip(NO_NBDKIT)
     return Nbdkit(plugin, *args, filters=filters, log=log, stats=stats, extra=extra,
                   socket_dir=socket_dir, tcp=tcp, export=export, start_timeout=start_timeout)
 
@@ -631,10 +637,13 @@ def qemu_nbd(image, fmt="qcow2", read_only=False, *, allocation_depth=False, sha
     ``qemu:allocation-depth`` meta context (0 absent, 1 this image, N the
     N-1th backing file)."""
     if QEMU_NBD is None:
-        pytest.skip("qemu-nbd not found on PATH (apt-get install qemu-utils)")
+        pytest.skip(NO_QEMU_NBD)
     return QemuNbd(image, fmt, read_only, allocation_depth=allocation_depth, shared=shared,
                    extra=extra, socket_dir=socket_dir, tcp=tcp, export=export,
                    start_timeout=start_timeout)
+
+
+S = TypeVar("S", bound=Server)
 
 
 class ServerPool:
@@ -643,7 +652,7 @@ class ServerPool:
     def __init__(self):
         self.servers: List[Server] = []
 
-    def _start(self, server: Server) -> Server:
+    def _start(self, server: S) -> S:
         self.servers.append(server)
         return server.start()
 
@@ -705,11 +714,12 @@ class NbdClient:
 
     def __init__(self, uri):
         if LIBNBD is None:
-            pytest.skip("libnbd.so.0 not found (apt-get install libnbd0)")
+            pytest.skip(NO_LIBNBD)
         lib = self._lib = ctypes.CDLL(LIBNBD)
         h, u64, u32, sz = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_size_t
         sigs = {"nbd_create": ([], h), "nbd_close": ([h], None), "nbd_get_error": ([], ctypes.c_char_p),
-                "nbd_get_errno": ([], ctypes.c_int), "nbd_connect_uri": ([h, ctypes.c_char_p], ctypes.c_int),
+                "nbd_get_errno": ([], ctypes.c_int),
+                "nbd_connect_uri": ([h, ctypes.c_char_p], ctypes.c_int),
                 "nbd_shutdown": ([h, u32], ctypes.c_int), "nbd_get_size": ([h], ctypes.c_int64),
                 "nbd_pread": ([h, ctypes.c_void_p, sz, u64, u32], ctypes.c_int),
                 "nbd_pwrite": ([h, ctypes.c_char_p, sz, u64, u32], ctypes.c_int),
@@ -744,7 +754,8 @@ class NbdClient:
 
     def block_size(self, which) -> int:
         """which: "minimum", "preferred" or "maximum" (0: the server says nothing)."""
-        return self._check("nbd_get_block_size", self.h, ("minimum", "preferred", "maximum").index(which))
+        kinds = ("minimum", "preferred", "maximum")
+        return self._check("nbd_get_block_size", self.h, kinds.index(which))
 
     def can_zero(self) -> bool:
         return bool(self._check("nbd_can_zero", self.h))

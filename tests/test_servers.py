@@ -23,7 +23,8 @@ pytestmark = needs_nbdkit
 
 SIZE = 8 * MiB
 # the source of the copy tests: data runs (random bytes, no zero block) and holes
-DATA_RUNS = [(0, 64 * KiB), (1 * MiB, 192 * KiB), (3 * MiB + 64 * KiB, 1 * MiB), (SIZE - 128 * KiB, 128 * KiB)]
+DATA_RUNS = [(0, 64 * KiB), (1 * MiB, 192 * KiB), (3 * MiB + 64 * KiB, 1 * MiB),
+             (SIZE - 128 * KiB, 128 * KiB)]
 
 
 @pytest.fixture
