@@ -1,0 +1,117 @@
+"""A small nbdkit launcher for the benchmarks (they do not import tests/;
+tests/servers.py is the full version): ``with NbdkitServer(...) as srv``
+starts nbdkit on a private Unix socket, returns once it listens (its pid
+file is written), and stops it on the way out, Ctrl-C included; the log
+filter's file is counted by :meth:`NbdkitServer.totals`."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+# "connection=N Kind id=N offset=0x.. count=0x.. ..." (a command as it arrives)
+_CMD = re.compile(r" connection=\d+ (\w+) id=\d+ offset=(0x[0-9a-f]+) count=(0x[0-9a-f]+)")
+
+
+class NbdkitServer:
+    """nbdkit -f --exit-with-parent -P PID -U SOCK --filter=log [--filter=F ...]
+    PLUGIN ARGS... logfile=LOG, in its own session (the terminal's Ctrl-C
+    goes to us; our finally stops it; if we are killed, --exit-with-parent)."""
+
+    def __init__(self, plugin: str, args: Sequence[str] = (), filters: Sequence[str] = (),
+                 timeout: float = 20.0):
+        self.dir = tempfile.mkdtemp(prefix="bench-nbd-", dir="/tmp")   # sun_path is short
+        self.socket = os.path.join(self.dir, "sock")
+        self.log = os.path.join(self.dir, "log")
+        self.uri = "nbd+unix:///?socket=" + self.socket
+        self.argv = (["nbdkit", "-f", "--exit-with-parent", "-P", os.path.join(self.dir, "pid"),
+                      "-U", self.socket, "--filter=log"] + ["--filter=" + f for f in filters]
+                     + [plugin] + list(args) + ["logfile=" + self.log])
+        self.timeout = timeout
+        self.proc: Optional[subprocess.Popen] = None
+
+    def __enter__(self):
+        try:
+            with open(os.path.join(self.dir, "output"), "wb") as out:
+                self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+            self._until(self._listening, "nbdkit did not start")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _listening(self) -> bool:
+        p = self.proc
+        assert p is not None
+        if p.poll() is not None:
+            raise RuntimeError("nbdkit exited (%d): %s\n%s" % (
+                p.returncode, " ".join(self.argv), self.output()))
+        try:
+            with open(os.path.join(self.dir, "pid")) as f:
+                return f.read().strip() == str(p.pid)
+        except FileNotFoundError:
+            return False
+
+    def _until(self, cond, what):
+        deadline = time.monotonic() + self.timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise RuntimeError("%s in %.0f s: %s" % (what, self.timeout, self.output()))
+            time.sleep(0.005)
+
+    def output(self) -> str:
+        try:
+            with open(os.path.join(self.dir, "output"), errors="replace") as f:
+                return f.read()[-2000:]
+        except FileNotFoundError:
+            return ""
+
+    def _log_text(self) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return f.read()
+        except FileNotFoundError:
+            return ""
+
+    def _closed(self) -> bool:
+        text = self._log_text()
+        return text.count(" Connect ") == text.count(" Disconnect ")
+
+    def totals(self) -> Tuple[int, Dict[str, List[int]]]:
+        """(connections, {kind: [commands, bytes]}) once every client has
+        disconnected (nbdkit logs a Disconnect after the client has gone)."""
+        self._until(self._closed, "a client is still connected")
+        text = self._log_text()
+        out: Dict[str, List[int]] = {}
+        for kind, _off, count in _CMD.findall(text):
+            t = out.setdefault(kind, [0, 0])
+            t[0] += 1
+            t[1] += int(count, 16)
+        return text.count(" Connect "), out
+
+    def stop(self):
+        """SIGTERM, SIGKILL after 5 s, reaped; the directory removed."""
+        p, self.proc = self.proc, None
+        try:
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        except BaseException:
+            if p is not None and p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            raise
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
