@@ -285,22 +285,6 @@ static int offload_item(struct worker *w, const struct work_item *it, struct tur
     return 1;
 }
 
-/* Whether the destination reads [off, off+len) as zeros already (its
- * block status: a hole of a file, an NBD export's zero extents), so that
- * no zero request is needed; any doubt says no. */
-static int reads_zero(struct ic_copy *c, uint64_t off, uint64_t len)
-{
-    struct ic_error ignored = {0};
-    for (uint64_t pos = off, end = off + len; pos < end;) {
-        struct ic_extent e;
-        if (ic_image_block_status(c->dst, pos, end - pos, &e, &ignored) < 0 ||
-            !(e.flags & IC_EXT_ZERO) || e.length == 0)
-            return 0;
-        pos = e.start + e.length;
-    }
-    return 1;
-}
-
 /* Stage every piece, data and zeros (compression happens here, in
  * parallel), place them in guest order (host allocation; an overlay's
  * zero clusters), then commit them. */
@@ -311,7 +295,8 @@ static int execute(struct worker *w, struct turns *t)
     int ret = 0;
     for (size_t k = 0; k < w->nacts; k++) {
         struct action *a = &w->acts[k];
-        a->skip = !a->data && (c->opt.target_is_zero || reads_zero(c, a->off, a->len));
+        a->skip = !a->data && (c->opt.target_is_zero ||
+                               ic_known_zeros_cover(&c->dst_zeros, a->off, a->len));
     }
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
@@ -448,6 +433,7 @@ static void free_copy(struct ic_copy *c)
     free(c->queue);
     free(c->workers);
     free(c->zeros);
+    ic_known_zeros_free(&c->dst_zeros);
     free(c);
 }
 
@@ -544,6 +530,15 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->dst_overlay = ic_image_has_backing_file(dst);
     if (c->dst_overlay)
         c->backing_end = ic_image_qemu_length(ic_image_backing(dst));
+    /* Ask the destination what it reads as zeros already (a file's holes,
+     * an NBD export's zero extents).  Not an overlay: zeros its backing
+     * file gives (past its end) would change with that file, so they are
+     * written, as qemu-img -B does. */
+    if (!c->opt.target_is_zero && !c->dst_overlay && c->opt.sparse_threshold &&
+        ic_known_zeros_init(&c->dst_zeros, dst, ic_image_size(src)) < 0) {
+        free_copy(c);
+        return ic_error_nomem(err);
+    }
 
     /* the planner counts as one live thread from the start, so that no
      * worker can see the copy complete before it is fully started */

@@ -22,8 +22,17 @@ struct work_item {
     int kind;                    /* RUN_*                               */
 };
 
+/* known_zeros.c: the destination's zero ranges before the copy wrote */
+struct ic_known_zeros {
+    struct ic_extent_list runs; /* sorted, disjoint, neighbours merged */
+};
+int ic_known_zeros_init(struct ic_known_zeros *z, struct ic_image *dst, uint64_t end);
+int ic_known_zeros_cover(const struct ic_known_zeros *z, uint64_t off, uint64_t len);
+void ic_known_zeros_free(struct ic_known_zeros *z);
+
 struct ic_copy {
     struct ic_image *src, *dst;
+    struct ic_known_zeros dst_zeros; /* ranges that need no zero request */
     struct ic_copy_options opt;
     uint64_t write_align; /* the destination writes whole units of this */
     uint64_t zero_limit;  /* the longest zero request the destination takes */

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "../error.h"
 #include "nbd_lib.h"
@@ -14,13 +15,18 @@ static const char *missing; /* what failed to load, or NULL */
 static char missing_detail[256];
 static pthread_once_t loaded = PTHREAD_ONCE_INIT;
 
+/* IMGCOPY_LIBNBD names another build of libnbd (or none, to see what a
+ * machine without it does) */
 static void load(void)
 {
-    void *so = dlopen(LIBNBD_SONAME, RTLD_NOW | RTLD_LOCAL);
+    const char *name = getenv("IMGCOPY_LIBNBD");
+    if (!name || !name[0])
+        name = LIBNBD_SONAME;
+    void *so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     if (!so) {
         const char *why = dlerror();
-        snprintf(missing_detail, sizeof missing_detail, "%s", why ? why : LIBNBD_SONAME);
-        missing = LIBNBD_SONAME;
+        snprintf(missing_detail, sizeof missing_detail, "%s", why ? why : name);
+        missing = name;
         return;
     }
     /* name -> slot of `lib`, every one in libnbd 1.14 */

@@ -1,0 +1,319 @@
+"""NBD URIs as sources and destinations, against real servers (nbdkit,
+qemu-nbd) started and stopped by each test.  Content is checked with
+qemu-img compare, requests with nbdkit's own log."""
+import errno
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import imgcopy
+from .convert_helpers import check_result
+from .gen.sparse import make_sparse
+from .oracles import (assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map,
+                      qemu_map_human)
+from .servers import nbdkit, needs_libnbd, needs_nbdkit, needs_qemu_nbd, qemu_nbd
+from .units import GiB, KiB, MiB
+
+pytestmark = [needs_nbdkit, needs_libnbd]
+
+SIZE = 24 * MiB + 3 * 4096
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A sparse raw image: data runs of several lengths, written zeros,
+    holes of several lengths."""
+    path = str(tmp_path_factory.mktemp("nbd-src") / "src.raw")
+    chunks = [(0, b"\x01" * 65536), (200 * KiB, b"\x02" * 5000),
+              (1 * MiB, b"\x03" * (3 * MiB)), (5 * MiB, bytes(256 * KiB)),
+              (6 * MiB, b"\x04" * 4096 + bytes(128 * KiB) + b"\x05" * 4096),
+              (12 * MiB + 512, b"\x06" * 70000), (SIZE - 4096, b"\x07" * 4096)]
+    make_sparse(path, SIZE, chunks)
+    return path
+
+
+def without_offsets(entries):
+    return [{k: v for k, v in e.items() if k != "offset"} for e in entries]
+
+
+# --------------------------------------------------------------------------
+# sources: map, info, read
+
+@pytest.mark.parametrize("tcp", [False, True], ids=["unix", "tcp"])
+def test_map_and_info_as_qemu_img_says(source, tcp):
+    with nbdkit("file", source, tcp=tcp, log=False) as srv:
+        m = imgcopy.map(srv.uri)
+        assert m.to_json() == qemu_map(srv.uri).text
+        assert m.to_human(srv.uri) == qemu_map_human(srv.uri)
+        i = imgcopy.info(srv.uri)
+        assert i.to_dict() == qemu_info(srv.uri)
+        assert i.to_human() == qemu_img("info", srv.uri).stdout
+        with imgcopy.open(srv.uri) as img:
+            assert img.size == SIZE and img.format == "raw"
+            assert img.read(MiB, 4) == b"\x03" * 4
+            assert img.read(5 * MiB, 8) == bytes(8)
+
+
+def test_cli_map_and_info(source, imgcopy_env, tmp_path):
+    with nbdkit("file", source, log=False) as srv:
+        for args in (["map", srv.uri], ["map", "--output=json", srv.uri], ["info", srv.uri]):
+            ours = subprocess.run([sys.executable, "-m", "imgcopy"] + args, env=imgcopy_env,
+                                  cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+            assert ours.returncode == 0, ours.stderr
+            assert ours.stdout == qemu_img(*args).stdout
+
+
+@needs_qemu_nbd
+def test_allocation_depth_as_qemu_img_map_of_the_image(tmp_path):
+    """qemu-nbd -A exports qemu:allocation-depth: the map of the URI says
+    what qemu-img map of the exported qcow2 chain says (depth included;
+    host offsets are the server's business)."""
+    base, top = str(tmp_path / "base.qcow2"), str(tmp_path / "top.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", base, str(16 * MiB))
+    qemu_img("create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", top)
+    qemu_io(base, ["write -P 1 0 1M", "write -P 2 8M 64k"], fmt="qcow2")
+    qemu_io(top, ["write -P 3 512k 1M", "write -z 8M 4k", "write -P 4 15M 4k"], fmt="qcow2")
+    with qemu_nbd(top, "qcow2", read_only=True, allocation_depth=True) as srv:
+        ours = json.loads(imgcopy.map(srv.uri).to_json())
+        assert without_offsets(ours) == without_offsets(qemu_map(top, "qcow2").extents)
+        assert_same_content(top, srv.uri, "qcow2", "raw")
+
+
+@needs_qemu_nbd
+def test_qcow2_file_exported_raw_is_probed(tmp_path):
+    """A qcow2 file exported byte for byte: imgcopy opens the qcow2 format on
+    the NBD protocol, as on a local file (host offsets included)."""
+    q = str(tmp_path / "img.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", q, str(8 * MiB))
+    qemu_io(q, ["write -P 9 1M 300k", "write -c -P 8 4M 64k"], fmt="qcow2")
+    with qemu_nbd(q, "raw", read_only=True) as srv:
+        m = imgcopy.map(srv.uri)
+        assert m.format == "qcow2"
+        assert json.loads(m.to_json()) == qemu_map(q, "qcow2").extents
+        out = str(tmp_path / "out.raw")
+        imgcopy.convert(srv.uri, out)
+        assert_same_content(q, out, "qcow2", "raw")
+
+
+def test_failed_block_status_reads_as_data(source, tmp_path):
+    """An export whose block status fails is copied whole, as data."""
+    with nbdkit("file", source, "error-extents=EIO", "error-extents-rate=100%",
+                filters=["error"], log=False) as srv:
+        out = str(tmp_path / "out.raw")
+        res = imgcopy.convert(srv.uri, out)
+        assert res.bytes_read == SIZE
+        assert_same_content(source, out, "raw", "raw")
+
+
+# --------------------------------------------------------------------------
+# destinations
+
+def qemu_requests(source, *opts, filters=()):
+    """(writes, zeros) qemu-img convert -n sends into a memory export."""
+    with nbdkit("memory", str(SIZE), filters=list(filters)) as srv:
+        qemu_img("convert", "-n", "-f", "raw", "-O", "raw", *opts, source, srv.uri)
+        return srv.count("Write"), srv.count("Zero")
+
+
+@pytest.mark.parametrize("threshold", ["4k", "64k"])
+def test_copy_into_memory_export(source, threshold):
+    """The export reads as zeros where it was never written: no zero request
+    at all; no more writes than qemu-img at the same -S."""
+    with nbdkit("memory", str(SIZE)) as srv:
+        res = imgcopy.convert(source, srv.uri, sparse_threshold=threshold)
+        check_result(res, SIZE)
+        assert_same_content(source, srv.uri, "raw", "raw")
+        writes, zeros = srv.count("Write"), srv.count("Zero")
+        assert srv.count("Write", ok=False) == 0
+    qemu_writes, _ = qemu_requests(source, "-S", threshold)
+    assert zeros == 0 and res.zero_requests == 0, res
+    assert res.bytes_already_zero == res.bytes_skipped == SIZE - res.bytes_written, res
+    assert writes <= qemu_writes, (writes, qemu_writes)
+    assert res.write_requests <= writes  # the server's maximum may split one
+
+
+def test_destination_that_cannot_say_gets_zeroed(source):
+    """Without block status (noextents) zero ranges are zeroed, in no more
+    requests than qemu-img sends; --target-is-zero sends none."""
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri)
+        assert_same_content(source, srv.uri, "raw", "raw")
+        writes, zeros = srv.count("Write"), srv.count("Zero")
+    qemu_writes, qemu_zeros = qemu_requests(source, filters=["noextents"])
+    assert res.bytes_already_zero == 0 and res.bytes_zeroed > 0, res
+    assert 0 < zeros <= qemu_zeros and writes <= qemu_writes, (writes, zeros, qemu_writes,
+                                                               qemu_zeros)
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri, target_is_zero=True)
+        assert srv.count("Zero") == 0 and res.zero_requests == 0
+        assert_same_content(source, srv.uri, "raw", "raw")
+
+
+def test_empty_disk_costs_three_zero_requests_at_most(tmp_path):
+    """An empty 8 GiB disk: zero requests as long as NBD carries (32-bit
+    lengths), never one per request_size; none when the export says it
+    reads zeros."""
+    empty = str(tmp_path / "empty.raw")
+    make_sparse(empty, 8 * GiB)
+    with nbdkit("memory", "8G", filters=["noextents"]) as srv:
+        res = imgcopy.convert(empty, srv.uri)
+        zeros = srv.requests("Zero")
+    assert len(zeros) <= 3 and sum(z.count for z in zeros) == 8 * GiB, zeros
+    assert res.zero_requests == len(zeros)
+    with nbdkit("memory", "8G") as srv:
+        res = imgcopy.convert(empty, srv.uri)
+        assert srv.count("Zero") == 0 and srv.count("Write") == 0
+    assert res.bytes_already_zero == 8 * GiB
+
+
+def test_server_maximum_block_size_obeyed(source):
+    """blocksize-policy refuses requests over 64 KiB: imgcopy's 2 MiB
+    requests are cut to the server's maximum, nothing fails."""
+    with nbdkit("memory", str(SIZE), "blocksize-maximum=64K", "blocksize-error-policy=error",
+                filters=["blocksize-policy", "noextents"]) as srv:
+        imgcopy.convert(source, srv.uri, request_size="2M")
+        assert_same_content(source, srv.uri, "raw", "raw")
+        data = [r for r in srv.requests() if r.kind in ("Write", "Read")]
+        assert data and all(r.count <= 64 * KiB and r.ok for r in data), data
+        assert all(r.ok for r in srv.requests())
+
+
+def test_server_without_write_zeroes(source):
+    """nozero: the server has no WRITE_ZEROES; zeros it does not read
+    already are written as data."""
+    with nbdkit("memory", str(SIZE), filters=["nozero", "noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri)
+        assert srv.count("Zero") == 0
+        assert_same_content(source, srv.uri, "raw", "raw")
+    assert res.bytes_written + res.bytes_zeroed == SIZE
+
+
+def test_flushed_once_per_connection(source):
+    with nbdkit("memory", str(SIZE)) as srv:
+        imgcopy.convert(source, srv.uri)
+        conns = {r.connection for r in srv.requests("Write")}
+        flushes = srv.requests("Flush")
+    assert sorted(f.connection for f in flushes) == sorted({c["connection"] for c in
+                                                            srv.connections()} | conns)
+    with nbdkit("memory", str(SIZE)) as srv:
+        imgcopy.convert(source, srv.uri, flush=False)
+        assert srv.count("Flush") == 0
+
+
+def test_several_connections_only_with_multi_conn(source, tmp_path):
+    with nbdkit("memory", str(SIZE)) as srv:  # memory: multi-conn
+        imgcopy.convert(source, srv.uri)
+        assert len({r.connection for r in srv.requests("Write")}) > 1
+        assert_same_content(source, srv.uri, "raw", "raw")
+    with nbdkit("memory", str(SIZE), "multi-conn-mode=disable",
+                filters=["multi-conn"]) as srv:
+        imgcopy.convert(source, srv.uri)
+        assert len(srv.connections()) == 1
+        assert_same_content(source, srv.uri, "raw", "raw")
+
+
+@needs_qemu_nbd
+def test_into_qcow2_through_qemu_nbd(source, tmp_path):
+    q = str(tmp_path / "dst.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", q, str(SIZE))
+    with qemu_nbd(q, "qcow2") as srv:
+        res = imgcopy.convert(source, srv.uri)
+        check_result(res, SIZE)
+    assert_same_content(source, q, "raw", "qcow2")
+    assert qemu_img("check", q).returncode == 0
+
+
+def test_smaller_export_is_refused_untouched(source):
+    with nbdkit("memory", str(SIZE - 4096)) as srv:
+        with pytest.raises(OSError) as e:
+            imgcopy.convert(source, srv.uri)
+        assert e.value.errno == errno.ENOSPC and e.value.filename == srv.uri
+        assert srv.count("Write") == 0 and srv.count("Zero") == 0
+
+
+# --------------------------------------------------------------------------
+# errors: never a success after a failed request, never a hang
+
+@pytest.mark.parametrize("err,rate", [("EIO", "100%"), ("EIO", "30%"), ("ENOSPC", "100%")])
+def test_failed_writes_fail_the_copy(source, err, rate):
+    with nbdkit("memory", str(SIZE), "error-pwrite=%s" % err, "error-pwrite-rate=%s" % rate,
+                filters=["error"]) as srv:
+        with pytest.raises(OSError) as e:
+            imgcopy.convert(source, srv.uri, concurrency=2)
+        assert srv.count("Write", ok=False) > 0
+    assert e.value.errno == getattr(errno, err), e.value
+    assert e.value.filename == srv.uri and "offset" in str(e.value)
+
+
+def test_failed_reads_fail_the_copy(source, tmp_path):
+    out = str(tmp_path / "out.raw")
+    with nbdkit("file", source, "error-pread=EIO", "error-pread-rate=100%",
+                filters=["error"], log=False) as srv:
+        with pytest.raises(OSError) as e:
+            imgcopy.convert(srv.uri, out, src_format="raw")
+    assert e.value.errno == errno.EIO and not os.path.exists(out)
+
+
+def test_server_gone_mid_copy_is_an_error_not_a_hang(source):
+    with nbdkit("memory", str(SIZE), "delay-write=1", "delay-zero=1",
+                filters=["delay", "noextents"], log=False) as srv:
+        killer = threading.Timer(0.5, srv.stop)
+        killer.start()
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(OSError):
+                imgcopy.convert(source, srv.uri)
+        finally:
+            killer.join()
+    assert time.monotonic() - t0 < 20
+
+
+def test_without_libnbd(source, tmp_path, imgcopy_env):
+    """No libnbd: NBD URIs fail, naming the package; files still work."""
+    env = dict(imgcopy_env, IMGCOPY_LIBNBD="/nonexistent/libnbd.so.0")
+    code = ("import imgcopy, sys\n"
+            "try:\n"
+            "    imgcopy.map('nbd+unix:///?socket=/nonexistent')\n"
+            "except OSError as e:\n"
+            "    print(e)\n"
+            "print(imgcopy.map(sys.argv[1]).data_bytes)\n")
+    p = subprocess.run([sys.executable, "-c", code, source], env=env, cwd=str(tmp_path),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.returncode == 0, p.stderr
+    first, second = p.stdout.splitlines()
+    assert "libnbd0" in first and "libnbd" in first, first
+    assert int(second) > 0
+
+
+def test_copy_from_export_never_reads_holes(source, tmp_path):
+    """A copy from NBD reads only what block status says is data; plan()
+    of the URI makes the same requests."""
+    out = str(tmp_path / "out.raw")
+    with nbdkit("file", source) as srv:
+        # (the format named: probing would read a few bytes more)
+        res = imgcopy.convert(srv.uri, out, src_format="raw")
+        planned = imgcopy.plan(srv.uri, src_format="raw").totals()
+        read = srv.bytes("Read")
+    assert_same_content(source, out, "raw", "raw")
+    data = imgcopy.map(source).data_bytes
+    # the copy and the plan each read the data, and nothing else
+    assert res.bytes_read == planned["bytes_read"] == data and read == 2 * data
+    assert {k: planned[k] for k in ("bytes_written", "write_requests")} == \
+        {"bytes_written": res.bytes_written, "write_requests": res.write_requests}
+
+
+@pytest.mark.parametrize("extra", [[], ["-n"], ["-n", "--target-is-zero"]])
+def test_cli_convert_into_export(source, imgcopy_env, tmp_path, extra):
+    with nbdkit("memory", str(SIZE)) as srv:
+        p = subprocess.run([sys.executable, "-m", "imgcopy", "convert", *extra, "--stats=json",
+                            source, srv.uri], env=imgcopy_env, cwd=str(tmp_path),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert p.returncode == 0, p.stderr
+        assert_same_content(source, srv.uri, "raw", "raw")
+        assert srv.count("Zero") == 0
