@@ -486,6 +486,25 @@ def print_profile(tools, prof: Dict, image: str) -> None:
 # --------------------------------------------------------------------------
 # main
 
+def common_choices(ap: argparse.ArgumentParser, a: argparse.Namespace, known_images: List[str],
+                   quick_runs: int) -> Tuple[float, int, str, List[str], str]:
+    """--scale, --runs, --corpus, --only and --python as the benchmarks here
+    read them: (scale, runs, corpus directory, images, python)."""
+    scale = a.scale if a.scale is not None else (QUICK_SCALE if a.quick else 1.0)
+    runs = a.runs if a.runs is not None else (quick_runs if a.quick else 5)
+    if runs < 1:
+        ap.error("--runs must be >= 1")
+    corpus = a.corpus or ("/tmp/imgcopy-corpus" if scale == 1.0 else "/tmp/imgcopy-corpus-s%g" % scale)
+    images = [n.strip() for n in a.only.split(",") if n.strip()] or list(known_images)
+    for n in images:
+        if n not in known_images:
+            ap.error("unknown image %r (known: %s)" % (n, ", ".join(known_images)))
+    python = a.python or os.path.join(REPO, ".venv", "bin", "python")
+    if not os.access(python, os.X_OK):
+        python = sys.executable
+    return scale, runs, corpus, images, python
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -518,22 +537,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", help="write all raw timings here")
     a = ap.parse_args(argv)
 
-    scale = a.scale if a.scale is not None else (QUICK_SCALE if a.quick else 1.0)
-    runs = a.runs if a.runs is not None else (3 if a.quick else 5)
-    if runs < 1:
-        ap.error("--runs must be >= 1")
-    corpus = a.corpus or ("/tmp/imgcopy-corpus" if scale == 1.0 else "/tmp/imgcopy-corpus-s%g" % scale)
-    images = [n.strip() for n in a.only.split(",") if n.strip()] or IMAGES
-    for n in images:
-        if n not in IMAGES:
-            ap.error("unknown image %r (known: %s)" % (n, ", ".join(IMAGES)))
+    scale, runs, corpus, images, python = common_choices(ap, a, IMAGES, quick_runs=3)
     caches = [c.strip() for c in a.cache.split(",") if c.strip()]
     for c in caches:
         if c not in ("cold", "warm"):
             ap.error("--cache takes cold and/or warm")
-    python = a.python or os.path.join(REPO, ".venv", "bin", "python")
-    if not os.access(python, os.X_OK):
-        python = sys.executable
     tools = tool_table(python)
     if a.tools:
         want = [t.strip() for t in a.tools.split(",") if t.strip()]

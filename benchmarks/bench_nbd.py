@@ -68,7 +68,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_convert import (BASELINE, QUICK_SCALE, REPO, argv_for, build_corpus,  # noqa: E402
+from bench_convert import (BASELINE, REPO, argv_for, build_corpus, common_choices,  # noqa: E402
                            data_extents, fmt_ratio, fmt_s, human, imgcopy_core, is_anchor,
                            is_imgcopy, log, med, pin_imgcopy, warm)
 from make_corpus import BLK, ContentGen, align_down, split_total, write_layout  # noqa: E402
@@ -251,19 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--json", help="write every run here")
     a = ap.parse_args(argv)
 
-    scale = a.scale if a.scale is not None else (QUICK_SCALE if a.quick else 1.0)
-    runs = a.runs if a.runs is not None else (2 if a.quick else 5)
-    if runs < 1:
-        ap.error("--runs must be >= 1")
-    corpus = a.corpus or ("/tmp/imgcopy-corpus" if scale == 1.0 else "/tmp/imgcopy-corpus-s%g" % scale)
-    images = [n.strip() for n in a.only.split(",") if n.strip()] or IMAGES
-    for n in images:
-        if n not in IMAGES:
-            ap.error("unknown image %r (known: %s)" % (n, ", ".join(IMAGES)))
+    scale, runs, corpus, images, python = common_choices(ap, a, IMAGES, quick_runs=2)
     delays = [int(d) for d in a.delays.split(",") if d.strip()]
-    python = a.python or os.path.join(REPO, ".venv", "bin", "python")
-    if not os.access(python, os.X_OK):
-        python = sys.executable
     tools = tool_table(python)
     if a.tools:
         want = [t.strip() for t in a.tools.split(",") if t.strip()]
