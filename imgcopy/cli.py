@@ -45,30 +45,28 @@ def _build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    m = sub.add_parser("map", help="print the extent map of an image (like qemu-img map)")
-    m.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
-                   help="image format (default: probe)")
-    m.add_argument("--output", choices=("human", "json"), default="human")
+    def reader(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        """A command that reads one image and prints what it found, as qemu-img's does."""
+        r = sub.add_parser(name, help=help)
+        r.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
+                       help="image format (default: probe)")
+        r.add_argument("--output", choices=("human", "json"), default="human")
+        r.add_argument("-U", "--force-share", dest="force_share", action="store_true",
+                       help="read the image even if another process writes it")
+        r.add_argument("filename")
+        r.set_defaults(func=func, parser=r)
+        return r
+
+    m = reader("map", _cmd_map, "print the extent map of an image (like qemu-img map)")
     m.add_argument("-s", "--start-offset", type=parse_size, default=0, metavar="N")
     m.add_argument("-l", "--max-length", type=parse_size, default=None, metavar="N")
     m.add_argument("--force", action="store_true",
                    help="read a qcow2 image marked dirty or corrupt")
-    m.add_argument("-U", "--force-share", dest="force_share", action="store_true",
-                   help="read the image even if another process writes it")
-    m.add_argument("filename")
-    m.set_defaults(func=_cmd_map, parser=m)
 
-    i = sub.add_parser("info", help="show an image's format, sizes, cluster size and backing "
-                                    "file (like qemu-img info)")
-    i.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
-                   help="image format (default: probe)")
-    i.add_argument("--output", choices=("human", "json"), default="human")
+    i = reader("info", _cmd_info, "show an image's format, sizes, cluster size and backing "
+                                  "file (like qemu-img info)")
     i.add_argument("--backing-chain", action="store_true",
                    help="show every image of the backing chain")
-    i.add_argument("-U", "--force-share", dest="force_share", action="store_true",
-                   help="read the image even if another process writes it")
-    i.add_argument("filename")
-    i.set_defaults(func=_cmd_info, parser=i)
 
     c = sub.add_parser("convert", help="copy an image, moving only what matters "
                                        "(like qemu-img convert)")
