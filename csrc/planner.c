@@ -6,9 +6,24 @@
 #include "copy_internal.h"
 #include "sparse.h"
 
-/* Cut one extent into items whose edges fall on multiples of the step; a
- * data extent is first cut where qemu's block-status answers end (unless
- * the destination writes whole clusters: compression). */
+/* Where a data item starting at `pos` ends: as qemu-img reads, at the
+ * edges of the zero scan's windows (IC_SPARSE_WINDOW from the extent's
+ * start), as many windows as one step holds; a step shorter than a window
+ * cuts it at multiples of the step (block edges: request_size is a
+ * multiple of the scan's block). */
+static uint64_t data_cut(uint64_t start, uint64_t pos, uint64_t step)
+{
+    uint64_t edge = start + (pos + step - start) / IC_SPARSE_WINDOW * IC_SPARSE_WINDOW;
+    if (edge > pos)
+        return edge;
+    uint64_t next = (pos / step + 1) * step;
+    uint64_t window_end = start + ((pos - start) / IC_SPARSE_WINDOW + 1) * IC_SPARSE_WINDOW;
+    return next < window_end ? next : window_end;
+}
+
+/* Cut one extent into items of at most the step; a data extent is first
+ * cut where qemu's block-status answers end (unless the destination
+ * writes whole clusters: compression). */
 static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind, uint64_t *seq)
 {
     if (kind == RUN_DATA && end - start > IC_SPARSE_STATUS_MAX && c->write_align == 1) {
@@ -26,8 +41,8 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
                     : skipped                         ? UINT64_MAX
                                                       : c->zero_limit;
     for (uint64_t pos = start; pos < end;) {
-        uint64_t next = (pos / step + 1) * step;
-        if (next > end || next < pos)
+        uint64_t next = kind == RUN_DATA ? data_cut(start, pos, step) : (pos / step + 1) * step;
+        if (next > end || next <= pos)
             next = end;
         struct work_item item = {
             .start = pos, .end = next, .ext_start = start, .ext_end = end,

@@ -138,6 +138,25 @@ def test_copy_into_memory_export(source, threshold):
     assert res.write_requests <= writes  # the server's maximum may split one
 
 
+@pytest.mark.parametrize("threshold", ["4k", "64k", "1M"])
+def test_no_more_requests_than_qemu_img(corpus_raw, threshold):
+    """The corpus's OS-like image into an export that cannot say what it
+    reads (noextents): writes and zeros no more than qemu-img's at the
+    same -S, byte for byte the same output."""
+    src, size = corpus_raw
+    counts = {}
+    for tool in ("qemu-img", "imgcopy"):
+        with nbdkit("memory", str(size), filters=["noextents"]) as srv:
+            if tool == "qemu-img":
+                qemu_img("convert", "-n", "-f", "raw", "-O", "raw", "-S", threshold, src, srv.uri)
+            else:
+                imgcopy.convert(src, srv.uri, sparse_threshold=threshold)
+            assert_same_content(src, srv.uri, "raw", "raw")
+            counts[tool] = (srv.count("Write"), srv.count("Zero"))
+    assert counts["imgcopy"][0] <= counts["qemu-img"][0], counts
+    assert counts["imgcopy"][1] <= counts["qemu-img"][1], counts
+
+
 def test_destination_that_cannot_say_gets_zeroed(source):
     """Without block status (noextents) zero ranges are zeroed, in no more
     requests than qemu-img sends; --target-is-zero sends none."""
