@@ -476,6 +476,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_value(err, "the destination (%llu bytes) is smaller than the source "
                               "(%llu bytes)", (unsigned long long)ic_image_size(dst),
                               (unsigned long long)ic_image_size(src));
+    if (ic_image_tune(src, opt->connections, opt->requests_in_flight, err) < 0 ||
+        ic_image_tune(dst, opt->connections, opt->requests_in_flight, err) < 0)
+        return -1;
     struct ic_copy *c = calloc(1, sizeof *c);
     if (!c)
         return ic_error_nomem(err);

@@ -105,6 +105,10 @@ struct ic_driver {
      * range will not be read again */
     void (*settle_written)(struct ic_image *img, uint64_t off, uint64_t len);
     void (*settle_read)(struct ic_image *img, uint64_t off, uint64_t len);
+    /* remote endpoints: the connections (0: as the server allows) and
+     * requests in flight per connection a copy uses */
+    int (*tune)(struct ic_image *img, unsigned connections, unsigned requests,
+                struct ic_error *err);
     /* copy in the kernel to another image of the same driver; -1 with
      * errnum ENOTSUP when it cannot */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

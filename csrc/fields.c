@@ -13,6 +13,8 @@ const struct ic_field ic_copy_option_fields[] = {
     FIELD(struct ic_copy_options, target_is_zero, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, offload, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, flush, IC_FIELD_FLAG),
+    FIELD(struct ic_copy_options, connections, IC_FIELD_UNSIGNED),
+    FIELD(struct ic_copy_options, requests_in_flight, IC_FIELD_UNSIGNED),
     {NULL, IC_FIELD_U64, 0, NULL},
 };
 

@@ -228,6 +228,15 @@ uint64_t ic_image_write_alignment(const struct ic_image *img)
     return img->drv->write_alignment ? img->drv->write_alignment(img) : 1;
 }
 
+int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
+                  struct ic_error *err)
+{
+    for (struct ic_image *i = img; i; i = i->file)
+        if (i->drv->tune && i->drv->tune(i, connections, requests, err) < 0)
+            return -1;
+    return 0;
+}
+
 uint64_t ic_image_zero_limit(const struct ic_image *img)
 {
     return img->drv->zero_limit ? img->drv->zero_limit(img) : IC_ZERO_LIMIT;

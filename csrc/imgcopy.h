@@ -178,6 +178,10 @@ uint64_t ic_image_write_alignment(const struct ic_image *img);
  * remote destination says what its protocol carries. */
 #define IC_ZERO_LIMIT (1ull << 30)
 uint64_t ic_image_zero_limit(const struct ic_image *img);
+/* How many connections and requests in flight a remote endpoint (the
+ * image's protocol) uses; nothing for local files. */
+int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
+                  struct ic_error *err);
 
 /* Page-cache hygiene for a copy: wait for the writeback of a range written
  * a while ago and drop its pages; drop the pages of a range read once.
@@ -277,6 +281,9 @@ struct ic_copy_options {
     int target_is_zero;        /* skip zero ranges instead of zeroing them */
     int offload;               /* copy_file_range for data                 */
     int flush;                 /* make the destination durable at the end  */
+    /* remote endpoints (NBD) */
+    unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
+    unsigned requests_in_flight; /* per connection (0: the default, 64)     */
     struct ic_request_log *log; /* optional: record every request here     */
 };
 

@@ -12,6 +12,8 @@
 #define MAX_CONCURRENCY 1024u
 #define MIN_REQUEST_SIZE 4096u
 #define MAX_REQUEST_SIZE (1u << 30)
+#define MAX_CONNECTIONS 16u
+#define MAX_REQUESTS_IN_FLIGHT 1024u
 
 void ic_copy_options_init(struct ic_copy_options *o)
 {
@@ -25,6 +27,8 @@ void ic_copy_options_init(struct ic_copy_options *o)
         .concurrency = 4,
         .out_of_order = 1,
         .flush = 1,
+        /* nbdcopy's default: enough to hide a round trip of a few ms */
+        .requests_in_flight = 64,
     };
 }
 
@@ -36,6 +40,12 @@ int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
         o->request_size % MIN_REQUEST_SIZE)
         return ic_error_value(err, "request_size must be a multiple of 4096 between 4 KiB "
                                    "and 1 GiB");
+    if (o->connections > MAX_CONNECTIONS)
+        return ic_error_value(err, "connections must be between 1 and %u (0: as the server "
+                                   "allows)", MAX_CONNECTIONS);
+    if (o->requests_in_flight > MAX_REQUESTS_IN_FLIGHT) /* 0: the default */
+        return ic_error_value(err, "requests_in_flight must be between 1 and %u",
+                              MAX_REQUESTS_IN_FLIGHT);
     if (o->sparse_threshold % 512 || o->sparse_threshold > MAX_SPARSE_THRESHOLD)
         return ic_error_value(err, "sparse_threshold must be a multiple of 512 from 0 to "
                                    "16 MiB");

@@ -64,6 +64,8 @@ class CopyOptionDefaults(TypedDict):
     target_is_zero: bool
     offload: bool
     flush: bool
+    connections: int
+    requests_in_flight: int
 
 @final
 class Image:

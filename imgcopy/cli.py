@@ -96,6 +96,12 @@ def _build_parser() -> argparse.ArgumentParser:
                         "(default 4k)")
     c.add_argument("-m", dest="concurrency", type=int, default=DEFAULTS.concurrency,
                    metavar="N", help=f"worker threads (default {DEFAULTS.concurrency})")
+    c.add_argument("--connections", type=int, default=None, metavar="N",
+                   help="connections to an NBD server (default: 4 with multi-conn, else 1)")
+    c.add_argument("--requests", dest="requests_in_flight", type=int,
+                   default=DEFAULTS.requests_in_flight, metavar="N",
+                   help="NBD requests in flight per connection "
+                        f"(default {DEFAULTS.requests_in_flight})")
     order = c.add_mutually_exclusive_group()
     order.add_argument("-W", dest="out_of_order", action="store_true", default=True,
                        help="out-of-order writes (the default; accepted for qemu-img users)")
@@ -179,7 +185,8 @@ def _copy_options(args: argparse.Namespace) -> CopyOptions:
         request_size=args.request_size, out_of_order=args.out_of_order,
         target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
-        flush=args.flush and args.dst_cache != "unsafe", offload=args.offload)
+        flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
+        connections=args.connections, requests_in_flight=args.requests_in_flight)
 
 
 def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:

@@ -112,6 +112,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             target_is_zero: Optional[bool] = None,
             direct: Optional[Union[bool, Tuple[bool, bool]]] = None,
             flush: Optional[bool] = None, offload: Optional[bool] = None,
+            connections: Optional[int] = None, requests_in_flight: Optional[int] = None,
             progress: Progress = None, cluster_size: Optional[Size] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
             compress: Optional[bool] = None,
@@ -121,7 +122,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
 
     Source:
       ``src``: a path (str, bytes or os.PathLike) of a raw or qcow2 image,
-      a block device included; qcow2 backing chains are followed.
+      a block device included, or an NBD URI (``nbd://host[:port]/export``,
+      ``nbd+unix:///export?socket=PATH``, ``nbds://...``); qcow2 backing
+      chains are followed.
       ``src_format``: "raw" or "qcow2"; None probes (an image of another
       format is refused, not read as raw). ``force``: read a qcow2 source
       marked dirty or corrupt. The source's files are locked as qemu-img convert locks
@@ -129,8 +132,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       source another process writes (qemu-img -U).
 
     Destination:
-      ``dst``: a path, a block device, or ``"null:"`` (discard everything;
-      for measuring). ``dst_format``: "raw", "qcow2" or "null"; None means
+      ``dst``: a path, a block device, an NBD URI (the export as it is:
+      ``create`` does not apply, its size is the server's, a smaller one is
+      refused), or ``"null:"`` (discard everything; for measuring). ``dst_format``: "raw", "qcow2" or "null"; None means
       "raw" for a new file, and for an existing one (``create=False``) the
       format it has if that is raw (another format must be named).
       ``create``: True makes a new image: a regular file is written under a
@@ -147,7 +151,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     what each does and its default), or its fields as keywords, which are
     shorthand for it: ``sparse_threshold`` (-S), ``concurrency`` (-m),
     ``request_size``, ``out_of_order`` (-W), ``target_is_zero``, ``direct``
-    (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C).
+    (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C),
+    ``connections`` and ``requests_in_flight`` (NBD endpoints).
     Keywords given (not None) replace the fields of ``options``; sizes take
     ints or strings such as "64k", "4M".
       ``progress``: True shows a bar (tqdm when installed, else text on
@@ -182,7 +187,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                             sparse_threshold=sparse_threshold,
                             concurrency=concurrency, request_size=request_size,
                             out_of_order=out_of_order, target_is_zero=target_is_zero,
-                            direct=direct, flush=flush, offload=offload)
+                            direct=direct, flush=flush, offload=offload,
+                            connections=connections, requests_in_flight=requests_in_flight)
     layout = dict(cluster_size=cluster_size, compat=compat, preallocation=preallocation,
                   compress=compress, backing_file=backing_file, backing_format=backing_format)
     if any(v is not None for v in layout.values()):

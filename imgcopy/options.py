@@ -50,6 +50,11 @@ class CopyOptions:
     the copy returns.
     ``offload`` [-C, False]: copy data in the kernel (copy_file_range)
     where the pair of files allows it.
+    ``connections`` [nbdcopy's --connections, None]: connections to an NBD
+    source or destination; None: 4 where the server allows several
+    (multi-conn), else 1 (a server without multi-conn always gets 1).
+    ``requests_in_flight`` [nbdcopy's --requests, 64]: NBD requests in
+    flight per connection (0: the default).
 
     Sizes take ints or strings such as ``"64k"`` and are stored as ints.
     An invalid option raises ValueError (TypeError for a wrong type) here,
@@ -63,6 +68,8 @@ class CopyOptions:
     direct: Union[bool, Tuple[bool, bool]] = field(default=False, metadata=_AT_OPEN)
     flush: bool = _DEFAULTS["flush"]
     offload: bool = _DEFAULTS["offload"]
+    connections: Optional[int] = None
+    requests_in_flight: int = _DEFAULTS["requests_in_flight"]
 
     def __post_init__(self) -> None:
         normal = {
@@ -91,6 +98,7 @@ class CopyOptions:
         with ``resolved`` (e.g. ``target_is_zero=True``) in place of them."""
         out = {f.name: getattr(self, f.name) for f in fields(self)
                if not f.metadata.get("at_open")}
+        out["connections"] = out["connections"] or 0  # the C core's "as the server allows"
         out.update(resolved)
         return out
 

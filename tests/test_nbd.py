@@ -264,7 +264,10 @@ def test_failed_writes_fail_the_copy(source, err, rate):
     with nbdkit("memory", str(SIZE), "error-pwrite=%s" % err, "error-pwrite-rate=%s" % rate,
                 filters=["error"]) as srv:
         with pytest.raises(OSError) as e:
-            imgcopy.convert(source, srv.uri, concurrency=2)
+            # every byte written, in 64 KiB requests: ~400 writes, so that
+            # at 30% some surely fail
+            imgcopy.convert(source, srv.uri, concurrency=2, sparse_threshold=0,
+                            request_size="64k")
         assert srv.count("Write", ok=False) > 0
     assert e.value.errno == getattr(errno, err), e.value
     assert e.value.filename == srv.uri and "offset" in str(e.value)
@@ -336,3 +339,31 @@ def test_cli_convert_into_export(source, imgcopy_env, tmp_path, extra):
         assert p.returncode == 0, p.stderr
         assert_same_content(source, srv.uri, "raw", "raw")
         assert srv.count("Zero") == 0
+
+
+@pytest.mark.parametrize("connections,requests", [(1, 1), (2, 4), (None, 64)])
+def test_connections_and_requests_in_flight(source, connections, requests):
+    """The knobs: connections to a multi-conn server (default 4) and
+    requests in flight per connection, as the server's log saw them."""
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        imgcopy.convert(source, srv.uri, connections=connections, requests_in_flight=requests,
+                        sparse_threshold=0, request_size="256k")
+        assert_same_content(source, srv.uri, "raw", "raw")
+        reqs = [r for r in srv.requests() if r.kind in ("Write", "Zero")]
+        used = {r.connection for r in reqs}
+    assert len(used) == (connections or 4), used
+    for conn in used:  # the most requests of one connection the server held at once
+        events = sorted([(r.start, 1) for r in reqs if r.connection == conn] +
+                        [(r.end, -1) for r in reqs if r.connection == conn],
+                        key=lambda e: (e[0], e[1]))
+        depth = peak = 0
+        for _, step in events:
+            depth += step
+            peak = max(peak, depth)
+        assert peak <= requests, (conn, peak)
+
+
+def test_no_multi_conn_means_one_connection_whatever_asked(source):
+    with nbdkit("memory", str(SIZE), "multi-conn-mode=disable", filters=["multi-conn"]) as srv:
+        imgcopy.convert(source, srv.uri, connections=8)
+        assert len(srv.connections()) == 1

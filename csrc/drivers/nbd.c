@@ -64,8 +64,11 @@ struct nbd_conn {
 struct nbd_state {
     const struct nbd_lib *lib;
     struct nbd_conn conns[NBD_MAX_CONNECTIONS];
-    unsigned nconns;
+    unsigned nconns;    /* connected (under lock once the first runs) */
+    unsigned nactive;   /* of them, those requests go to */
     unsigned next_conn;
+    unsigned max_requests; /* in flight per connection */
+    int multi_conn;
     uint64_t min_block, pref_block, max_block;
     int can_zero, can_fast_zero, can_flush, has_alloc, has_depth;
     _Atomic uint32_t deepest; /* the deepest allocation-depth answered */
@@ -185,23 +188,38 @@ static void submit(struct nbd_conn *c, struct nbd_request *r)
         complete(r, lib->get_errno() ? lib->get_errno() : EIO);
 }
 
+/* Only this thread calls libnbd on its handle (completions run here too),
+ * so the handle's lock and st->lock are never taken in both orders. */
 static void *conn_thread(void *arg)
 {
     struct nbd_conn *c = arg;
     struct nbd_state *st = c->st;
     const struct nbd_lib *lib = st->lib;
     for (;;) {
+        int alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
+        int64_t in_flight = alive ? lib->aio_in_flight(c->h) : 0;
+        /* what the queue holds, as far as the requests in flight allow (a
+         * dead connection fails them all at once) */
+        struct nbd_request *batch = NULL, **last = &batch;
         pthread_mutex_lock(&st->lock);
-        struct nbd_request *batch = c->head;
-        c->head = c->tail = NULL;
-        int stop = c->stop;
+        while (c->head && (!alive || in_flight < (int64_t)st->max_requests)) {
+            *last = c->head;
+            c->head = c->head->next;
+            last = &(*last)->next;
+            in_flight++;
+        }
+        *last = NULL;
+        if (!c->head)
+            c->tail = NULL;
+        int stop = c->stop && !c->head;
         pthread_mutex_unlock(&st->lock);
         while (batch) {
             struct nbd_request *next = batch->next;
+            batch->next = NULL;
             submit(c, batch);
             batch = next;
         }
-        int alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
+        alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
         if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
             return NULL;
         struct pollfd fds[2] = {{.fd = c->wake_fd, .events = POLLIN}, {.fd = -1}};
@@ -240,7 +258,7 @@ static void wake(struct nbd_conn *c)
 /* Queue `r` on a connection, round robin; st->lock is held. */
 static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
 {
-    struct nbd_conn *c = &st->conns[st->next_conn++ % st->nconns];
+    struct nbd_conn *c = &st->conns[st->next_conn++ % st->nactive];
     r->st = st;
     if (c->tail)
         c->tail->next = r;
@@ -289,8 +307,10 @@ static int queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic
 {
     struct nbd_state *st = nbd_state_of(img);
     pthread_mutex_lock(&st->lock);
-    while (r->op == OP_WRITE && st->bytes_in_flight &&
-           st->bytes_in_flight + r->len > NBD_BYTES_IN_FLIGHT && !st->failed_errno)
+    while (((r->op == OP_WRITE && st->bytes_in_flight &&
+             st->bytes_in_flight + r->len > NBD_BYTES_IN_FLIGHT) ||
+            st->unwaited >= st->max_requests * st->nactive) &&
+           !st->failed_errno)
         pthread_cond_wait(&st->changed, &st->lock);
     if (st->failed_errno) {
         pthread_mutex_unlock(&st->lock);
@@ -405,6 +425,8 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     int writable = (img->open_flags & IC_OPEN_RDWR) != 0;
     if (writable && lib->is_read_only(h) == 1)
         return ic_error_os(err, EROFS, img->path, "the NBD export is read-only");
+    st->max_requests = 64;
+    st->multi_conn = lib->can_multi_conn(h) == 1;
     st->min_block = block_size(lib, h, NBD_SIZE_MINIMUM, 1);
     st->pref_block = block_size(lib, h, NBD_SIZE_PREFERRED, 4096);
     st->max_block = block_size(lib, h, NBD_SIZE_MAXIMUM, 32u << 20);
@@ -415,16 +437,38 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     st->can_flush = lib->can_flush(h) == 1;
     st->has_alloc = lib->can_meta_context(h, "base:allocation") == 1;
     st->has_depth = lib->can_meta_context(h, "qemu:allocation-depth") == 1;
-    /* more connections only where the server says they see each other's
-     * writes (multi-conn) */
-    unsigned want = lib->can_multi_conn(h) == 1 ? 4 : 1;
-    for (unsigned i = 1; i < want; i++) {
-        if (connect_one(img, &st->conns[i], err) < 0) {
-            st->nconns = i + 1; /* closed with the rest */
+    st->nactive = 1;
+    return 0;
+}
+
+/* A copy's connections and requests in flight.  More than one connection
+ * only where the server says they see each other's writes (multi-conn);
+ * the default then is 4. */
+static int nbd_tune(struct ic_image *img, unsigned connections, unsigned requests,
+                    struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    unsigned want = !st->multi_conn ? 1 : connections ? connections : 4;
+    if (want > NBD_MAX_CONNECTIONS)
+        want = NBD_MAX_CONNECTIONS;
+    pthread_mutex_lock(&st->lock);
+    unsigned have = st->nconns;
+    if (requests)
+        st->max_requests = requests;
+    pthread_mutex_unlock(&st->lock);
+    for (unsigned i = have; i < want; i++) {
+        /* connected outside the lock: requests keep going to the others */
+        int r = connect_one(img, &st->conns[i], err);
+        pthread_mutex_lock(&st->lock);
+        st->nconns = i + 1; /* closed with the rest, even half made */
+        pthread_mutex_unlock(&st->lock);
+        if (r < 0)
             return -1;
-        }
-        st->nconns = i + 1;
     }
+    pthread_mutex_lock(&st->lock);
+    st->nactive = want;
+    pthread_cond_broadcast(&st->changed); /* a writer may have room now */
+    pthread_mutex_unlock(&st->lock);
     return 0;
 }
 
@@ -666,4 +710,5 @@ const struct ic_driver ic_protocol_nbd = {
     .random_access_status = 1,
     .write_alignment = nbd_write_alignment,
     .zero_limit = nbd_zero_limit,
+    .tune = nbd_tune,
 };
