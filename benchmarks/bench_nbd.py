@@ -140,6 +140,8 @@ def tool_table(python: str) -> List[Tuple[str, str, List[str]]]:
         ("nbdcopy-4M", "nbdcopy 4M", ["nbdcopy", "--request-size=%d" % (4 * MiB), "SRC", "DST"]),
         ("imgcopy", "imgcopy", [python, "-m", "imgcopy", "convert", "-n", "-f", "raw", "-O", "raw",
                                 "SRC", "DST"]),
+        ("imgcopy-S64k", "imgcopy -S 64k", [python, "-m", "imgcopy", "convert", "-n", "-f", "raw",
+                                            "-O", "raw", "-S", "64k", "SRC", "DST"]),
     ]
 
 
@@ -261,7 +263,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ap.error("unknown tool %r" % t)
         tools = [t for t in tools if t[0] in want]
     if a.baseline:
-        tools.append((BASELINE, "imgcopy baseline", [a.baseline] + tool_table("")[-1][2][1:]))
+        plain = {k: t for k, _, t in tool_table("")}["imgcopy"]
+        tools.append((BASELINE, "imgcopy baseline", [a.baseline] + plain[1:]))
     for prog in ["nbdkit", "qemu-img"] + [t[2][0] for t in tools if is_anchor(t[0])]:
         if not shutil.which(prog):
             sys.exit("bench_nbd: %s not found (apt-get install -y nbdkit qemu-utils libnbd-bin)" % prog)
