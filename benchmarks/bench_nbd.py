@@ -278,6 +278,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # a plain `kill` unwinds too: servers stopped, the private copy removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
+    os.makedirs(corpus, exist_ok=True)
     if OS_IMAGE in images:
         build_corpus(python, corpus, scale, [OS_IMAGE])
     paths = {OS_IMAGE: os.path.join(corpus, OS_IMAGE)}

@@ -487,11 +487,21 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->opt = *opt;
     c->write_align = ic_image_write_alignment(dst);
     c->zero_limit = ic_image_zero_limit(dst);
+    /* requests and holes at least as long as the destination handles well
+     * (an NBD server's preferred block size), as the NBD spec asks */
+    uint64_t preferred = ic_image_preferred_size(dst);
+    if (preferred > IC_MAX_SPARSE_THRESHOLD)
+        preferred = IC_MAX_SPARSE_THRESHOLD;
+    if (c->opt.sparse_threshold && c->opt.sparse_threshold < preferred)
+        c->opt.sparse_threshold = preferred;
+    if (c->opt.request_size < preferred)
+        c->opt.request_size = preferred;
     if (c->write_align > 1) {
-        /* whole units only: a hole is a unit of zeros, nothing less */
+        /* whole units only: a hole is a unit of zeros, nothing less (as
+         * qemu-img aligns -S up to the destination's request alignment) */
         if (c->opt.request_size % c->write_align)
             c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
-        if (c->opt.sparse_threshold)
+        if (c->opt.sparse_threshold && c->opt.sparse_threshold < c->write_align)
             c->opt.sparse_threshold = c->write_align;
     }
     /* blocks tile the requests, so that none straddles two work items and

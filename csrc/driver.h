@@ -74,6 +74,9 @@ struct ic_driver {
     void (*unstage)(struct ic_image *img, struct ic_staged_write *w);
     /* Writes must cover whole units of this size. */
     uint64_t (*write_alignment)(const struct ic_image *img);
+    /* The smallest request the endpoint handles well (NBD's preferred
+     * block size); 0: no preference */
+    uint64_t (*preferred_size)(const struct ic_image *img);
     /* The longest zero request worth sending (default: IC_ZERO_LIMIT) */
     uint64_t (*zero_limit)(const struct ic_image *img);
     /* Write what is held in memory and mark the image complete (a format),

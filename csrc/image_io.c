@@ -237,6 +237,11 @@ int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
     return 0;
 }
 
+uint64_t ic_image_preferred_size(const struct ic_image *img)
+{
+    return img->drv->preferred_size ? img->drv->preferred_size(img) : 0;
+}
+
 uint64_t ic_image_zero_limit(const struct ic_image *img)
 {
     return img->drv->zero_limit ? img->drv->zero_limit(img) : IC_ZERO_LIMIT;

@@ -178,6 +178,9 @@ uint64_t ic_image_write_alignment(const struct ic_image *img);
  * remote destination says what its protocol carries. */
 #define IC_ZERO_LIMIT (1ull << 30)
 uint64_t ic_image_zero_limit(const struct ic_image *img);
+/* The smallest request the image handles well (0: no preference): a
+ * copy's requests and holes are at least this long. */
+uint64_t ic_image_preferred_size(const struct ic_image *img);
 /* How many connections and requests in flight a remote endpoint (the
  * image's protocol) uses; nothing for local files. */
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
@@ -272,6 +275,9 @@ void ic_request_log_free(struct ic_request_log *log);
 /* The requests recorded so far, sorted by offset; NULL when none were
  * recorded or memory ran out (*count says which: 0 or how many). */
 const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count);
+
+/* qemu-img's limit of -S too */
+#define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */

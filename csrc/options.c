@@ -7,8 +7,7 @@
 
 #include "driver.h"
 
-/* qemu-img's limit too */
-#define MAX_SPARSE_THRESHOLD (16u << 20)
+
 #define MAX_CONCURRENCY 1024u
 #define MIN_REQUEST_SIZE 4096u
 #define MAX_REQUEST_SIZE (1u << 30)
@@ -46,7 +45,7 @@ int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
     if (o->requests_in_flight > MAX_REQUESTS_IN_FLIGHT) /* 0: the default */
         return ic_error_value(err, "requests_in_flight must be between 1 and %u",
                               MAX_REQUESTS_IN_FLIGHT);
-    if (o->sparse_threshold % 512 || o->sparse_threshold > MAX_SPARSE_THRESHOLD)
+    if (o->sparse_threshold % 512 || o->sparse_threshold > IC_MAX_SPARSE_THRESHOLD)
         return ic_error_value(err, "sparse_threshold must be a multiple of 512 from 0 to "
                                    "16 MiB");
     return 0;

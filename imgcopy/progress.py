@@ -6,7 +6,6 @@ otherwise a plain text bar on stderr.  Bars made here close themselves when
 they reach ``total``; ``close_progress`` closes them early (on errors)."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from typing import IO, Any, Optional
@@ -112,6 +111,8 @@ class _TqdmBar:
 def _tqdm_class() -> Any:
     """tqdm.auto's class where it can draw (a notebook widget needs
     ipywidgets), else the text tqdm; None without tqdm."""
+    import importlib.util  # here: the command line starts faster without it
+
     if importlib.util.find_spec("tqdm") is None:
         return None
     if importlib.util.find_spec("ipywidgets") is not None:

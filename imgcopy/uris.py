@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from typing import Union
-from urllib.parse import parse_qs, unquote, urlsplit
 
 NBD_SCHEMES = ("nbd", "nbds", "nbd+unix", "nbds+unix", "nbd+vsock", "nbds+vsock")
 NBD_DEFAULT_PORT = 10809
@@ -23,6 +22,8 @@ def qemu_filename(name: str) -> str:
     other name as it is."""
     if not is_nbd_uri(name):
         return name
+    from urllib.parse import parse_qs, unquote, urlsplit  # only for URIs: start-up time
+
     uri = urlsplit(name)
     export = unquote(uri.path[1:] if uri.path.startswith("/") else uri.path)
     tail = "/" + export if export else ""

@@ -367,3 +367,20 @@ def test_no_multi_conn_means_one_connection_whatever_asked(source):
     with nbdkit("memory", str(SIZE), "multi-conn-mode=disable", filters=["multi-conn"]) as srv:
         imgcopy.convert(source, srv.uri, connections=8)
         assert len(srv.connections()) == 1
+
+
+def test_server_preferred_block_size_raises_threshold_and_requests(corpus_raw):
+    """A server that prefers 64 KiB requests gets holes and requests of at
+    least that: as many writes as qemu-img -S 64k sends, none shorter than
+    the preference except at the data's edges."""
+    src, size = corpus_raw
+    with nbdkit("memory", str(size), filters=["noextents"]) as srv:
+        qemu_img("convert", "-n", "-f", "raw", "-O", "raw", "-S", "64k", src, srv.uri)
+        qemu_writes = srv.count("Write")
+    with nbdkit("memory", str(size), "blocksize-preferred=64K", "blocksize-minimum=512",
+                "blocksize-maximum=4M", filters=["blocksize-policy", "noextents"]) as srv:
+        imgcopy.convert(src, srv.uri)  # -S 4k asked: raised to 64k
+        assert srv.connections()[0]["prefsize"] == 64 * KiB
+        assert_same_content(src, srv.uri, "raw", "raw")
+        writes = srv.count("Write")
+    assert writes <= qemu_writes, (writes, qemu_writes)

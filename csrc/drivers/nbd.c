@@ -682,6 +682,12 @@ static int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
     return ret;
 }
 
+static uint64_t nbd_preferred_size(const struct ic_image *img)
+{
+    const struct nbd_state *st = img->drv_state;
+    return st->pref_block > 4096 ? st->pref_block : 0; /* 4 KiB: imgcopy's own floor */
+}
+
 static uint64_t nbd_zero_limit(const struct ic_image *img)
 {
     const struct nbd_state *st = img->drv_state;
@@ -710,5 +716,6 @@ const struct ic_driver ic_protocol_nbd = {
     .random_access_status = 1,
     .write_alignment = nbd_write_alignment,
     .zero_limit = nbd_zero_limit,
+    .preferred_size = nbd_preferred_size,
     .tune = nbd_tune,
 };
