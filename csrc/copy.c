@@ -498,10 +498,13 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         c->opt.request_size = preferred;
     if (c->write_align > 1) {
         /* whole units only: a hole is a unit of zeros, nothing less (as
-         * qemu-img aligns -S up to the destination's request alignment) */
+         * qemu-img aligns -S up to the destination's request alignment); a
+         * format that writes whole clusters (compression) judges each
+         * cluster on its own, as qemu-img -c does */
         if (c->opt.request_size % c->write_align)
             c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
-        if (c->opt.sparse_threshold && c->opt.sparse_threshold < c->write_align)
+        if (c->opt.sparse_threshold &&
+            (c->opt.sparse_threshold < c->write_align || ic_image_places_in_order(dst)))
             c->opt.sparse_threshold = c->write_align;
     }
     /* blocks tile the requests, so that none straddles two work items and

@@ -212,50 +212,76 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                        force_share=force_share, _source=True)
     except ImageFormatError as exc:
         raise exc.renamed({"format": "src_format"})
-    with source:
-        if not is_null:
-            _check_not_read(source, dst_name)
-        if is_null:
-            core, fresh = _core.create(NULL_TARGET, "null", source.size)
-        elif create:
-            laid_out = create_options.create_keywords() if create_options else {}
-            core, fresh = _core.create(dst, dst_format, source.size,
-                                       direct=options.destination_direct,
-                                       writeback=options.flush, atomic=True, **laid_out)
-        else:
-            core = _core.Image(dst, dst_format, writable=True,
-                               direct=options.destination_direct)
-            fresh = False
-            dst_size = core.size
-            if dst_size < source.size:
-                core.close()
-                raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
-                                 f"than the source ({source.size} bytes)")
-        # The copy's outcome decides what convert() reports: until the
-        # destination is committed (finish: a new file renamed into place,
-        # a qcow2 image marked complete) an error, the progress callback or
-        # Ctrl-C cancels it and convert() raises; once it is committed,
-        # convert() returns its result, and a Ctrl-C arriving in between is
-        # too late to change anything.
-        bar = None
-        t0 = time.monotonic()
-        try:
-            bar = make_progress(progress, source.size, os.path.basename(source.filename))
-            if options.target_is_zero is None:
-                options = replace(options, target_is_zero=fresh)
-            report = _core.copy(source._img, core, progress=_progress_adapter(bar),
-                                **options.engine_options(flush=options.flush and not is_null))
-            core.finish(sync=options.flush and not is_null)
-        except KeyboardInterrupt:
-            if not core.finished:
-                close_progress(bar, progress)
+    core: Optional[_core.Image] = None
+    report: Optional[CopyReport] = None
+    cache: Optional[CacheStats] = None
+    t0 = time.monotonic()
+    try:
+        with source:
+            if not is_null:
+                _check_not_read(source, dst_name)
+            if is_null:
+                core, fresh = _core.create(NULL_TARGET, "null", source.size)
+            elif create:
+                laid_out = create_options.create_keywords() if create_options else {}
+                core, fresh = _core.create(dst, dst_format, source.size,
+                                           direct=options.destination_direct,
+                                           writeback=options.flush, atomic=True, **laid_out)
+            else:
+                core = _core.Image(dst, dst_format, writable=True,
+                                   direct=options.destination_direct)
+                fresh = False
+                dst_size = core.size
+                if dst_size < source.size:
+                    core.close()
+                    raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
+                                     f"than the source ({source.size} bytes)")
+            # The copy's outcome decides what convert() reports: until the
+            # destination is committed (finish: a new file renamed into place,
+            # a qcow2 image marked complete) an error, the progress callback or
+            # Ctrl-C cancels it and convert() raises; once it is committed,
+            # convert() returns its result, and a Ctrl-C arriving in between is
+            # too late to change anything.
+            bar = None
+            t0 = time.monotonic()
+            try:
+                bar = make_progress(progress, source.size, os.path.basename(source.filename))
+                if options.target_is_zero is None:
+                    options = replace(options, target_is_zero=fresh)
+                report = _core.copy(source._img, core, progress=_progress_adapter(bar),
+                                    **options.engine_options(flush=options.flush and not is_null))
+                cache = source.cache_stats()
+                core.finish(sync=options.flush and not is_null)
+            except KeyboardInterrupt:
+                if not core.finished:
+                    close_progress(bar, progress)
+                    raise
+            except BaseException:
+                close_progress(bar, progress)  # a bar made here ends its line
                 raise
-        except BaseException:
-            close_progress(bar, progress)  # a bar made here ends its line
+            finally:
+                core.close()
+            assert report is not None and cache is not None  # a copy ran to its end
+            return _completed(report, time.monotonic() - t0, cache, options)
+    except KeyboardInterrupt:
+        # a Ctrl-C after the destination was committed (closing the images,
+        # returning) is too late: the copy happened, and convert() says so
+        if core is None or not core.finished or report is None or cache is None:
             raise
-        finally:
-            core.close()
-        return _completed(report, time.monotonic() - t0, source.cache_stats(), options)
+        _uninterrupted(core.close)
+        _uninterrupted(source.close)
+        return _completed(report, time.monotonic() - t0, cache, options)
+
+
+def _uninterrupted(step: Callable[[], Any]) -> None:
+    """Run an idempotent step (closing an image) to its end, whatever
+    Ctrl-C comes meanwhile."""
+    while True:
+        try:
+            step()
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _completed(report: CopyReport, elapsed: float, cache: CacheStats,

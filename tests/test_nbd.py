@@ -384,3 +384,21 @@ def test_server_preferred_block_size_raises_threshold_and_requests(corpus_raw):
         assert_same_content(src, srv.uri, "raw", "raw")
         writes = srv.count("Write")
     assert writes <= qemu_writes, (writes, qemu_writes)
+
+
+def test_tls_with_a_pre_shared_key(source, tmp_path):
+    """nbds+unix:// with tls-psk-file: the copy and the map go through TLS;
+    the same server refuses a plain connection."""
+    keys = tmp_path / "keys.psk"
+    keys.write_text("alice:%s\n" % os.urandom(32).hex())
+    with nbdkit("memory", str(SIZE), extra=["--tls=require", "--tls-psk=%s" % keys],
+                log=False) as srv:
+        uri = "nbds+unix://alice@/?socket=%s&tls-psk-file=%s" % (srv.socket, keys)
+        res = imgcopy.convert(source, uri)
+        check_result(res, SIZE)
+        assert imgcopy.info(uri).virtual_size == SIZE
+        out = str(tmp_path / "back.raw")
+        imgcopy.convert(uri, out)
+        assert_same_content(source, out, "raw", "raw")
+        with pytest.raises(OSError):
+            imgcopy.map(srv.uri)

@@ -384,6 +384,10 @@ static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error
     if (lib->add_meta_context(c->h, "base:allocation") < 0 ||
         lib->add_meta_context(c->h, "qemu:allocation-depth") < 0)
         return handle_error(img, lib, "nbd_add_meta_context", err);
+    /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
+     * may be read, as qemu-img and nbdcopy read them */
+    if (lib->set_uri_allow_local_file(c->h, 1) < 0)
+        return handle_error(img, lib, "nbd_set_uri_allow_local_file", err);
     if (lib->connect_uri(c->h, img->path) < 0)
         return handle_error(img, lib, "cannot connect", err);
     int e = pthread_create(&c->thread, NULL, conn_thread, c);

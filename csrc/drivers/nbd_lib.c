@@ -36,7 +36,7 @@ static void load(void)
     } symbols[] = {
 #define SYMBOL(name) {"nbd_" #name, (void **)&lib.name}
         SYMBOL(create), SYMBOL(close), SYMBOL(get_error), SYMBOL(get_errno),
-        SYMBOL(supports_uri), SYMBOL(add_meta_context), SYMBOL(connect_uri), SYMBOL(shutdown),
+        SYMBOL(supports_uri), SYMBOL(set_uri_allow_local_file), SYMBOL(add_meta_context), SYMBOL(connect_uri), SYMBOL(shutdown),
         SYMBOL(get_size), SYMBOL(is_read_only), SYMBOL(can_flush), SYMBOL(can_zero),
         SYMBOL(can_fast_zero), SYMBOL(can_multi_conn), SYMBOL(can_meta_context),
         SYMBOL(get_block_size), SYMBOL(aio_pread), SYMBOL(aio_pwrite), SYMBOL(aio_zero),

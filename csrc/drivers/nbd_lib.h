@@ -46,6 +46,7 @@ struct nbd_lib {
     const char *(*get_error)(void);
     int (*get_errno)(void);
     int (*supports_uri)(struct nbd_handle *h);
+    int (*set_uri_allow_local_file)(struct nbd_handle *h, _Bool allow);
     int (*add_meta_context)(struct nbd_handle *h, const char *name);
     int (*connect_uri)(struct nbd_handle *h, const char *uri);
     int (*shutdown)(struct nbd_handle *h, uint32_t flags);
