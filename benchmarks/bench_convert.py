@@ -486,6 +486,18 @@ def print_profile(tools, prof: Dict, image: str) -> None:
 # --------------------------------------------------------------------------
 # main
 
+def add_common_arguments(ap: argparse.ArgumentParser, known_images: List[str],
+                         quick_runs: int) -> None:
+    """--corpus, --scale, --runs, --quick and --only, as the benchmarks here take them."""
+    ap.add_argument("--corpus", help="corpus directory (default /tmp/imgcopy-corpus, "
+                    "/tmp/imgcopy-corpus-s<S> at other scales)")
+    ap.add_argument("--scale", type=float, help="corpus scale (default 1.0; --quick 0.0625)")
+    ap.add_argument("--runs", type=int, help="rounds (default 5; --quick %d)" % quick_runs)
+    ap.add_argument("--quick", action="store_true", help="scale 0.0625, %d runs" % quick_runs)
+    ap.add_argument("--only", default="",
+                    help="images, comma separated (default: %s)" % ",".join(known_images))
+
+
 def common_choices(ap: argparse.ArgumentParser, a: argparse.Namespace, known_images: List[str],
                    quick_runs: int) -> Tuple[float, int, str, List[str], str]:
     """--scale, --runs, --corpus, --only and --python as the benchmarks here
@@ -508,12 +520,7 @@ def common_choices(ap: argparse.ArgumentParser, a: argparse.Namespace, known_ima
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", help="corpus directory (default /tmp/imgcopy-corpus, "
-                    "/tmp/imgcopy-corpus-s<S> at other scales)")
-    ap.add_argument("--scale", type=float, help="corpus scale (default 1.0; --quick 0.0625)")
-    ap.add_argument("--runs", type=int, help="rounds per image and cache state (default 5; --quick 3)")
-    ap.add_argument("--quick", action="store_true", help="scale 0.0625, 3 runs")
-    ap.add_argument("--only", default="", help="images, comma separated (default: %s)" % ",".join(IMAGES))
+    add_common_arguments(ap, IMAGES, quick_runs=3)
     ap.add_argument("--tools", default="", help="tool keys, comma separated (default: all): "
                     + ",".join(k for k, _, _ in tool_table("python")))
     ap.add_argument("--cache", default="cold,warm", help="cold,warm (default both)")

@@ -68,9 +68,9 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_convert import (BASELINE, REPO, argv_for, build_corpus, common_choices,  # noqa: E402
-                           data_extents, fmt_ratio, fmt_s, human, imgcopy_core, is_anchor,
-                           is_imgcopy, log, med, pin_imgcopy, warm)
+from bench_convert import (BASELINE, REPO, add_common_arguments, argv_for, build_corpus,  # noqa: E402
+                           common_choices, data_extents, fmt_ratio, fmt_s, human, imgcopy_core,
+                           is_anchor, is_imgcopy, log, med, pin_imgcopy, warm)
 from make_corpus import BLK, ContentGen, align_down, split_total, write_layout  # noqa: E402
 from nbd_servers import NbdkitServer  # noqa: E402
 
@@ -234,13 +234,7 @@ def print_summary(results, tools) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", help="corpus directory (default /tmp/imgcopy-corpus, "
-                    "/tmp/imgcopy-corpus-s<S> at other scales)")
-    ap.add_argument("--scale", type=float, help="corpus scale (default 1.0; --quick 0.0625)")
-    ap.add_argument("--runs", type=int, help="rounds (default 5; --quick 2)")
-    ap.add_argument("--quick", action="store_true", help="scale 0.0625, 2 runs")
-    ap.add_argument("--only", default="",
-                    help="images, comma separated (default: %s)" % ",".join(IMAGES))
+    add_common_arguments(ap, IMAGES, quick_runs=2)
     ap.add_argument("--delays", default=",".join(map(str, DELAYS)),
                     help="milliseconds per write and zero request, comma separated (default 0,5)")
     ap.add_argument("--tools", default="", help="tool keys, comma separated (default: all): "
