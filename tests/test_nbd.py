@@ -402,3 +402,26 @@ def test_tls_with_a_pre_shared_key(source, tmp_path):
         assert_same_content(source, out, "raw", "raw")
         with pytest.raises(OSError):
             imgcopy.map(srv.uri)
+
+
+def test_server_that_serialises_requests(source):
+    """noparallel: the server handles one request at a time; requests in
+    flight queue on its side, the copy is whole."""
+    with nbdkit("memory", str(SIZE), "serialize=requests", filters=["noparallel"]) as srv:
+        res = imgcopy.convert(source, srv.uri)
+        check_result(res, SIZE)
+        assert_same_content(source, srv.uri, "raw", "raw")
+        assert srv.count("Write", ok=False) == 0
+
+
+def test_captive_nbdkit_runs_the_command_line(source, imgcopy_env, tmp_path):
+    """nbdkit --run: the server lives as long as the command it runs, which
+    gets the export's URI as $uri (how v2v pipelines chain them)."""
+    out = tmp_path / "out.raw"
+    command = "%s -m imgcopy convert -n %s \"$uri\" && %s -m imgcopy convert \"$uri\" %s" % (
+        sys.executable, source, sys.executable, out)
+    p = subprocess.run(["nbdkit", "-U", "-", "memory", str(SIZE), "--run", command],
+                       env=imgcopy_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert_same_content(source, str(out), "raw", "raw")
