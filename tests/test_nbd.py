@@ -425,3 +425,19 @@ def test_captive_nbdkit_runs_the_command_line(source, imgcopy_env, tmp_path):
                        stderr=subprocess.PIPE, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert_same_content(source, str(out), "raw", "raw")
+
+
+def test_server_minimum_block_size_obeyed(source, tmp_path):
+    """blocksize-policy refuses requests smaller than 4 KiB: probing's
+    512-byte reads and a read of a few bytes go as whole blocks; copies
+    both ways work."""
+    with nbdkit("memory", str(SIZE), "blocksize-minimum=4096", "blocksize-error-policy=error",
+                filters=["blocksize-policy"]) as srv:
+        imgcopy.convert(source, srv.uri)
+        assert imgcopy.map(srv.uri).to_json() == qemu_map(srv.uri).text
+        with imgcopy.open(srv.uri) as img:
+            assert img.read(MiB + 100, 10) == b"\x03" * 10
+        out = str(tmp_path / "back.raw")
+        imgcopy.convert(srv.uri, out)
+        assert_same_content(source, out, "raw", "raw")
+        assert all(r.ok and (r.count is None or r.count % 4096 == 0) for r in srv.requests())

@@ -492,8 +492,8 @@ static int nbd_create(struct ic_image *img, const char *path, int *fresh, struct
 
 /* ---- I/O ---------------------------------------------------------------- */
 
-static int nbd_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
-                     struct ic_error *err)
+static int read_aligned(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                        struct ic_error *err)
 {
     struct nbd_state *st = nbd_state_of(img);
     for (size_t done = 0; done < len;) {
@@ -506,6 +506,28 @@ static int nbd_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
         done += n;
     }
     return 0;
+}
+
+/* A read the server's minimum block size does not divide (probing reads
+ * 512 bytes) reads the whole blocks around it. */
+static int nbd_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                     struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    uint64_t unit = st->min_block;
+    if (unit <= 1 || (off % unit == 0 && len % unit == 0))
+        return read_aligned(img, buf, len, off, err);
+    uint64_t start = off / unit * unit, end = (off + len + unit - 1) / unit * unit;
+    if (end > img->size) /* an export's size should be whole blocks; if not, its tail */
+        end = img->size;
+    uint8_t *bounce = malloc((size_t)(end - start));
+    if (!bounce)
+        return ic_error_nomem(err);
+    int r = read_aligned(img, bounce, (size_t)(end - start), start, err);
+    if (r == 0)
+        memcpy(buf, bounce + (off - start), len);
+    free(bounce);
+    return r;
 }
 
 static int nbd_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
