@@ -190,6 +190,49 @@ static int backing_path(const struct ic_image *img, const char *name, char *out,
     return 0;
 }
 
+/* Whether a name an image holds stays inside the image's directory. */
+static int inside_directory(const char *name)
+{
+    if (name[0] == '/')
+        return 0;
+    for (const char *p = name; *p;) {
+        const char *end = strchr(p, '/');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.')
+            return 0;
+        p += n;
+        while (*p == '/')
+            p++;
+    }
+    return 1;
+}
+
+int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
+                              struct ic_error *err)
+{
+    char path[IC_ERROR_PATH_MAX];
+    if (!name[0])
+        return ic_error_format(err, img->path, "an extent file with an empty name");
+    if (!inside_directory(name) && !(img->open_flags & IC_OPEN_EXTERNAL_FILES))
+        return ic_error_format(err, img->path,
+                               "extent file '%s' is outside the image's directory (allow it "
+                               "with external_files=True)", name);
+    if (backing_path(img, name, path, sizeof path, err) < 0)
+        return -1;
+    if (ic_protocol_for(path) != &ic_protocol_file)
+        return ic_error_format(err, img->path, "extent file '%s' is not a file", name);
+    unsigned flags = img->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE_SHARE);
+    struct ic_image *p;
+    if (open_protocol(path, flags, &p, err) < 0)
+        return -1;
+    if (lock_protocol(p, NULL, flags, img->lock_perm & CR, img->lock_shared, err) < 0) {
+        ic_image_close(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
 /* Open what `img` names as its backing file, read-only, below it.  What an
  * image names is part of its (possibly hostile) content: an unusable
  * backing file is a format error of the overlay; I/O errors stay I/O. */

@@ -62,6 +62,15 @@ void ic_image_allocate(struct ic_image *file, uint64_t off, uint64_t len);
 uint64_t ic_image_allocated_bytes(struct ic_image *file);
 int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len);
 
+/* For format drivers whose guest data lives in several files (a vmdk's
+ * extents): open `name`, as the image's own file names it (relative to its
+ * directory), as a read-only protocol image locked as img->file is.  A
+ * name that leaves the image's directory (absolute, or with "..") is a
+ * format error unless the image was opened with IC_OPEN_EXTERNAL_FILES.
+ * The caller owns *out (ic_image_close). */
+int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
+                              struct ic_error *err);
+
 /* Internal to the image layer (image.c, image_io.c). */
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
                               uint64_t size);

@@ -53,6 +53,10 @@ enum {
     IC_OPEN_SOURCE = 1u << 5,
     /* Read an image others write, as qemu-img -U does (read-only) */
     IC_OPEN_FORCE_SHARE = 1u << 6,
+    /* Let an image's own content name files outside its directory (a vmdk
+     * descriptor's extents with absolute paths or ".."): off by default, as
+     * an untrusted image must not make imgcopy read arbitrary files */
+    IC_OPEN_EXTERNAL_FILES = 1u << 7,
 };
 
 struct ic_image;
