@@ -253,7 +253,7 @@ def test_hostile_case(case, tmp_path, zygote):
 
 
 def _regression_files():
-    d = os.path.join(FUZZ_DIR, "regressions")
+    d = os.path.join(FUZZ_DIR, "regressions", "qcow2")
     if not os.path.isdir(d):
         return []
     # hostile-* are test_hostile_case's; the rest are the fuzzer's finds
@@ -265,7 +265,7 @@ def test_fuzzer_regression(name, tmp_path, zygote):
     """Every input the fuzzer ever crashed on, through Python too."""
     if name == "(none)":
         pytest.skip("no fuzzer finds in tests/fuzz/regressions")
-    with open(os.path.join(FUZZ_DIR, "regressions", name), "rb") as f:
+    with open(os.path.join(FUZZ_DIR, "regressions", "qcow2", name), "rb") as f:
         data = f.read()[:262144]  # what the fuzzer ran (-max_len)
     path = harness_dir(str(tmp_path), data)
     stages, rss_mb, _ = run_worker(path, "qcow2", zygote, full_map=False)
@@ -273,7 +273,7 @@ def test_fuzzer_regression(name, tmp_path, zygote):
 
 
 def _seed_files():
-    d = os.path.join(FUZZ_DIR, "seeds")
+    d = os.path.join(FUZZ_DIR, "seeds", "qcow2")
     return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
 
@@ -281,7 +281,7 @@ def _seed_files():
 def test_seed(name, tmp_path, zygote):
     """The seeds are valid images: they open (or name the feature imgcopy
     refuses) and read, probed or not."""
-    with open(os.path.join(FUZZ_DIR, "seeds", name), "rb") as f:
+    with open(os.path.join(FUZZ_DIR, "seeds", "qcow2", name), "rb") as f:
         path = harness_dir(str(tmp_path), f.read())
     stages, rss_mb, _ = run_worker(path, "qcow2", zygote)
     check_outcome(stages, rss_mb, "any", name)
@@ -320,7 +320,7 @@ def test_zstd_image_is_named(tmp_path):
     104) must be read, not taken for 0."""
     import imgcopy
 
-    with open(os.path.join(FUZZ_DIR, "seeds", "v3-zstd.qcow2"), "rb") as f:
+    with open(os.path.join(FUZZ_DIR, "seeds", "qcow2", "v3-zstd.qcow2"), "rb") as f:
         data = f.read()
     assert data[104] == 1
     path = str(tmp_path / "zstd.qcow2")

@@ -12,7 +12,7 @@ import imgcopy
 from .oracles import qemu_img
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REGRESSIONS = os.path.join(HERE, "fuzz", "regressions")
+REGRESSIONS = os.path.join(HERE, "fuzz", "regressions", "qcow2")
 
 # imgcopy refuses what qemu reads, on purpose
 STRICTER = {

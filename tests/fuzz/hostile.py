@@ -604,7 +604,7 @@ def write_all(outdir: str) -> List[str]:
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "regressions")
+        os.path.dirname(os.path.abspath(__file__)), "regressions", "qcow2")
     paths = write_all(out)
     total = sum(os.path.getsize(p) for p in paths)
     print(f"{len(paths)} hostile inputs, {total} bytes in {out}")

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Regenerate the fuzzer's seed corpus (tests/fuzz/seeds/) with qemu-img and
+# Regenerate the fuzzer's seed corpus (tests/fuzz/seeds/qcow2/) with qemu-img and
 # qemu-io: small valid qcow2 images covering what the parser must handle.
 # Every seed stays below the fuzzer's -max_len (256 KiB); the directory
 # stays below 1 MiB.
@@ -10,7 +10,7 @@
 # "input.qcow2" (the input: a loop).
 set -eu
 HERE=$(cd "$(dirname "$0")" && pwd)
-OUT=${1:-$HERE/seeds}
+OUT=${1:-$HERE/seeds/qcow2}
 command -v qemu-img >/dev/null && command -v qemu-io >/dev/null || {
     echo "make_seeds.sh: needs qemu-img and qemu-io (Debian: qemu-utils)" >&2
     exit 1
