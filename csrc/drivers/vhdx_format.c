@@ -209,7 +209,7 @@ int vhdx_parse_regions(const uint8_t *t, const struct vhdx_header *h, uint64_t f
                                    (unsigned long long)off);
         if ((is_bat || is_meta) && (off < VHDX_HEADER_SECTION || off + len > file_size))
             return ic_error_format(err, path, "VHDX %s (%u bytes at %llu) lies outside the "
-                                   "file (%llu bytes)", what, len, (unsigned long long)off,
+                                   "file (%llu bytes) or in its header section", what, len, (unsigned long long)off,
                                    (unsigned long long)file_size);
         if (add_region(out, off, len, what, path, err) < 0)
             return -1;
