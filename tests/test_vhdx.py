@@ -393,3 +393,21 @@ def test_hostile(tmp_path, name):
     assert time.monotonic() - t0 < 10
     if expect == "error":
         assert failed is not None, name
+
+
+def test_huge_bat_is_refused_by_the_memory_budget(tmp_path):
+    """A 64 TiB disk in 1 MiB blocks needs a 512 MiB BAT: its region is
+    there (a sparse file) but the chain's metadata budget says no, before
+    anything is read."""
+    b, lay = hostile_vhdx.base()
+    hostile_vhdx.put(b, hostile_vhdx.item(lay, "disk_size"), "<Q", 64 << 40)
+    hostile_vhdx.put(b, hostile_vhdx.region_entry(lay, 0) + 16, "<QI", lay.bat, 0xFFF00000)
+    hostile_vhdx.fix_regions(b, lay)
+    img = str(tmp_path / "huge-bat.vhdx")
+    with open(img, "wb") as f:
+        f.write(b)
+        f.truncate(lay.bat + 0xFFF00000)
+    t0 = time.monotonic()
+    with pytest.raises(ImageFormatError, match="BATs need more than"):
+        imgcopy.open(img)
+    assert time.monotonic() - t0 < 5

@@ -2,6 +2,7 @@
  * of buffers (vhdx_format.h).  qemu's block/vhdx.c decides what a reader
  * accepts where the spec leaves room; where qemu trusts a field (offsets
  * inside the file, items inside their region) we check it. */
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -10,7 +11,7 @@
 /* ---- CRC-32C (Castagnoli, reflected 0x82f63b78), slicing by 4 -------- */
 
 static uint32_t crc_table[4][256];
-static int crc_ready;
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
 
 static void crc_init(void)
 {
@@ -23,17 +24,15 @@ static void crc_init(void)
     for (uint32_t i = 0; i < 256; i++)
         for (int t = 1; t < 4; t++)
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-    /* racing initialisers write the same values: harmless, but make the
-     * flag a release so no reader sees it before the tables */
-    __atomic_store_n(&crc_ready, 1, __ATOMIC_RELEASE);
 }
 
 /* qemu's crc32c(crc, ...) convention: no final inversion, the caller
  * starts from 0xffffffff; VHDX stores the result of that as is */
 uint32_t vhdx_crc32c(uint32_t crc, const void *vbuf, size_t len)
 {
-    if (!__atomic_load_n(&crc_ready, __ATOMIC_ACQUIRE))
-        crc_init();
+    /* opens may run in parallel threads */
+    if (pthread_once(&crc_once, crc_init) != 0)
+        crc_init(); /* it fails only for invalid arguments: never here */
     const uint8_t *p = vbuf;
     while (len >= 4) {
         crc ^= vhdx_le32(p);
