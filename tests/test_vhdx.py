@@ -311,8 +311,9 @@ def test_differencing_image(tmp_path, lss):
     rng = random.Random(lss + 1)
     blocks = spec_blocks(rng, 8, diff=True, lss=lss)
     child = str(tmp_path / "child.vhdx")
+    linkage = vx.data_write_guid(tmp_path / "parent.vhdx").upper()  # any case will do
     vx.write_vhdx(child, size, blocks, lss=lss,
-                  parent={"parent_linkage": "{83ab3a4e-1ca9-4b17-a41f-2dd1ec63f30b}",
+                  parent={"parent_linkage": linkage,
                           "relative_path": ".\\parent.vhdx",
                           "absolute_win32_path": "C:\\nowhere\\parent.vhdx"})
     expected = vx.guest_bytes(size, blocks, parent, lss=lss)
@@ -348,6 +349,27 @@ def test_differencing_parent_by_absolute_path(tmp_path):
     img = imgcopy.open(child)
     assert img.backing_chain[0][0] == str(tmp_path / "parent.vhdx")
     assert img.read(0, size) == vx.guest_bytes(size, blocks, parent)
+
+
+def test_differencing_wrong_parent_is_refused(tmp_path):
+    """The parent's data write GUID must be the locator's parent_linkage
+    (or parent_linkage2): another image of the same name is not it."""
+    size = 5 * MiB
+    parent = make_parent(tmp_path, size, seed=4)
+    blocks = {1: vx.Block(vx.FULLY_PRESENT, b"\x42" * 1000)}
+    child = str(tmp_path / "child.vhdx")
+    right = vx.data_write_guid(tmp_path / "parent.vhdx")
+    wrong = "{83ab3a4e-1ca9-4b17-a41f-2dd1ec63f30b}"
+    vx.write_vhdx(child, size, blocks, parent={"parent_linkage": wrong,
+                                                "parent_linkage2": right.strip("{}"),
+                                                "relative_path": "parent.vhdx"})
+    assert imgcopy.open(child).read(0, size) == vx.guest_bytes(size, blocks, parent)
+    vx.write_vhdx(child, size, blocks, parent={"parent_linkage": wrong,
+                                                "relative_path": "parent.vhdx"})
+    with pytest.raises(ImageFormatError, match="not the image this differencing image"):
+        imgcopy.map(child)
+    with pytest.raises(ImageFormatError, match="not the image this differencing image"):
+        imgcopy.convert(child, str(tmp_path / "out.raw"), dst_format="raw")
 
 
 def test_differencing_parent_not_found(tmp_path):

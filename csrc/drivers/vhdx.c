@@ -8,6 +8,7 @@
  * differencing disk) is data where its chunk's sector bitmap has a bit
  * set, the parent's elsewhere.  In a differencing disk an UNDEFINED block
  * has no content of its own either: the parent answers. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,9 @@ struct vhdx_state {
     struct vhdx_geometry g;
     struct vhdx_locator loc;
     uint64_t *bat;
+    /* the parent is the one named by the locator's parent_linkage: 0 not
+     * checked yet (the image layer opens it after us), 1 yes, -1 no */
+    atomic_int linkage;
 };
 
 static struct vhdx_state *state_of(struct ic_image *img)
@@ -292,6 +296,36 @@ static int vhdx_open(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+/* ---- the parent's identity ------------------------------------------------ */
+
+/* The spec's check that the parent is the image this one was made from:
+ * its data write GUID is the locator's parent_linkage (or
+ * parent_linkage2).  Done at the first read, when the parent is open. */
+static int check_linkage(struct ic_image *img, struct ic_error *err)
+{
+    struct vhdx_state *s = state_of(img);
+    int v = atomic_load(&s->linkage);
+    if (v == 0) {
+        v = 1;
+        struct ic_image *parent = img->backing;
+        if (s->loc.parent_linkage[0] && parent && parent->drv == &ic_format_vhdx) {
+            const uint8_t *g = state_of(parent)->h.data_write_guid;
+            if (!vhdx_guid_matches(s->loc.parent_linkage, g) &&
+                !(s->loc.parent_linkage2[0] && vhdx_guid_matches(s->loc.parent_linkage2, g)))
+                v = -1;
+        }
+        atomic_store(&s->linkage, v);
+    }
+    if (v > 0)
+        return 0;
+    char have[40];
+    vhdx_guid_text(state_of(img->backing)->h.data_write_guid, have);
+    return ic_error_format(err, img->path, "VHDX parent %s is not the image this differencing "
+                           "image was made from (its data write GUID %s is not the "
+                           "parent_linkage %s)", img->backing->path, have,
+                           s->loc.parent_linkage);
+}
+
 /* ---- blocks ------------------------------------------------------------------ */
 
 enum kind { K_BELOW, K_ZERO, K_DATA, K_PARTIAL };
@@ -385,6 +419,8 @@ static int vhdx_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
     struct vhdx_state *s = state_of(img);
     uint8_t *buf = vbuf;
     uint64_t bs = s->m.block_size;
+    if (s->m.has_parent && check_linkage(img, err) < 0)
+        return -1;
     while (len > 0) {
         uint64_t block = off / bs, in = off % bs, host;
         uint64_t n = bs - in < len ? bs - in : len;
@@ -469,6 +505,8 @@ static int vhdx_block_status(struct ic_image *img, uint64_t start, uint64_t end,
 {
     struct vhdx_state *s = state_of(img);
     uint64_t bs = s->m.block_size, extra = 0;
+    if (s->m.has_parent && check_linkage(img, err) < 0)
+        return -1;
     for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_BLOCKS);) {
         uint64_t block = pos / bs, host;
         uint64_t b = (block + 1) * bs < end ? (block + 1) * bs : end;

@@ -208,8 +208,8 @@ int vhdx_parse_regions(const uint8_t *t, const struct vhdx_header *h, uint64_t f
                                    (unsigned long long)off);
         if ((is_bat || is_meta) && (off < VHDX_HEADER_SECTION || off + len > file_size))
             return ic_error_format(err, path, "VHDX %s (%u bytes at %llu) lies outside the "
-                                   "file (%llu bytes) or in its header section", what, len, (unsigned long long)off,
-                                   (unsigned long long)file_size);
+                                   "file (%llu bytes) or in its header section", what, len,
+                                   (unsigned long long)off, (unsigned long long)file_size);
         if (add_region(out, off, len, what, path, err) < 0)
             return -1;
         if (is_bat || is_meta) {
@@ -382,6 +382,7 @@ int vhdx_parse_locator(const uint8_t *buf, size_t len, struct vhdx_locator *out,
         size_t cap;
     } keys[] = {
         {"parent_linkage", out->parent_linkage, sizeof out->parent_linkage},
+        {"parent_linkage2", out->parent_linkage2, sizeof out->parent_linkage2},
         {"relative_path", out->relative_path, sizeof out->relative_path},
         {"volume_path", out->volume_path, sizeof out->volume_path},
         {"absolute_win32_path", out->absolute_win32_path, sizeof out->absolute_win32_path},
@@ -410,6 +411,33 @@ int vhdx_parse_locator(const uint8_t *buf, size_t len, struct vhdx_locator *out,
     if (!out->relative_path[0] && !out->volume_path[0] && !out->absolute_win32_path[0])
         return ic_error_format(err, path, "VHDX parent locator names no parent path");
     return 0;
+}
+
+void vhdx_guid_text(const uint8_t g[16], char *out)
+{
+    snprintf(out, 39, "{%08x-%04x-%04x-%02x%02x-%02x%02x%02x%02x%02x%02x}", vhdx_le32(g),
+             vhdx_le16(g + 4), vhdx_le16(g + 6), g[8], g[9], g[10], g[11], g[12], g[13], g[14],
+             g[15]);
+}
+
+int vhdx_guid_matches(const char *text, const uint8_t g[16])
+{
+    char want[40];
+    vhdx_guid_text(g, want);
+    size_t n = strlen(text);
+    const char *w = want;
+    if (n == 36) /* without braces */
+        w++;
+    else if (n != 38)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = text[i];
+        if (c >= 'A' && c <= 'F')
+            c = (char)(c - 'A' + 'a');
+        if (c != w[i])
+            return 0;
+    }
+    return 1;
 }
 
 int vhdx_host_path(const char *win, char *out, size_t cap)

@@ -92,6 +92,7 @@ struct vhdx_meta {
 /* The keys of a VHDX parent locator imgcopy uses, as UTF-8 ("" absent). */
 struct vhdx_locator {
     char parent_linkage[80];
+    char parent_linkage2[80];
     char relative_path[VHDX_PATH_MAX];
     char volume_path[VHDX_PATH_MAX];
     char absolute_win32_path[VHDX_PATH_MAX];
@@ -141,6 +142,11 @@ int vhdx_parse_meta_values(const struct vhdx_item items[VHDX_ITEM_COUNT],
 /* A parent locator item of `len` bytes: a VHDX parent's, its keys unique. */
 int vhdx_parse_locator(const uint8_t *buf, size_t len, struct vhdx_locator *out,
                        const char *path, struct ic_error *err);
+/* A GUID as the locator spells it: "{xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx}"
+ * (out: at least 39 bytes). */
+void vhdx_guid_text(const uint8_t g[16], char *out);
+/* Whether `text` names the GUID `g` (braces optional, any case). */
+int vhdx_guid_matches(const char *text, const uint8_t g[16]);
 /* The BAT's shape for `m`; refused when it needs more than
  * `bat_region_len` bytes. */
 int vhdx_geometry(const struct vhdx_meta *m, uint64_t bat_region_len, struct vhdx_geometry *out,

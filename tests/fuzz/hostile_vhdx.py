@@ -84,8 +84,9 @@ def fix_header(b: bytearray, off: int) -> None:
 
 
 def fix_regions(b: bytearray, lay: vx.Layout) -> None:
+    table = vx.with_checksum(bytes(b[lay.region_table:lay.region_table + 64 * KiB]))
     for off in (lay.region_table, lay.region_table2):
-        b[off:off + 64 * KiB] = vx.with_checksum(bytes(b[lay.region_table:lay.region_table + 64 * KiB]))
+        b[off:off + 64 * KiB] = table
 
 
 def region_entry(lay: vx.Layout, i: int) -> int:

@@ -14,6 +14,7 @@ Tests check dynamic images from here against qemu-img (it reads those),
 then trust the same writer for the differencing ones.
 """
 
+import hashlib
 import struct
 import uuid
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ def with_checksum(buf: bytes, off: int = 4) -> bytes:
     b[off:off + 4] = b"\0\0\0\0"
     b[off:off + 4] = struct.pack("<I", crc32c(bytes(b)))
     return bytes(b)
+
+
+def seeded_guid(*labels) -> bytes:
+    """A GUID derived from `labels`: the same image every run."""
+    return hashlib.sha256(repr(labels).encode()).digest()[:16]
 
 
 def guid(s: str) -> bytes:
@@ -96,16 +102,19 @@ class Layout:
     bat_length: int = 1 * MiB
     bat_entries: int = 0
     chunk_ratio: int = 0
-    items: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # name -> (offset in region, length)
+    # metadata item name -> (offset in the region, length)
+    items: Dict[str, Tuple[int, int]] = field(default_factory=dict)
     blocks: Dict[int, int] = field(default_factory=dict)   # payload block -> file offset
     bitmaps: Dict[int, int] = field(default_factory=dict)  # chunk -> file offset
     file_size: int = 0
 
 
 def header(seq: int, log_guid: bytes = b"\0" * 16, log_offset: int = MiB,
-           log_length: int = MiB, version: int = 1, log_version: int = 0) -> bytes:
-    h = struct.pack("<4sIQ16s16s16sHHIQ", b"head", 0, seq, uuid.uuid4().bytes,
-                    uuid.uuid4().bytes, log_guid, log_version, version, log_length, log_offset)
+           log_length: int = MiB, version: int = 1, log_version: int = 0,
+           seed: object = 0) -> bytes:
+    h = struct.pack("<4sIQ16s16s16sHHIQ", b"head", 0, seq, seeded_guid(seed, "file", seq),
+                    seeded_guid(seed, "data"), log_guid, log_version, version, log_length,
+                    log_offset)
     return with_checksum(h + b"\0" * (4096 - len(h)))
 
 
@@ -133,10 +142,10 @@ def locator(entries: Dict[str, str], type_guid: bytes = PARENT_VHDX) -> bytes:
 
 
 def metadata_region(disk_size: int, block_size: int, lss: int, pss: int, flags: int,
-                    parent: Optional[bytes], layout: Layout) -> bytes:
+                    parent: Optional[bytes], layout: Layout, seed: object = 0) -> bytes:
     items = [(FILE_PARAMS, struct.pack("<II", block_size, flags), 4, "params"),
              (DISK_SIZE, struct.pack("<Q", disk_size), 6, "disk_size"),
-             (PAGE83, uuid.uuid4().bytes, 6, "page83"),
+             (PAGE83, seeded_guid(seed, "page83"), 6, "page83"),
              (LOGICAL_SECTOR, struct.pack("<I", lss), 6, "logical_sector"),
              (PHYSICAL_SECTOR, struct.pack("<I", pss), 6, "physical_sector")]
     if parent is not None:
@@ -154,9 +163,11 @@ def metadata_region(disk_size: int, block_size: int, lss: int, pss: int, flags: 
 
 def write_vhdx(path, disk_size: int, blocks: Dict[int, Block], *, block_size: int = MiB,
                lss: int = 512, pss: int = 4096, parent: Optional[Dict[str, str]] = None,
-               leave_allocated: bool = False, log_guid: bytes = b"\0" * 16) -> Layout:
+               leave_allocated: bool = False, log_guid: bytes = b"\0" * 16,
+               seed: object = 0) -> Layout:
     """A VHDX image; blocks not in `blocks` are NOT_PRESENT.  With
-    `parent` (locator keys), a differencing image."""
+    `parent` (locator keys), a differencing image.  Its GUIDs come from
+    `seed`."""
     lay = Layout()
     chunk = (1 << 23) * lss // block_size
     nblocks = -(-disk_size // block_size)
@@ -168,7 +179,7 @@ def write_vhdx(path, disk_size: int, blocks: Dict[int, Block], *, block_size: in
     lay.bat_length = max(MiB, -(-entries * 8 // MiB) * MiB)
     flags = (1 if leave_allocated else 0) | (2 if parent is not None else 0)
     loc = locator(parent) if parent is not None else None
-    meta = metadata_region(disk_size, block_size, lss, pss, flags, loc, lay)
+    meta = metadata_region(disk_size, block_size, lss, pss, flags, loc, lay, seed)
     bat = [0] * entries
     body: List[Tuple[int, bytes]] = []
     pos = lay.bat + lay.bat_length
@@ -200,8 +211,9 @@ def write_vhdx(path, disk_size: int, blocks: Dict[int, Block], *, block_size: in
                             (METADATA_GUID, lay.metadata, lay.metadata_length, 1)])
     with open(path, "wb") as f:
         f.truncate(lay.file_size)
-        for off, data in [(0, ident), (lay.header1, header(1, log_guid)),
-                          (lay.header2, header(2, log_guid)), (lay.region_table, regions),
+        for off, data in [(0, ident), (lay.header1, header(1, log_guid, seed=seed)),
+                          (lay.header2, header(2, log_guid, seed=seed)),
+                          (lay.region_table, regions),
                           (lay.region_table2, regions), (lay.metadata, meta),
                           (lay.bat, struct.pack("<%dQ" % entries, *bat))] + body:
             f.seek(off)
@@ -230,3 +242,18 @@ def guest_bytes(disk_size: int, blocks: Dict[int, Block], parent: Optional[bytes
                 if a < end:
                     out[a:min(a + lss, end)] = data[s * lss:s * lss + min(lss, end - a)]
     return bytes(out)
+
+
+def data_write_guid(path) -> str:
+    """The active header's data write GUID, as a parent locator's
+    parent_linkage spells it ("{...}")."""
+    with open(path, "rb") as f:
+        best = None
+        for off in (64 * KiB, 128 * KiB):
+            f.seek(off)
+            h = f.read(4096)
+            seq = struct.unpack_from("<Q", h, 8)[0]
+            if h[:4] == b"head" and (best is None or seq > best[0]):
+                best = (seq, h[32:48])
+    assert best is not None, path
+    return "{%s}" % uuid.UUID(bytes_le=best[1])
