@@ -29,7 +29,7 @@ try:
     from ..gen import vhdx_images as vx
 except ImportError:  # run as a script
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from tests.gen import vhdx_images as vx  # type: ignore
+    from tests.gen import vhdx_images as vx
 
 MiB, KiB = vx.MiB, vx.KiB
 PAGE = 512
