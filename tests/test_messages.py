@@ -75,8 +75,8 @@ def test_dirty_image_hint_python_and_cli(tmp_path):
 
 
 def test_unsupported_source_names_src_format(tmp_path):
-    src = str(tmp_path / "disk.vhdx")
-    qemu_img("create", "-f", "vhdx", src, str(MiB))
+    src = str(tmp_path / "disk.qed")
+    qemu_img("create", "-f", "qed", src, str(MiB))
     with pytest.raises(imgcopy.ImageFormatError) as info:
         imgcopy.convert(src, str(tmp_path / "out.raw"))
     assert 'src_format="raw"' in str(info.value)
@@ -86,17 +86,17 @@ def test_unsupported_source_names_src_format(tmp_path):
 
 def test_unsupported_backing_file_has_no_hint(tmp_path):
     """The overlay names the backing file's format: no caller option helps."""
-    base = str(tmp_path / "base.vhdx")
-    qemu_img("create", "-f", "vhdx", base, str(MiB))
+    base = str(tmp_path / "base.qed")
+    qemu_img("create", "-f", "qed", base, str(MiB))
     top = str(tmp_path / "top.qcow2")
-    qemu_img("create", "-f", "qcow2", "-u", "-b", "base.vhdx", "-F", "raw", top, str(MiB))
+    qemu_img("create", "-f", "qcow2", "-u", "-b", "base.qed", "-F", "raw", top, str(MiB))
     with open(top, "r+b") as f:  # hide the backing format: the backing file is probed
         data = f.read(65536)
         f.seek(data.index(b"\xe2\x79\x2a\xca"))  # its extension becomes an unknown one
         f.write(b"\x12\x34\x56\x78")
     with pytest.raises(imgcopy.ImageFormatError) as info:
         imgcopy.open(top)
-    assert "vhdx" in str(info.value) and "format=" not in str(info.value), str(info.value)
+    assert "qed" in str(info.value) and "format=" not in str(info.value), str(info.value)
 
 
 def test_unknown_convert_flag_prints_convert_usage():
