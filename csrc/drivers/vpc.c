@@ -43,16 +43,37 @@ static uint32_t be32(const uint8_t *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
+/* qemu sees the file in whole sectors: its length rounded up, the bytes
+ * past the end reading as zeros.  Every check and read below uses that
+ * view, so a VHD whose last sector is cut short opens as in qemu. */
+static uint64_t sectors_length(struct vpc_state *s)
+{
+    uint64_t fsize = ic_image_size(s->file);
+    return fsize / VPC_SECTOR * VPC_SECTOR + (fsize % VPC_SECTOR ? VPC_SECTOR : 0);
+}
+
+static int read_file(struct vpc_state *s, void *vbuf, size_t len, uint64_t off,
+                     struct ic_error *err)
+{
+    uint8_t *buf = vbuf;
+    uint64_t fsize = ic_image_size(s->file);
+    size_t n = off >= fsize ? 0 : (fsize - off < len ? (size_t)(fsize - off) : len);
+    if (n && ic_image_pread(s->file, buf, n, off, err) < 0)
+        return -1;
+    memset(buf + n, 0, len - n);
+    return 0;
+}
+
 /* Where the footer is: a copy at 0 means a dynamic disk (qemu never looks
  * at the end of the file then), else a fixed disk's footer ends the file. */
 static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
 {
-    uint64_t fsize = ic_image_size(s->file);
+    uint64_t fsize = sectors_length(s);
     uint8_t f[VPC_FOOTER_SIZE];
     if (fsize < VPC_FOOTER_SIZE)
         return ic_error_format(err, img->path, "file too small for a VHD footer "
                                "(%llu bytes)", (unsigned long long)fsize);
-    if (ic_image_pread(s->file, f, sizeof f, 0, err) < 0)
+    if (read_file(s, f, sizeof f, 0, err) < 0)
         return -1;
     if (vpc_footer_magic(f)) {
         if (vpc_parse_footer(f, &s->footer, img->path, err) < 0)
@@ -62,7 +83,7 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
                                    "(a fixed disk's footer ends the file)");
         return vpc_check_type(s->footer.type, img->path, err);
     }
-    if (ic_image_pread(s->file, f, sizeof f, fsize - VPC_FOOTER_SIZE, err) < 0)
+    if (read_file(s, f, sizeof f, fsize - VPC_FOOTER_SIZE, err) < 0)
         return -1;
     if (!vpc_footer_magic(f))
         return ic_error_format(err, img->path, "invalid VPC image (no \"conectix\" footer at "
@@ -83,7 +104,7 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
 static int load_bat(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
 {
     const struct vpc_dyn_header *d = &s->dyn;
-    uint64_t fsize = ic_image_size(s->file);
+    uint64_t fsize = sectors_length(s);
     uint64_t entries = d->max_table_entries, bytes = entries * 4;
     if (d->table_offset > fsize || bytes > fsize - d->table_offset ||
         (d->table_offset + bytes + VPC_SECTOR - 1) / VPC_SECTOR * VPC_SECTOR > fsize)
@@ -104,7 +125,7 @@ static int load_bat(struct ic_image *img, struct vpc_state *s, struct ic_error *
     uint64_t block_span = (uint64_t)d->bitmap_size + d->block_size;
     for (uint64_t i = 0; i < entries;) {
         uint64_t n = entries - i < BAT_CHUNK ? entries - i : BAT_CHUNK;
-        if (ic_image_pread(s->file, chunk, (size_t)(n * 4), d->table_offset + i * 4, err) < 0) {
+        if (read_file(s, chunk, (size_t)(n * 4), d->table_offset + i * 4, err) < 0) {
             free(chunk);
             return -1;
         }
@@ -131,12 +152,12 @@ static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
     img->size = s->footer.size;
     if (s->footer.type == VPC_TYPE_FIXED)
         return 0;
-    uint64_t fsize = ic_image_size(s->file), off = s->footer.data_offset;
+    uint64_t fsize = sectors_length(s), off = s->footer.data_offset;
     if (off > fsize || fsize - off < VPC_DYN_HEADER_SIZE)
         return ic_error_format(err, img->path, "dynamic VHD header at offset %llu lies past "
                                "the end of the file", (unsigned long long)off);
     uint8_t h[VPC_DYN_HEADER_SIZE];
-    if (ic_image_pread(s->file, h, sizeof h, off, err) < 0 ||
+    if (read_file(s, h, sizeof h, off, err) < 0 ||
         vpc_parse_dyn_header(h, img->size, &s->dyn, img->path, err) < 0)
         return -1;
     return load_bat(img, s, err);
@@ -158,26 +179,15 @@ static int vpc_open(struct ic_image *img, struct ic_error *err)
 
 /* ---- reads ------------------------------------------------------------ */
 
-/* A fixed disk is its file; past the file's end (a footer claiming more
- * than the file holds) qemu reads zeros. */
-static int read_fixed(struct vpc_state *s, uint8_t *buf, size_t len, uint64_t off,
-                      struct ic_error *err)
-{
-    uint64_t fsize = ic_image_size(s->file);
-    size_t n = off >= fsize ? 0 : (fsize - off < len ? (size_t)(fsize - off) : len);
-    if (n && ic_image_pread(s->file, buf, n, off, err) < 0)
-        return -1;
-    memset(buf + n, 0, len - n);
-    return 0;
-}
-
 static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
                      struct ic_error *err)
 {
     struct vpc_state *s = state_of(img);
     uint8_t *buf = vbuf;
+    /* a fixed disk is its file, zeros past its end (a footer claiming more
+     * than the file holds) */
     if (s->footer.type == VPC_TYPE_FIXED)
-        return read_fixed(s, buf, len, off, err);
+        return read_file(s, buf, len, off, err);
     uint64_t bs = s->dyn.block_size;
     while (len > 0) {
         uint64_t block = off / bs, in = off % bs;
@@ -185,8 +195,8 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
         uint32_t e = block < s->nblocks ? s->bat[block] : VPC_BAT_UNALLOCATED;
         if (e == VPC_BAT_UNALLOCATED)
             memset(buf, 0, n);
-        else if (ic_image_pread(s->file, buf, n,
-                                (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in, err) < 0)
+        else if (read_file(s, buf, n, (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in,
+                           err) < 0)
             return -1;
         buf += n;
         off += n;

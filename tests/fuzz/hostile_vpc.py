@@ -145,6 +145,14 @@ CASES: Dict[str, Case] = {
             disk_type=v.FIXED, current_size=1 << 20), "any", True),
     # the file is its footer, so it starts with "conectix": a dynamic disk's
     # footer copy, without a dynamic header
+    # qemu sees the file in whole sectors, zeros past its end: a last block
+    # cut inside its last sector still opens, a BAT in a cut sector too
+    "last-sector-cut": Case(lambda: base()[:-512 - 100], "any", True),
+    "bat-in-cut-sector": Case(
+        lambda: v.patch(v.dynamic(512, {}, block_size=512)[:1536 + 2], 1536, "H", 0),
+        "any", True),
+    # ... and a fixed footer that does not end a whole sector is not found
+    "fixed-footer-unaligned": Case(lambda: v.fixed(b"\x12" * 1000, 1000), "error", False),
     "fixed-size-zero": Case(lambda: v.fixed(b"", 0), "error", False),
 }
 
