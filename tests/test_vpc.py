@@ -305,3 +305,18 @@ def test_hostile_read_as_qemu(hostile_dir, name, tmp_path):
     assert_info_as_qemu(path)
     assert_map_as_qemu(path)
     assert_converts_as_qemu(path, str(tmp_path))
+
+
+# --------------------------------------------------------------------------
+# the fuzzer's seeds: valid images, read as qemu reads them
+
+SEEDS = os.path.join(HERE, "fuzz", "seeds", "vpc")
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(SEEDS)) if os.path.isdir(SEEDS) else [])
+def test_fuzz_seed_read_as_qemu(name, tmp_path):
+    require_qemu()
+    path = os.path.join(SEEDS, name)
+    assert_info_as_qemu(path)
+    assert_map_as_qemu(path)
+    assert_converts_as_qemu(path, str(tmp_path))
