@@ -152,8 +152,9 @@ static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
     img->size = s->footer.size;
     if (s->footer.type == VPC_TYPE_FIXED)
         return 0;
-    uint64_t fsize = sectors_length(s), off = s->footer.data_offset;
-    if (off > fsize || fsize - off < VPC_DYN_HEADER_SIZE)
+    /* a header cut by the end of the file reads as zeros there */
+    uint64_t off = s->footer.data_offset;
+    if (off >= sectors_length(s))
         return ic_error_format(err, img->path, "dynamic VHD header at offset %llu lies past "
                                "the end of the file", (unsigned long long)off);
     uint8_t h[VPC_DYN_HEADER_SIZE];

@@ -57,6 +57,15 @@ def bat_entry(i: int, value: int) -> Callable[[], bytearray]:
     return lambda: v.patch(base(), BAT + 4 * i, "I", value)
 
 
+def header_cut() -> bytearray:
+    """A 1024-byte disk of 512-byte blocks whose file ends halfway through
+    the dynamic header, the BAT (unallocated) kept in its parent name field."""
+    ft = v.footer(disk_type=v.DYNAMIC, current_size=1024, data_offset=HDR)
+    h = bytearray(v.dyn_header(table_offset=HDR + 64, entries=2, block_size=512))
+    h[64:72] = b"\xff" * 8
+    return bytearray(ft) + h[:512]
+
+
 class Case(NamedTuple):
     make: Callable[[], bytearray]
     expect: str          # "error" or "any"
@@ -80,6 +89,9 @@ CASES: Dict[str, Case] = {
     "header-offset-max": Case(lambda: footers(base(), "Q", 16, 2**64 - 1), "error", False),
     "header-straddles-eof": Case(
         lambda: (lambda b: footers(b, "Q", 16, len(b) - 600))(base()), "error", False),
+    # a header cut inside its last sector: what it holds is enough
+    "header-cut": Case(
+        lambda: header_cut(), "any", True),
     "block-size-0": Case(lambda: v.patch(base(), HDR + 32, "I", 0), "error", False),
     "block-size-256": Case(lambda: v.patch(base(), HDR + 32, "I", 256), "error", False),
     "block-size-3000": Case(lambda: v.patch(base(), HDR + 32, "I", 3000), "error", False),
