@@ -145,7 +145,7 @@ CASES: Dict[str, Case] = {
     "type-5": Case(lambda: v.dynamic(SIZE, {0: b"\x01"}, block_size=BS, disk_type=5), "error",
                    True),
     "fixed-footer-at-0": Case(
-        lambda: v.footer(disk_type=v.FIXED, current_size=4096) + bytearray(4096), "error",
+        lambda: bytearray(v.footer(disk_type=v.FIXED, current_size=4096)) + bytes(4096), "error",
         False),
     "fixed-end-footer-dynamic": Case(
         lambda: v.reseal_footer(v.patch(base_fixed(), 8192 + 60, "I", 3), 8192), "error",

@@ -11,7 +11,7 @@ a reader must make of an image: the tests ask qemu-img.
 - :func:`checksum`, :func:`patch`: recomputing and overwriting fields.
 """
 import struct
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 SECTOR = 512
 UNALLOCATED = 0xFFFFFFFF
@@ -33,7 +33,7 @@ H_BLOCK_SIZE = 32
 H_CHECKSUM = 36
 
 
-def checksum(buf: bytes, at: int) -> int:
+def checksum(buf: Union[bytes, bytearray], at: int) -> int:
     """One's complement of the byte sum, the 4-byte field at `at` counted as zero."""
     return ~(sum(buf) - sum(buf[at:at + 4])) & 0xFFFFFFFF
 
