@@ -19,6 +19,7 @@ struct vpc_state {
     struct ic_image *file;
     struct vpc_footer footer;
     struct vpc_dyn_header dyn;
+    int dynamic_layout;     /* a footer copy at 0, a dynamic header */
     uint32_t *bat;          /* dynamic: the entries the virtual size uses */
     uint64_t nblocks;
 };
@@ -76,11 +77,9 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
     if (read_file(s, f, sizeof f, 0, err) < 0)
         return -1;
     if (vpc_footer_magic(f)) {
+        s->dynamic_layout = 1;
         if (vpc_parse_footer(f, &s->footer, img->path, err) < 0)
             return -1;
-        if (s->footer.type == VPC_TYPE_FIXED)
-            return ic_error_format(err, img->path, "fixed-disk VHD footer at offset 0 "
-                                   "(a fixed disk's footer ends the file)");
         return vpc_check_type(s->footer.type, img->path, err);
     }
     if (read_file(s, f, sizeof f, fsize - VPC_FOOTER_SIZE, err) < 0)
@@ -150,7 +149,7 @@ static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
     if (load_footer(img, s, err) < 0)
         return -1;
     img->size = s->footer.size;
-    if (s->footer.type == VPC_TYPE_FIXED)
+    if (!s->dynamic_layout)
         return 0;
     /* a header cut by the end of the file reads as zeros there */
     uint64_t off = s->footer.data_offset;
@@ -161,7 +160,17 @@ static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
     if (read_file(s, h, sizeof h, off, err) < 0 ||
         vpc_parse_dyn_header(h, img->size, &s->dyn, img->path, err) < 0)
         return -1;
-    return load_bat(img, s, err);
+    if (load_bat(img, s, err) < 0)
+        return -1;
+    /* A footer copy at 0 that says "fixed": qemu checks the dynamic
+     * structures, then reads the file as a fixed disk (from offset 0, the
+     * footer copy included) */
+    if (s->footer.type == VPC_TYPE_FIXED) {
+        free(s->bat);
+        s->bat = NULL;
+        s->nblocks = 0;
+    }
+    return 0;
 }
 
 static int vpc_open(struct ic_image *img, struct ic_error *err)

@@ -144,6 +144,9 @@ CASES: Dict[str, Case] = {
                    True),
     "type-5": Case(lambda: v.dynamic(SIZE, {0: b"\x01"}, block_size=BS, disk_type=5), "error",
                    True),
+    # a footer copy at 0 saying "fixed": qemu checks the dynamic header
+    # and BAT, then reads the file as a fixed disk, from offset 0
+    "fixed-type-dynamic-layout": Case(lambda: footers(base(), "I", 60, v.FIXED), "any", True),
     "fixed-footer-at-0": Case(
         lambda: bytearray(v.footer(disk_type=v.FIXED, current_size=4096)) + bytes(4096), "error",
         False),
