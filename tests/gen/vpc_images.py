@@ -117,3 +117,43 @@ def reseal_footer(img: bytearray, at: int) -> bytearray:
     f = img[at:at + SECTOR]
     struct.pack_into(">I", img, at + F_CHECKSUM, checksum(f, F_CHECKSUM))
     return img
+
+
+_VALUES = [0, 1, 2, 3, 4, 5, 511, 512, 513, 1024, 4096, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFE,
+           0xFFFFFFFF]
+_APPS = [b"vpc ", b"qemu", b"qem2", b"win ", b"d2v ", b"tap\0", b"CTXS", b"xxxx"]
+
+
+def mutate(img: bytes, rng) -> bytearray:
+    """img with one to three of: a field of the footer copy at 0 or of the
+    last footer changed (and the footer resealed), a field of a dynamic
+    header at 512 changed, a BAT entry at 1536 changed, the file cut, a
+    byte changed.  Seeded by `rng` (random.Random)."""
+    b = bytearray(img)
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.randrange(6)
+        if kind in (0, 4) and len(b) >= SECTOR:
+            at = 0 if kind == 0 else len(b) - SECTOR
+            field = rng.choice([F_DATA_OFFSET + 4, F_CREATOR_APP, F_CURRENT_SIZE + 4,
+                                F_GEOMETRY, F_GEOMETRY + 2, F_TYPE])
+            if field == F_CREATOR_APP:
+                b[at + field:at + field + 4] = rng.choice(_APPS)
+            elif field == F_GEOMETRY:
+                struct.pack_into(">H", b, at + field, rng.choice([0, 1, 65535, rng.randrange(65536)]))
+            elif field == F_GEOMETRY + 2:
+                struct.pack_into(">BB", b, at + field, rng.randrange(256), rng.randrange(256))
+            else:
+                struct.pack_into(">I", b, at + field, rng.choice(_VALUES + [rng.randrange(1 << 32)]))
+            reseal_footer(b, at)
+        elif kind == 1 and len(b) >= 1024:
+            field = rng.choice([H_TABLE_OFFSET, H_TABLE_OFFSET + 4, H_MAX_ENTRIES, H_BLOCK_SIZE])
+            struct.pack_into(">I", b, 512 + field, rng.choice(_VALUES + [rng.randrange(1 << 32)]))
+        elif kind == 2 and len(b) > 1536 + 4:
+            i = rng.randrange(min(64, (len(b) - 1536) // 4))
+            struct.pack_into(">I", b, 1536 + 4 * i,
+                             rng.choice(_VALUES + [rng.randrange(len(b) // SECTOR + 2)]))
+        elif kind == 3:
+            del b[rng.randrange(1, len(b) + 1):]
+        elif b:
+            b[rng.randrange(len(b))] = rng.randrange(256)
+    return b
