@@ -3,7 +3,8 @@
  * block allocation table of sector numbers, blocks of a sector bitmap and
  * data).  Like qemu 7.2, reads ignore the bitmaps: an allocated block is
  * data as a whole, an unallocated one reads as zeros.  Differencing disks
- * are refused (qemu would read them without their parent). */
+ * and types the specification does not define are refused (qemu would
+ * read them as dynamic disks, a differencing one without its parent). */
 #include <stdlib.h>
 #include <string.h>
 

@@ -47,10 +47,10 @@ int vpc_footer_magic(const uint8_t *f);
  * (at `skip`, 4 bytes) */
 uint32_t vpc_checksum(const uint8_t *p, size_t len, size_t skip);
 
-/* The footer at `where` ("offset 0", "the end of the file"): magic,
- * checksum, the virtual size as qemu computes it (CHS geometry or
- * current_size by the creator application), the 2040 GiB limit.  The disk
- * type is stored, not judged. */
+/* A footer (the copy at 0 or the one ending the file): magic, checksum,
+ * the virtual size as qemu computes it (CHS geometry or current_size by
+ * the creator application), the 2040 GiB limit.  The disk type is stored,
+ * not judged. */
 int vpc_parse_footer(const uint8_t *f, struct vpc_footer *out, const char *path,
                      struct ic_error *err);
 /* The disk types imgcopy reads (fixed, dynamic); the others are refused by
