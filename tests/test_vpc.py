@@ -364,3 +364,19 @@ def test_mutants_as_qemu(seed, tmp_path):
             assert_map_as_qemu(path)
             assert_converts_as_qemu(path, str(tmp_path))
     assert opened > 0
+
+
+def test_bat_beyond_memory_budget(tmp_path):
+    """A BAT of 280 MiB (a hole in a sparse file: every entry reads as
+    block 0, which lies inside the file) is more than a chain's metadata
+    budget: refused before it is read, where qemu would allocate it."""
+    entries, bs = 70 << 20, 512
+    size = entries * bs
+    bat_end = 1536 + entries * 4
+    path = str(tmp_path / "big-bat.vhd")
+    ft = v.footer(disk_type=v.DYNAMIC, current_size=size, data_offset=512)
+    with open(path, "wb") as f:
+        f.write(ft + v.dyn_header(table_offset=1536, entries=entries, block_size=bs))
+        f.truncate(bat_end)
+    with pytest.raises(imgcopy.ImageFormatError, match="memory"):
+        imgcopy.open(path, format="vpc")
