@@ -127,5 +127,6 @@ extern const struct ic_driver ic_protocol_null;
 extern const struct ic_driver ic_protocol_nbd;
 extern const struct ic_driver ic_format_qcow2;
 extern const struct ic_driver ic_format_vhdx;
+extern const struct ic_driver ic_format_vpc;
 
 #endif

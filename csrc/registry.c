@@ -8,6 +8,7 @@
 static const struct ic_driver *const formats[] = {
     &ic_format_qcow2,
     &ic_format_vhdx,
+    &ic_format_vpc,
 };
 
 /* by what a path looks like (the whole path, or a URI's scheme: a
