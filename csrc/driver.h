@@ -126,5 +126,7 @@ extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;
 extern const struct ic_driver ic_protocol_nbd;
 extern const struct ic_driver ic_format_qcow2;
+/* chosen by a member name, never by a path (ic_image_open_member) */
+extern const struct ic_driver ic_protocol_tar_member;
 
 #endif
