@@ -442,6 +442,6 @@ def test_not_an_archive(tmp_path):
 
 def test_python_keywords_typed():
     with pytest.raises(TypeError):
-        imgcopy.open("x.tar", member=3)  # type: ignore[arg-type]
+        imgcopy.open("x.tar", member=3)
     assert sys.modules["imgcopy"].convert.__kwdefaults__["src_member"] is None
     assert imgcopy.plan.__kwdefaults__["src_external_files"] is False
