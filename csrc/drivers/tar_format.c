@@ -362,7 +362,7 @@ static int scan(struct scan *s, struct ic_tar_member *out, struct ic_error *err)
             return 0;
         } else {
             if (type != 'V' && type != '5')
-                note_seen(s, strip_dot_slash(name));
+                note_seen(s, strip_dot_slash(s->pax_sparse_name ? s->pax_sparse_name : name));
             reset_pending(s);
         }
         off = next;
