@@ -26,12 +26,14 @@ int ic_tar_member_attach(struct ic_image *img, struct ic_image *tar, const char 
                          struct ic_error *err)
 {
     struct ic_tar_member m;
-    struct member_state *s = NULL;
-    if (ic_tar_find(tar, member, &m, err) < 0 || !(s = calloc(1, sizeof *s))) {
-        if (s == NULL && err && err->kind == IC_ERR_NONE)
-            ic_error_nomem(err);
+    struct member_state *s;
+    if (ic_tar_find(tar, member, &m, err) < 0) {
         ic_image_close(tar);
         return -1;
+    }
+    if (!(s = calloc(1, sizeof *s))) {
+        ic_image_close(tar);
+        return ic_error_nomem(err);
     }
     s->tar = tar;
     s->offset = m.data_offset;
@@ -71,7 +73,11 @@ static int member_block_status(struct ic_image *img, uint64_t start, uint64_t en
     unsigned extra = 0;
     while (pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS)) {
         struct ic_extent e;
-        if (ic_image_block_status(s->tar, s->offset + pos, end - pos, &e, err) < 0)
+        uint64_t seeks = atomic_load(&s->tar->lseek_calls);
+        int r = ic_image_block_status(s->tar, s->offset + pos, end - pos, &e, err);
+        /* the archive's system calls are this image's, for its counters */
+        atomic_fetch_add(&img->lseek_calls, atomic_load(&s->tar->lseek_calls) - seeks);
+        if (r < 0)
             return -1;
         uint64_t len = e.length < end - pos ? e.length : end - pos;
         if (len == 0)
