@@ -75,7 +75,8 @@ class CopyPlan:
 
 
 def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional[str] = None,
-         src_external_files: bool = False, options: Optional[CopyOptions] = None, sparse_threshold: Optional[Size] = None,
+         src_external_files: bool = False, options: Optional[CopyOptions] = None,
+         sparse_threshold: Optional[Size] = None,
          request_size: Optional[Size] = None, concurrency: Optional[int] = None,
          target_is_zero: Optional[bool] = None) -> CopyPlan:
     """The requests ``convert(src, dst, options=options)`` makes into a new
