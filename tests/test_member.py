@@ -445,3 +445,19 @@ def test_python_keywords_typed():
         imgcopy.open("x.tar", member=3)
     assert sys.modules["imgcopy"].convert.__kwdefaults__["src_member"] is None
     assert imgcopy.plan.__kwdefaults__["src_external_files"] is False
+
+
+def test_external_files_keyword_travels(tmp_path):
+    """external_files reaches the core (a vmdk's extents use it; a raw file
+    is the same with or without it)."""
+    p = str(tmp_path / "plain.raw")
+    make_sparse(p, 1 * MiB + 5, [(4096, b"\x21" * 4096)])
+    m = imgcopy.map(p, external_files=True)
+    assert m.to_json() == imgcopy.map(p).to_json() == qemu_map(p).text
+    assert imgcopy.info(p, external_files=True).virtual_size == 1 * MiB + 5
+    with imgcopy.open(p, external_files=True) as img:
+        assert img.read(4096, 4) == b"\x21" * 4
+    dst = str(tmp_path / "o.raw")
+    r = imgcopy.convert(p, dst, src_external_files=True)
+    assert _common(imgcopy.plan(p, src_external_files=True).totals()) == _common(r.to_dict())
+    assert_same_content(dst, p)
