@@ -25,7 +25,11 @@ static void try_member(const char *member, const uint8_t *data, size_t size)
 {
     struct ic_image *img = NULL;
     struct ic_error err;
-    if (ic_image_open_member(fuzz_path(0), member, NULL, 0, &img, &err) < 0) {
+    const char *probed;
+    (void)ic_image_probe_member(fuzz_path(0), member, &probed, &err);
+    /* extent files outside the member's directory stay refused either way */
+    unsigned flags = (mix(data, size, 3) & 1) ? IC_OPEN_EXTERNAL_FILES : 0;
+    if (ic_image_open_member(fuzz_path(0), member, NULL, flags, &img, &err) < 0) {
         if (verbose)
             fprintf(stderr, "  open %s: %s\n", member, err.msg);
         return;
