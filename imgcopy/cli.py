@@ -54,7 +54,7 @@ def _build_parser() -> argparse.ArgumentParser:
         r.add_argument("--output", choices=("human", "json"), default="human")
         r.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                        help="read the image even if another process writes it")
-        _source_arguments(r, "the image")
+        _source_arguments(r, "the image", "FILENAME")
         r.add_argument("filename")
         r.set_defaults(func=func, parser=r)
         return r
@@ -81,7 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="read a qcow2 source marked dirty or corrupt")
     c.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                    help="read the source even if another process writes it")
-    _source_arguments(c, "the source")
+    _source_arguments(c, "the source", "SRC")
     c.add_argument("-c", dest="compress", action="store_true",
                    help="compress the qcow2 destination's clusters")
     c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
@@ -134,10 +134,10 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _source_arguments(p: argparse.ArgumentParser, what: str) -> None:
+def _source_arguments(p: argparse.ArgumentParser, what: str, where: str) -> None:
     """--member and --external-files: where the bytes of the image read come from."""
     p.add_argument("--member", default=None, metavar="NAME",
-                   help=f"{what} is member NAME of the tar archive FILENAME (an OVA's disk), "
+                   help=f"{what} is member NAME of the tar archive {where} (an OVA's disk), "
                         "read in place; its backing file is another member")
     p.add_argument("--external-files", dest="external_files", action="store_true",
                    help="a vmdk descriptor may name extent files outside its directory")
