@@ -18,9 +18,10 @@ struct ic_tar_member {
 };
 
 /* Find `member` (compared without leading "./") in the archive `tar`, a
- * protocol image.  A corrupt archive is a format error; a member that is
- * not there, or not a regular file, is a value error naming some of the
- * members there are. */
+ * protocol image: the first member of that name, as the archive is read
+ * as a stream and what follows it never matters.  A corrupt archive is a
+ * format error; a member that is not there, or not a regular file, is a
+ * value error naming some of the members there are. */
 int ic_tar_find(struct ic_image *tar, const char *member, struct ic_tar_member *out,
                 struct ic_error *err);
 
