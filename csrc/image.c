@@ -9,6 +9,7 @@
 #include "image.h"
 #include "lock.h"
 #include "probe.h"
+#include "drivers/tar.h"
 
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
                               uint64_t size)
@@ -32,6 +33,7 @@ void ic_image_free(struct ic_image *img)
 {
     ic_cache_destroy(img);
     free(img->path);
+    free(img->member);
     free(img);
 }
 
@@ -66,9 +68,37 @@ static int probe_protocol(struct ic_image *p, const char **format, struct ic_err
     return 0;
 }
 
-static int open_protocol(const char *path, unsigned flags, struct ic_image **out,
-                         struct ic_error *err)
+static int open_protocol(const char *path, const char *member, unsigned flags,
+                         struct ic_image **out, struct ic_error *err);
+
+/* A member of the tar archive at `path`: the archive opened by its own
+ * protocol, and the member's bytes in it. */
+static int open_member(const char *path, const char *member, unsigned flags,
+                       struct ic_image **out, struct ic_error *err)
 {
+    struct ic_image *tar, *p;
+    if (open_protocol(path, NULL, flags, &tar, err) < 0)
+        return -1;
+    if (!(p = ic_image_new(path, &ic_protocol_tar_member, flags, 0)) ||
+        !(p->member = strdup(member))) {
+        if (p)
+            ic_image_free(p);
+        ic_image_close(tar);
+        return ic_error_nomem(err);
+    }
+    if (ic_tar_member_attach(p, tar, member, err) < 0) {
+        ic_image_close(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
+static int open_protocol(const char *path, const char *member, unsigned flags,
+                         struct ic_image **out, struct ic_error *err)
+{
+    if (member)
+        return open_member(path, member, flags, out, err);
     const struct ic_driver *proto = ic_protocol_for(path);
     if (!proto->open_protocol)
         return ic_error_value(err, "%s can only be a destination", path);
@@ -85,8 +115,14 @@ static int open_protocol(const char *path, unsigned flags, struct ic_image **out
 
 int ic_image_probe(const char *path, const char **format, struct ic_error *err)
 {
+    return ic_image_probe_member(path, NULL, format, err);
+}
+
+int ic_image_probe_member(const char *path, const char *member, const char **format,
+                          struct ic_error *err)
+{
     struct ic_image *p;
-    if (open_protocol(path, 0, &p, err) < 0)
+    if (open_protocol(path, member, 0, &p, err) < 0)
         return -1;
     int r = probe_protocol(p, format, err);
     ic_image_close(p);
@@ -160,21 +196,26 @@ static int join_chain(struct ic_image *img, struct ic_image *p, const struct ic_
             return ic_error_format(err, img->path, "backing chain deeper than %d images",
                                    IC_CHAIN_MAX);
         memcpy(img->chain, above->chain, above->chain_len * sizeof *img->chain);
+        memcpy(img->chain_member, above->chain_member,
+               above->chain_len * sizeof *img->chain_member);
         img->chain_len = above->chain_len;
         img->meta_budget = above->meta_budget;
     }
-    struct ic_file_id id;
+    struct ic_file_id id = {0};
+    uint64_t member = ic_tar_member_offset(p);
     if (!p->drv->identity || !p->drv->identity(p, &id.dev, &id.ino, &id.rdev))
         return 0;
     for (unsigned k = 0; k < img->chain_len; k++)
-        if (same_file(&img->chain[k], &id))
-            return ic_error_format(err, img->path, "backing chain loops back to %s",
-                                   img->path);
+        if (same_file(&img->chain[k], &id) && img->chain_member[k] == member)
+            return ic_error_format(err, img->path, "backing chain loops back to %s%s%s",
+                                   img->member ? img->member : img->path,
+                                   img->member ? " in " : "", img->member ? img->path : "");
+    img->chain_member[img->chain_len] = member;
     img->chain[img->chain_len++] = id;
     return 0;
 }
 
-static int open_link(const char *path, const char *format, unsigned flags,
+static int open_link(const char *path, const char *member, const char *format, unsigned flags,
                      const struct ic_image *above, struct ic_image **out, struct ic_error *err);
 
 /* Backing file names are relative to the overlay's directory. */
@@ -207,23 +248,46 @@ static int inside_directory(const char *name)
     return 1;
 }
 
+/* What a member of an archive names (a backing file, an extent file) is
+ * another member of it, relative to the naming member's directory there:
+ * the archive is the only place its files can be. */
+static int sibling_member(const struct ic_image *img, const char *name, const char *what,
+                          char *out, size_t cap, struct ic_error *err)
+{
+    if (!inside_directory(name))
+        return ic_error_format(err, img->path, "%s '%s' of member '%s' is not another member "
+                               "of the archive (absolute, or outside the member's directory)",
+                               what, name, img->member);
+    const char *slash = strrchr(img->member, '/');
+    int n = slash ? snprintf(out, cap, "%.*s/%s", (int)(slash - img->member), img->member, name)
+                  : snprintf(out, cap, "%s", name);
+    if (n < 0 || (size_t)n >= cap)
+        return ic_error_format(err, img->path, "%s name too long", what);
+    return 0;
+}
+
 int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
                               struct ic_error *err)
 {
     char path[IC_ERROR_PATH_MAX];
     if (!name[0])
         return ic_error_format(err, img->path, "an extent file with an empty name");
-    if (!inside_directory(name) && !(img->open_flags & IC_OPEN_EXTERNAL_FILES))
+    const char *member = NULL;
+    if (img->member) {
+        if (sibling_member(img, name, "extent file", path, sizeof path, err) < 0)
+            return -1;
+        member = path;
+    } else if (!inside_directory(name) && !(img->open_flags & IC_OPEN_EXTERNAL_FILES))
         return ic_error_format(err, img->path,
                                "extent file '%s' is outside the image's directory (allow it "
                                "with external_files=True)", name);
-    if (backing_path(img, name, path, sizeof path, err) < 0)
+    if (!member && backing_path(img, name, path, sizeof path, err) < 0)
         return -1;
-    if (ic_protocol_for(path) != &ic_protocol_file)
+    if (!member && ic_protocol_for(path) != &ic_protocol_file)
         return ic_error_format(err, img->path, "extent file '%s' is not a file", name);
     unsigned flags = img->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE_SHARE);
     struct ic_image *p;
-    if (open_protocol(path, flags, &p, err) < 0)
+    if (open_protocol(member ? img->path : path, member, flags, &p, err) < 0)
         return -1;
     if (lock_protocol(p, NULL, flags, img->lock_perm & CR, img->lock_shared, err) < 0) {
         ic_image_close(p);
@@ -240,15 +304,22 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
                         struct ic_error *err)
 {
     char path[IC_ERROR_PATH_MAX];
-    if (backing_path(img, name, path, sizeof path, err) < 0)
+    const char *member = NULL;
+    if (img->member) {
+        if (sibling_member(img, name, "backing file", path, sizeof path, err) < 0)
+            return -1;
+        member = path;
+    } else if (backing_path(img, name, path, sizeof path, err) < 0) {
         return -1;
+    }
     if (format && !ic_format_readable(format))
         return ic_error_format(err, img->path, "backing file format '%s' is not supported",
                                format);
-    if (ic_protocol_for(path) != &ic_protocol_file) /* "null:" is a file of that name here */
+    if (!member && ic_protocol_for(path) != &ic_protocol_file) /* "null:" is a file here */
         return ic_error_format(err, img->path, "backing file '%s' is not an image", path);
     unsigned flags = img->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE | IC_OPEN_FORCE_SHARE);
-    if (open_link(path, format, flags, img, &img->backing, err) == 0)
+    if (open_link(member ? img->path : path, member, format, flags, img, &img->backing, err) ==
+        0)
         return 0;
     if (err && err->remedy == IC_REMEDY_AS_RAW) /* no caller option changes a backing file */
         err->remedy = IC_REMEDY_NONE;
@@ -265,13 +336,13 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
 
 /* Open `path` as one link of a backing chain (`above`: the image it is the
  * backing file of, or NULL). */
-static int open_link(const char *path, const char *format, unsigned flags,
+static int open_link(const char *path, const char *member, const char *format, unsigned flags,
                      const struct ic_image *above, struct ic_image **out, struct ic_error *err)
 {
     if (format && !ic_format_readable(format))
         return ic_error_value(err, "unknown image format '%s'", format);
     struct ic_image *p, *img = NULL;
-    if (open_protocol(path, flags, &p, err) < 0)
+    if (open_protocol(path, member, flags, &p, err) < 0)
         return -1;
     const char *name = format;
     if (!name && probe_protocol(p, &name, err) < 0)
@@ -291,7 +362,8 @@ static int open_link(const char *path, const char *format, unsigned flags,
     if (lock_protocol(p, drv, flags, perm, shared, err) < 0)
         goto fail;
     if (drv) {
-        if (!(img = ic_image_new(path, drv, flags, 0))) {
+        if (!(img = ic_image_new(path, drv, flags, 0)) ||
+            (member && !(img->member = strdup(member)))) {
             ic_error_nomem(err);
             goto fail;
         }
@@ -319,12 +391,26 @@ fail:
 int ic_image_open(const char *path, const char *format, unsigned flags, struct ic_image **out,
                   struct ic_error *err)
 {
+    return ic_image_open_member(path, NULL, format, flags, out, err);
+}
+
+const char *ic_image_member(const struct ic_image *img)
+{
+    return img->member;
+}
+
+int ic_image_open_member(const char *path, const char *member, const char *format,
+                         unsigned flags, struct ic_image **out, struct ic_error *err)
+{
+    if (member && (flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "%s: member '%s' of a tar archive can only be read: it "
+                              "cannot be opened for writing or be a destination", path, member);
     if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "force_share reads an image others may write: it cannot "
                               "open one for writing");
     if (strcmp(path, "null:") == 0 || (format && strcmp(format, "null") == 0))
         return ic_error_value(err, "the null image can only be a destination");
-    return open_link(path, format, flags, NULL, out, err);
+    return open_link(path, member, format, flags, NULL, out, err);
 }
 
 int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes)

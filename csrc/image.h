@@ -25,6 +25,9 @@ struct ic_image {
     const struct ic_driver *drv;
     void *drv_state;
     char *path;
+    /* the tar member this image is (or whose bytes its format reads) in
+     * the archive at `path`, or NULL */
+    char *member;
     unsigned open_flags;
     uint64_t size;
     struct ic_image *file;    /* a format's protocol image (owned), or NULL */
@@ -35,6 +38,9 @@ struct ic_image {
     char backing_format[32];
     /* the files of the backing chain from the top down to this one */
     struct ic_file_id chain[IC_CHAIN_MAX];
+    /* of each: a tar member's data offset in its archive (0: a whole
+     * file), as the members of one archive are different disks */
+    uint64_t chain_member[IC_CHAIN_MAX];
     unsigned chain_len;
     uint64_t meta_budget; /* left for the images from here down the chain */
     unsigned lock_perm, lock_shared; /* what this image does to its chain (lock.h) */
@@ -67,6 +73,8 @@ int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len);
  * directory), as a read-only protocol image locked as img->file is.  A
  * name that leaves the image's directory (absolute, or with "..") is a
  * format error unless the image was opened with IC_OPEN_EXTERNAL_FILES.
+ * An image that is a tar member finds its extent files as other members
+ * of the same archive (relative names only, whatever the flags say).
  * The caller owns *out (ic_image_close). */
 int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
                               struct ic_error *err);

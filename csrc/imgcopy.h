@@ -82,6 +82,17 @@ size_t ic_writable_formats(const char **names, size_t cap);
 /* format: NULL probes; otherwise a driver name ("raw"). */
 int ic_image_open(const char *path, const char *format, unsigned flags,
                   struct ic_image **out, struct ic_error *err);
+/* The image in member `member` of the tar archive at `path` (a file or an
+ * NBD URI), read in place; member NULL is ic_image_open.  Read-only.  Its
+ * backing file, and a vmdk's extent files, are other members of the same
+ * archive, named relative to the member's directory there. */
+int ic_image_open_member(const char *path, const char *member, const char *format,
+                         unsigned flags, struct ic_image **out, struct ic_error *err);
+/* The probe of ic_image_probe, of a member of a tar archive (NULL: the file). */
+int ic_image_probe_member(const char *path, const char *member, const char **format,
+                          struct ic_error *err);
+/* The tar member an image was opened from, or NULL. */
+const char *ic_image_member(const struct ic_image *img);
 /* How a new image is laid out (qcow2; raw ignores it). */
 struct ic_create_options {
     uint64_t cluster_size; /* 0: 64 KiB */

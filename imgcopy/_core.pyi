@@ -82,7 +82,11 @@ class Image:
     def finished(self) -> bool: ...
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
-                 source: bool = ...) -> None: ...
+                 source: bool = ..., member: Optional[str] = ...,
+                 external_files: bool = ...) -> None:
+        """``member``: the image is that member of the tar archive at
+        ``path``, read in place (read-only); ``external_files``: a vmdk may
+        name extent files outside its directory."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""
@@ -100,6 +104,8 @@ class Image:
     def drop_cache(self) -> None: ...
     def chain(self) -> List[Tuple[str, str]]:
         """[(path, format)] from this image down its backing chain."""
+    def chain_members(self) -> List[Optional[str]]:
+        """The tar member each image of chain() is (None: a whole file)."""
     def reads_file(self, path: _Path, /) -> Optional[str]:
         """The file of this image's chain that ``path`` names, or None."""
     def snapshots(self) -> bytes:

@@ -31,7 +31,8 @@ def parse_size(text: str) -> int:
 
 # How the CLI spells the options an error's remedies name.
 _FLAGS = {"format": "-f {}", "src_format": "-f {}", "dst_format": "-O {}", "force": "--force",
-          "force_share": "-U"}
+          "force_share": "-U", "member": "--member {}", "src_member": "--member {}",
+          "external_files": "--external-files", "src_external_files": "--external-files"}
 
 
 def cli_spelling(options: Dict[str, Any]) -> str:
@@ -53,6 +54,7 @@ def _build_parser() -> argparse.ArgumentParser:
         r.add_argument("--output", choices=("human", "json"), default="human")
         r.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                        help="read the image even if another process writes it")
+        _source_arguments(r, "the image", "FILENAME")
         r.add_argument("filename")
         r.set_defaults(func=func, parser=r)
         return r
@@ -79,6 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="read a qcow2 source marked dirty or corrupt")
     c.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                    help="read the source even if another process writes it")
+    _source_arguments(c, "the source", "SRC")
     c.add_argument("-c", dest="compress", action="store_true",
                    help="compress the qcow2 destination's clusters")
     c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
@@ -129,6 +132,15 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
     return parser
+
+
+def _source_arguments(p: argparse.ArgumentParser, what: str, where: str) -> None:
+    """--member and --external-files: where the bytes of the image read come from."""
+    p.add_argument("--member", default=None, metavar="NAME",
+                   help=f"{what} is member NAME of the tar archive {where} (an OVA's disk), "
+                        "read in place; its backing file is another member")
+    p.add_argument("--external-files", dest="external_files", action="store_true",
+                   help="a vmdk descriptor may name extent files outside its directory")
 
 
 def _creation_options(specs: List[str]) -> dict:
@@ -204,6 +216,7 @@ def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
 def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
+        src_member=args.member, src_external_files=args.external_files,
         create=args.create, force=args.force, force_share=args.force_share,
         options=_copy_options(args), create_options=_create_options(args), progress=bar)
 
@@ -222,7 +235,8 @@ def _write(text: str) -> None:
 
 def _cmd_map(args: argparse.Namespace) -> int:
     with open_image(args.filename, args.format, force=args.force,
-                    force_share=args.force_share) as img:
+                    force_share=args.force_share, member=args.member,
+                    external_files=args.external_files) as img:
         emap = img.extents(args.start_offset, args.max_length)
     text = emap.to_json() if args.output == "json" else emap.to_human(args.filename)
     _write(text)
@@ -231,10 +245,12 @@ def _cmd_map(args: argparse.Namespace) -> int:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     if args.backing_chain:
-        infos = info_chain(args.filename, args.format, force_share=args.force_share)
+        infos = info_chain(args.filename, args.format, force_share=args.force_share,
+                           member=args.member, external_files=args.external_files)
         text = chain_to_json(infos) if args.output == "json" else chain_to_human(infos)
     else:
-        one = info(args.filename, args.format, force_share=args.force_share)
+        one = info(args.filename, args.format, force_share=args.force_share,
+                   member=args.member, external_files=args.external_files)
         text = one.to_json() if args.output == "json" else one.to_human()
     _write(text)
     return 0

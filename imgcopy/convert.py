@@ -104,6 +104,7 @@ def _existing_format(path: str) -> str:
 
 
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
+            src_member: Optional[str] = None, src_external_files: bool = False,
             dst_format: Optional[str] = None, create: bool = True, force: bool = False,
             force_share: bool = False, options: Optional[CopyOptions] = None,
             create_options: Optional[CreateOptions] = None,
@@ -127,7 +128,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       chains are followed.
       ``src_format``: "raw" or "qcow2"; None probes (an image of another
       format is refused, not read as raw). ``force``: read a qcow2 source
-      marked dirty or corrupt. The source's files are locked as qemu-img convert locks
+      marked dirty or corrupt. ``src_member``: the source is this member of
+      the tar archive ``src`` (an OVA's disk), read in place; its backing
+      file is another member. ``src_external_files``: a vmdk source's
+      descriptor may name extent files outside its directory (see
+      ``open()``). The source's files are locked as qemu-img convert locks
       them (nobody may write them during the copy); ``force_share`` reads a
       source another process writes (qemu-img -U).
 
@@ -209,9 +214,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
 
     try:
         source = Image(src, src_format, direct=options.source_direct, force=force,
-                       force_share=force_share, _source=True)
+                       force_share=force_share, member=src_member,
+                       external_files=src_external_files, _source=True)
     except ImageFormatError as exc:
-        raise exc.renamed({"format": "src_format"})
+        raise exc.renamed({"format": "src_format", "member": "src_member",
+                           "external_files": "src_external_files"})
     core: Optional[_core.Image] = None
     report: Optional[CopyReport] = None
     cache: Optional[CacheStats] = None

@@ -27,14 +27,19 @@ class Image:
 
     def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
                  direct: bool = False, force: bool = False, force_share: bool = False,
+                 member: Optional[str] = None, external_files: bool = False,
                  _source: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
+        if member is not None and not isinstance(member, str):
+            raise TypeError(f"member must be a str or None, not {type(member).__name__}")
         self.filename = os.fsdecode(os.fspath(path))
+        self.member = member
         self.mode = mode
         self._img = _core.Image(path, format, writable=mode == "r+", direct=direct, force=force,
-                                force_share=force_share, source=_source)
+                                force_share=force_share, source=_source, member=member,
+                                external_files=external_files)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -63,9 +68,11 @@ class Image:
         self.close()
 
     def __repr__(self) -> str:
+        where = repr(self.filename) if self.member is None else \
+            f"{self.filename!r} member={self.member!r}"
         if self.closed:
-            return f"<imgcopy.Image {self.filename!r} closed>"
-        return f"<imgcopy.Image {self.filename!r} format={self.format} size={self.size}>"
+            return f"<imgcopy.Image {where} closed>"
+        return f"<imgcopy.Image {where} format={self.format} size={self.size}>"
 
     # -- properties -------------------------------------------------------
     @property
@@ -117,6 +124,11 @@ class Image:
         """[(filename, format), ...] of the backing files, nearest first."""
         return self._img.chain()[1:]
 
+    @property
+    def backing_members(self) -> list:
+        """The tar member each of ``backing_chain`` is (None: a whole file)."""
+        return self._img.chain_members()[1:]
+
     def cache_stats(self) -> CacheStats:
         """Extent-cache counters: hits, misses, lseek_calls, intervals."""
         return self._img.cache_stats()
@@ -143,22 +155,36 @@ class Image:
 
 
 def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
-         force: bool = False, force_share: bool = False) -> Image:
+         force: bool = False, force_share: bool = False, member: Optional[str] = None,
+         external_files: bool = False) -> Image:
     """Open a disk image: ``mode`` "r" (read-only) or "r+" (read-write);
     ``format`` None probes the file.  ``force`` reads a qcow2 image marked
     dirty or corrupt (read-only only).
+
+    ``member``: the image is this member of the tar archive at ``path`` (an
+    OVA's disk), read in place without extracting it ("./" prefixes do not
+    matter); read-only.  Its backing file (and a vmdk's extent files) are
+    other members of the same archive.  A member that is not there raises
+    ValueError naming some that are; a corrupt archive ImageFormatError.
+    ``external_files``: a vmdk descriptor may name extent files outside its
+    own directory (absolute or with ".."); off by default, as an image's
+    content should not choose which files are read.
 
     The image's files are locked as qemu locks them: while it is open, qemu
     (and imgcopy) cannot open for writing an image read here, nor open at
     all one written here (raw files: read).  An image another process
     writes raises ``BlockingIOError`` (an ``OSError``, errno EAGAIN) unless
     ``force_share`` reads it anyway (qemu-img -U; read-only only)."""
-    return Image(path, format, mode, force=force, force_share=force_share)
+    return Image(path, format, mode, force=force, force_share=force_share, member=member,
+                 external_files=external_files)
 
 
 def map(path: PathArg, format: Optional[str] = None, start: int = 0,
         length: Optional[int] = None, *, force: bool = False,
-        force_share: bool = False) -> ExtentMap:
-    """The extent map of an image, like ``qemu-img map``."""
-    with open(path, format, force=force, force_share=force_share) as img:
+        force_share: bool = False, member: Optional[str] = None,
+        external_files: bool = False) -> ExtentMap:
+    """The extent map of an image, like ``qemu-img map``; ``member`` and
+    ``external_files`` as for ``open()``."""
+    with open(path, format, force=force, force_share=force_share, member=member,
+              external_files=external_files) as img:
         return img.extents(start, length)

@@ -118,6 +118,10 @@ class ImageInfo:
     compressed_clusters: Optional[int] = None
     snapshots: List[Snapshot] = field(default_factory=list)
     backing_chain: List[Tuple[str, str]] = field(default_factory=list)
+    # the tar member the image is (None: a whole file), and those of
+    # backing_chain; not part of qemu's output
+    member: Optional[str] = None
+    backing_members: List[Optional[str]] = field(default_factory=list)
 
     @property
     def qemu_virtual_size(self) -> int:
@@ -226,27 +230,33 @@ def _compressed_clusters(emap: Any, cluster_size: int) -> int:
 
 
 def info(path: PathArg, format: Optional[str] = None, *,
-         force_share: bool = False) -> ImageInfo:
+         force_share: bool = False, member: Optional[str] = None,
+         external_files: bool = False) -> ImageInfo:
     """Format, sizes, cluster size, backing file and compressed clusters of
     an image, as ``qemu-img info`` reports them.  Images marked dirty or
-    corrupt are read too (``dirty_flag`` says so)."""
+    corrupt are read too (``dirty_flag`` says so).  ``member`` and
+    ``external_files`` as for ``open()``: a member's ``actual_size`` is
+    None (its disk usage is the archive's)."""
     filename = os.fsdecode(os.fspath(path))
-    with open_image(path, format, force=True, force_share=force_share) as img:
+    with open_image(path, format, force=True, force_share=force_share, member=member,
+                    external_files=external_files) as img:
         fmt = img.format
         size = img.size
         chain = [(name, f) for name, f in img.backing_chain]
+        members = img.backing_members
         snapshots = _snapshots(img._img.snapshots())
         description = img._img.describe()
         # formats with clusters may store some compressed
         emap = img.extents() if description["cluster_size"] else None
     actual: Optional[int] = None  # a server's disk usage is unknown, as to qemu
-    if not is_nbd_uri(filename):
+    if not is_nbd_uri(filename) and member is None:
         try:
             actual = os.stat(filename).st_blocks * 512
         except OSError:
             pass
     result = ImageInfo(filename=qemu_filename(filename), format=fmt, virtual_size=size,
-                       actual_size=actual, backing_chain=chain, snapshots=snapshots)
+                       actual_size=actual, backing_chain=chain, snapshots=snapshots,
+                       member=member, backing_members=members)
     if description["cluster_size"]:
         result.cluster_size = description["cluster_size"]
     # qemu asks the driver under a raw image: an NBD export has no answer
@@ -257,7 +267,7 @@ def info(path: PathArg, format: Optional[str] = None, *,
     if description["backing_name"] is not None:
         result.backing_filename = description["backing_name"]
         if chain:
-            result.full_backing_filename = chain[0][0]
+            result.full_backing_filename = members[0] if members[0] is not None else chain[0][0]
         # not stored: qemu probes, and does not say
         result.backing_filename_format = description["backing_format"]
     if emap is not None:
@@ -266,11 +276,15 @@ def info(path: PathArg, format: Optional[str] = None, *,
 
 
 def info_chain(path: PathArg, format: Optional[str] = None, *,
-               force_share: bool = False) -> List[ImageInfo]:
+               force_share: bool = False, member: Optional[str] = None,
+               external_files: bool = False) -> List[ImageInfo]:
     """``info`` of the image and of every backing file, nearest first
     (``qemu-img info --backing-chain``)."""
-    top = info(path, format, force_share=force_share)
-    return [top] + [info(name, fmt, force_share=force_share) for name, fmt in top.backing_chain]
+    top = info(path, format, force_share=force_share, member=member,
+               external_files=external_files)
+    return [top] + [info(name, fmt, force_share=force_share, member=m,
+                         external_files=external_files)
+                    for (name, fmt), m in zip(top.backing_chain, top.backing_members)]
 
 
 def chain_to_json(infos: List[ImageInfo]) -> str:

@@ -74,8 +74,9 @@ class CopyPlan:
                              "end": [r.end for r in rows]})
 
 
-def plan(src: PathArg, *, src_format: Optional[str] = None,
-         options: Optional[CopyOptions] = None, sparse_threshold: Optional[Size] = None,
+def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional[str] = None,
+         src_external_files: bool = False, options: Optional[CopyOptions] = None,
+         sparse_threshold: Optional[Size] = None,
          request_size: Optional[Size] = None, concurrency: Optional[int] = None,
          target_is_zero: Optional[bool] = None) -> CopyPlan:
     """The requests ``convert(src, dst, options=options)`` makes into a new
@@ -85,14 +86,15 @@ def plan(src: PathArg, *, src_format: Optional[str] = None,
     ``target_is_zero`` None is True, as for a new file.  The plan is of a
     copy without ``offload`` (the kernel would copy whole data extents);
     ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
-    the options planned with."""
+    the options planned with.  ``src_member`` and ``src_external_files``:
+    ``open()``'s ``member`` and ``external_files`` for the source."""
     options = with_keywords(options if options is not None else CopyOptions(),
                             sparse_threshold=sparse_threshold,
                             request_size=request_size, concurrency=concurrency,
                             target_is_zero=target_is_zero)
     if options.target_is_zero is None:
         options = replace(options, target_is_zero=True)
-    with Image(src, src_format) as source:
+    with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
         sink, _ = _core.create(NULL_TARGET, "null", source.size)
         try:
             report = _core.copy(source._img, sink, log=True,

@@ -25,12 +25,12 @@ int glue_call_run(struct glue_call *c, struct ic_error *err)
 {
     switch (c->op) {
     case GLUE_OPEN:
-        return ic_image_open(c->path, c->format, c->flags, &c->image, err);
+        return ic_image_open_member(c->path, c->member, c->format, c->flags, &c->image, err);
     case GLUE_CREATE:
         return ic_image_create(c->path, c->format, c->size, c->flags, c->create_options,
                                &c->image, &c->fresh, err);
     case GLUE_PROBE:
-        return ic_image_probe(c->path, &c->probed, err);
+        return ic_image_probe_member(c->path, c->member, &c->probed, err);
     case GLUE_BLOCK_STATUS:
         return ic_image_block_status(c->img, c->offset, c->length, &c->extent, err);
     case GLUE_MAP:

@@ -27,6 +27,7 @@ struct glue_call {
     /* what the call takes, as its core function names it */
     struct ic_image *img, *dst;
     const char *path, *format;
+    const char *member; /* open, probe: a member of the tar archive at path, or NULL */
     uint64_t offset, length, end, size;
     unsigned flags; /* open, create and zero flags; finish: sync */
     void *buf;      /* read into / write from */

@@ -20,6 +20,13 @@ static void raise_made(PyObject *exc)
     }
 }
 
+/* A message may quote what an image holds (a tar member's name), which
+ * need not be UTF-8: undecodable bytes are shown escaped. */
+static PyObject *message(const char *msg)
+{
+    return PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "backslashreplace");
+}
+
 void raise_error(core_state *st, const struct ic_error *err)
 {
     PyObject *path = NULL, *reason = NULL;
@@ -34,8 +41,8 @@ void raise_error(core_state *st, const struct ic_error *err)
                                              path, remedy_codes[err->remedy]));
         break;
     case IC_ERR_FORMAT:
-        if (path)
-            raise_made(PyObject_CallFunction(st->image_format_error, "sOz", err->msg, path,
+        if (path && (reason = message(err->msg)))
+            raise_made(PyObject_CallFunction(st->image_format_error, "OOz", reason, path,
                                              remedy_codes[err->remedy]));
         break;
     case IC_ERR_NOMEM:
@@ -45,7 +52,8 @@ void raise_error(core_state *st, const struct ic_error *err)
         PyErr_Format(st->unsupported_operation, "%s: %s", err->path, err->msg);
         break;
     case IC_ERR_VALUE:
-        PyErr_SetString(PyExc_ValueError, err->msg);
+        if ((reason = message(err->msg)))
+            PyErr_SetObject(PyExc_ValueError, reason);
         break;
     case IC_ERR_NONE:
         PyErr_SetString(st->error, err->msg[0] ? err->msg : "unknown error");

@@ -50,18 +50,18 @@ static int run_on_image(ImageObject *self, struct glue_call *call)
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
-                             "source", NULL};
+                             "source", "member", "external_files", NULL};
     struct path_arg path = {0};
-    int writable = 0, direct = 0, force = 0, force_share = 0, source = 0;
+    int writable = 0, direct = 0, force = 0, force_share = 0, source = 0, external = 0;
     struct glue_call call = {.op = GLUE_OPEN};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$ppppp:Image", kwlist, path_converter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzp:Image", kwlist, path_converter,
                                      &path, &call.format, &writable, &direct, &force,
-                                     &force_share, &source))
+                                     &force_share, &source, &call.member, &external))
         return -1;
     call.path = path.path;
     call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
                  (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
-                 (source ? IC_OPEN_SOURCE : 0);
+                 (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0);
     core_state *st = type_state(Py_TYPE(self));
     int ret = -1;
     if (self->img)
@@ -268,6 +268,23 @@ static PyObject *image_chain(ImageObject *self, PyObject *unused)
     return list;
 }
 
+/* [member or None, ...] from this image down its backing chain: which
+ * member of its archive each image of chain() is */
+static PyObject *image_chain_members(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = image_usable(self);
+    PyObject *list = img ? PyList_New(0) : NULL;
+    for (; list && img; img = ic_image_backing(img)) {
+        const char *member = ic_image_member(img);
+        PyObject *item = member ? PyUnicode_DecodeFSDefault(member) : Py_NewRef(Py_None);
+        if (!item || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    return list;
+}
+
 static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -370,6 +387,7 @@ static PyMethodDef image_methods[] = {
     {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS, NULL},
     {"describe", (PyCFunction)image_describe, METH_NOARGS, NULL},
     {"chain", (PyCFunction)image_chain, METH_NOARGS, NULL},
+    {"chain_members", (PyCFunction)image_chain_members, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

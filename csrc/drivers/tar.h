@@ -1,0 +1,36 @@
+/* Disks inside tar archives (an OVA's vmdk): the header parser
+ * (tar_format.c) and the protocol whose image is one member's bytes
+ * (tar.c). */
+#ifndef IMGCOPY_TAR_H
+#define IMGCOPY_TAR_H
+
+#include <stdint.h>
+
+#include "../image.h"
+
+/* Longer GNU long names or pax records than this are refused: a name is
+ * never that long, and a hostile size must not become an allocation. */
+#define IC_TAR_LONG_MAX (64u << 10)
+
+struct ic_tar_member {
+    uint64_t data_offset; /* where the member's bytes start in the archive */
+    uint64_t size;
+};
+
+/* Find `member` (compared without leading "./") in the archive `tar`, a
+ * protocol image: the first member of that name, as the archive is read
+ * as a stream and what follows it never matters.  A corrupt archive is a
+ * format error; a member that is not there, or not a regular file, is a
+ * value error naming some of the members there are. */
+int ic_tar_find(struct ic_image *tar, const char *member, struct ic_tar_member *out,
+                struct ic_error *err);
+
+/* Make `img` (from ic_image_new with ic_protocol_tar_member) the member's
+ * image; it owns `tar` from now on, even when this fails. */
+int ic_tar_member_attach(struct ic_image *img, struct ic_image *tar, const char *member,
+                         struct ic_error *err);
+/* The member's place in its archive, telling members of one archive apart
+ * (0 for other images). */
+uint64_t ic_tar_member_offset(const struct ic_image *img);
+
+#endif
