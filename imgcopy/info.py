@@ -131,7 +131,7 @@ class ImageInfo:
 
     def to_dict(self) -> Dict[str, Any]:
         """``qemu-img info --output=json``'s object (qemu 7.2's key order),
-        plus "compressed-clusters" for qcow2 images."""
+        plus "compressed-clusters" for qcow2 and vmdk images."""
         d: Dict[str, Any] = {}
         if self.backing_filename_format is not None:
             d["backing-filename-format"] = self.backing_filename_format
@@ -162,7 +162,7 @@ class ImageInfo:
 
     def to_human(self) -> str:
         """As ``qemu-img info`` prints it, plus a "compressed clusters" line
-        for qcow2 images."""
+        for qcow2 and vmdk images."""
         size = self.qemu_virtual_size
         disk = "unavailable" if self.actual_size is None else human_size(self.actual_size)
         lines = [f"image: {self.filename}",
@@ -218,6 +218,10 @@ def _dump_specific(data: Dict[str, Any], depth: int) -> List[str]:
     return out
 
 
+# formats whose clusters (grains) may be stored compressed: info counts them
+COMPRESSING_FORMATS = ("qcow2", "vmdk")
+
+
 def _compressed_clusters(emap: Any, cluster_size: int) -> int:
     """Clusters of the image itself (depth 0) stored compressed."""
     n = 0
@@ -247,7 +251,7 @@ def info(path: PathArg, format: Optional[str] = None, *,
         snapshots = _snapshots(img._img.snapshots())
         description = img._img.describe()
         # formats with clusters may store some compressed
-        emap = img.extents() if description["cluster_size"] else None
+        emap = img.extents() if fmt in COMPRESSING_FORMATS else None
     actual: Optional[int] = None  # a server's disk usage is unknown, as to qemu
     if not is_nbd_uri(filename) and member is None:
         try:
