@@ -430,14 +430,30 @@ def _qemu_length(img: Image) -> int:
     return size
 
 
+# Formats qemu 7.2 has no block status for: it takes all of such a layer as
+# data (its generic answer), whatever imgcopy's map says.
+_ALL_DATA_FORMATS = ("vhdx",)
+
+
+def _all_data_depth(img: Image) -> Optional[int]:
+    """The depth of the chain's first layer qemu sees as all data, if any."""
+    formats = [img.format] + [fmt for _, fmt in img.backing_chain]
+    for depth, fmt in enumerate(formats):
+        if fmt in _ALL_DATA_FORMATS:
+            return depth
+    return None
+
+
 def data_clusters(img: Image, cluster_size: int) -> int:
     """Target clusters that hold source data: every cluster a range that
     reads from storage (data, not zero: the whole backing chain's) touches,
     counted once, as qcow2_measure walks the block status."""
     count = 0
     last = -1
+    all_data = _all_data_depth(img)
     for e in img.extents():
-        if not e.data or e.zero:
+        below = all_data is not None and (not e.present or e.depth >= all_data)
+        if not below and (not e.data or e.zero):
             continue
         first = max(e.start // cluster_size, last + 1)
         end = (e.end - 1) // cluster_size
