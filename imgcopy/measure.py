@@ -302,7 +302,7 @@ class Qcow2Target:
     def from_options(cls, opts: Dict[str, object]) -> "Qcow2Target":
         """qcow2_measure's checks, in its order, with its messages."""
         extended_l2 = bool(opts.get("extended_l2", False))
-        cs = int(opts.get("cluster_size", _DEFAULT_CLUSTER))  # type: ignore[call-overload]
+        cs = _int_option(opts, "cluster_size", _DEFAULT_CLUSTER)
         low = cs & 0xffffffff
         bits = (low & -low).bit_length() - 1 if low else 32
         if not _MIN_CLUSTER_BITS <= bits <= _MAX_CLUSTER_BITS or 1 << bits != cs:
@@ -317,7 +317,7 @@ class Qcow2Target:
             version = 2
         else:
             raise MeasureError(f"Invalid compatibility level: '{compat}'")
-        rb = int(opts.get("refcount_bits", 16))  # type: ignore[call-overload]
+        rb = _int_option(opts, "refcount_bits", 16)
         if rb > 64 or rb <= 0 or rb & (rb - 1):
             raise MeasureError("Refcount width must be a power of two and may not exceed 64 "
                                "bits")
@@ -332,7 +332,7 @@ class Qcow2Target:
             raise MeasureError("encrypt.format=luks: encrypted qcow2 images are not supported")
         return cls(cluster_size=cs, version=version, refcount_bits=rb, extended_l2=extended_l2,
                    preallocation=prealloc, has_backing_file="backing_file" in opts,
-                   size_option=int(opts.get("size", 0)))  # type: ignore[call-overload]
+                   size_option=_int_option(opts, "size", 0))
 
     def check_size(self, size: int) -> None:
         """qemu's limit on the L1 table (32 MiB) for ``size`` bytes."""
@@ -357,6 +357,13 @@ class Qcow2Target:
         meta += nl1e * _L1E
         meta += refcount_metadata_size((meta + total) // cs, cs, self.refcount_bits)
         return meta + total
+
+
+def _int_option(opts: Dict[str, object], name: str, default: int) -> int:
+    value = opts.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int or a size string, not {type(value).__name__}")
+    return value
 
 
 def refcount_metadata_size(clusters: int, cluster_size: int, refcount_bits: int) -> int:
@@ -569,7 +576,8 @@ def qcow2_target(create_options: Optional[Qcow2Options] = None,
         if value is None:
             continue
         if name == "backing_file":
-            opts["backing_file"] = os.fsdecode(value)  # type: ignore[call-overload]
+            opts["backing_file"] = value if isinstance(value, str) else \
+                os.fsdecode(value)  # type: ignore[arg-type]
         else:
             opts[name] = _option_value(name, value)
     return Qcow2Target.from_options(opts)

@@ -124,6 +124,26 @@ def _build_sources(d):
     qemu_img("bitmap", "--add", "-g", "2M", "--disable", path("bm.qcow2"), "x")
     src["bitmaps"] = ("bm.qcow2", "qcow2")
 
+    # metadata preallocation (zero clusters with an offset), an internal
+    # snapshot (the active layer counts)
+    qemu_img("create", "-q", "-f", "qcow2", "-o", "preallocation=metadata,cluster_size=8k",
+             path("meta.qcow2"), "2M")
+    qemu_io(path("meta.qcow2"), ["write -P 0x77 300k 9k"], fmt="qcow2")
+    src["prealloc_metadata"] = ("meta.qcow2", "qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", path("snap.qcow2"), "2M")
+    qemu_io(path("snap.qcow2"), ["write -P 0x12 0 256k"], fmt="qcow2")
+    qemu_img("snapshot", "-c", "s1", path("snap.qcow2"))
+    qemu_io(path("snap.qcow2"), ["write -P 0x13 1M 64k", "write -z 0 128k"], fmt="qcow2")
+    src["snapshot"] = ("snap.qcow2", "qcow2")
+    # a raw file with a preallocated (fallocated, unwritten) range: data to both
+    make_sparse(path("falloc.raw"), 4 * MiB - 100, [(3 * MiB, b"f" * 10)])
+    fd = os.open(path("falloc.raw"), os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 1 * MiB, 512 * KiB)
+    finally:
+        os.close(fd)
+    src["falloc"] = ("falloc.raw", "raw")
+
     # foreign formats made by qemu-img, from an odd-sized sparse raw
     make_sparse(path("base.raw"), 3 * MiB + 512 * 3,
                 _random_extents(rng, 3 * MiB, 6, 200 * KiB))
@@ -135,6 +155,11 @@ def _build_sources(d):
         qemu_img("convert", "-f", "raw", "-O", fmt, "-o", opts, path("base.raw"),
                  path(name + "." + fmt))
         src[name] = (name + "." + fmt, fmt)
+    # a qcow2 overlay over a VHDX image (all data to qemu)
+    qemu_img("create", "-q", "-f", "qcow2", "-b", "vhdx-dynamic.vhdx", "-F", "vhdx",
+             path("over-vhdx.qcow2"), cwd=d)
+    qemu_io(path("over-vhdx.qcow2"), ["write -P 0x88 64k 64k", "write -z 1M 1M"], fmt="qcow2")
+    src["over-vhdx"] = ("over-vhdx.qcow2", "qcow2")
     # images from other producers
     for sample, fmt in [("hyperv2012r2-dynamic.vhd.bz2", "vpc"),
                         ("d2v-zerofilled.vhd.bz2", "vpc"),
@@ -159,7 +184,8 @@ def _readable(fmt):
 
 
 SOURCE_NAMES = ["sparse0", "sparse1", "sparse2", "ends", "tiny", "empty", "zeros", "conv",
-                "zero_clusters", "compressed", "v2", "chain", "bitmaps", "vpc-dynamic",
+                "zero_clusters", "compressed", "v2", "chain", "bitmaps", "prealloc_metadata",
+                "snapshot", "falloc", "over-vhdx", "vpc-dynamic",
                 "vpc-fixed", "vhdx-dynamic", "vhdx-fixed", "vmdk-monolithicSparse",
                 "vmdk-streamOptimized", "hyperv2012r2-dynamic.vhd", "d2v-zerofilled.vhd",
                 "iotest-dynamic-1G.vhdx", "test-disk2vhd.vhdx", "iotest-version3.vmdk"]
