@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from .extents import QEMU_SECTOR
+from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
 from .image import Image, PathArg
 from .options import Qcow2Options
 
@@ -458,12 +458,14 @@ def data_clusters(img: Image, cluster_size: int) -> int:
     count = 0
     last = -1
     all_data = _all_data_depth(img)
-    for e in img.extents():
-        below = all_data is not None and (not e.present or e.depth >= all_data)
-        if not below and (not e.data or e.zero):
+    emap = img.extents()
+    # the packed extents as they are: no Extent object per extent
+    for start, length, _, flags, depth in _EXTENT.iter_unpack(emap._packed):
+        below = all_data is not None and (not flags & _PRESENT or depth >= all_data)
+        if not below and (flags & (_DATA | _ZERO)) != _DATA:
             continue
-        first = max(e.start // cluster_size, last + 1)
-        end = (e.end - 1) // cluster_size
+        first = max(start // cluster_size, last + 1)
+        end = (start + length - 1) // cluster_size
         if end >= first:
             count += end - first + 1
             last = end

@@ -265,7 +265,7 @@ def test_python_api_agrees(sources):
 
 
 SIZES = ["0", "1", "512", "1000", "65537", "1.5M", "1G", "1073741947", "10G", "2T",
-         "2199023255557", "1P", "0x100", "1.0005k", " +7k"]
+         "2199023255557", "1P", "0x100", "1.0005k", " +7k", "1.k", "0x1k", "010", "7.99E"]
 SIZE_LAYOUTS = [("raw", None), ("qcow2", None), ("qcow2", "cluster_size=512"),
                 ("qcow2", "cluster_size=2M,refcount_bits=64"),
                 ("qcow2", "cluster_size=32k,extended_l2=on,preallocation=full"),
