@@ -432,3 +432,49 @@ def test_new_images_fit(sources, tmp_path, name, opts):
     qemu_img("convert", "-O", "qcow2", "-o", opts, path, theirs)
     assert os.path.getsize(ours) <= required
     assert os.path.getsize(theirs) <= required
+
+
+# each option's plausible values (good ones mostly, a few bad)
+_VALUES = {
+    "cluster_size": ["512", "4k", "64k", "2M", "0x1000", "16384", "4096b", "1000", "4M", "1.5k"],
+    "compat": ["0.10", "1.1", "1.1", "v3"],
+    "preallocation": ["off", "metadata", "falloc", "full", "Full"],
+    "refcount_bits": ["1", "2", "8", "16", "64", "010", "0x10", " 16", "3", "16 ", "-16"],
+    "extended_l2": ["on", "off", "y", "no", "true", "ON"],
+    "backing_file": ["b.qcow2", "a,,b", ""],
+    "lazy_refcounts": ["on", "off", "yes"],
+    "size": ["1G", "5T", "20E", "1.5M"],
+    "nocow": ["on", "off"],
+    "encrypt.iter-time": ["10", "abc"],
+    "compression_type": ["zlib", "zstd"],
+    "id": ["x"],
+    "foo": ["1"],
+    "": ["4k"],
+}
+_OPTION_NAMES = list(_VALUES)
+_WEIGHTS = [6, 3, 4, 4, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+
+
+def _random_option_list(rng):
+    items = []
+    for _ in range(rng.randrange(1, 4)):
+        name = rng.choices(_OPTION_NAMES, _WEIGHTS)[0]
+        if rng.random() < 0.05:
+            items.append(rng.choice(["extended_l2", "noextended_l2", "cluster_size", "help"]))
+        else:
+            items.append(f"{name}={rng.choice(_VALUES[name])}")
+    return ",".join(items) + ("," * rng.choice([1, 2]) if rng.random() < 0.05 else "")
+
+
+def test_random_option_lists_against_qemu(tmp_path, capsys):
+    """Seeded -o lists (names known and not, values of every type, good and
+    bad, escaped commas, stray commas): accepted, measured and refused as
+    qemu-img does, message for message."""
+    rng = random.Random(1414)
+    for _ in range(80):
+        out_fmt = rng.choice(["qcow2", "qcow2", "raw"])
+        args = ["-O", out_fmt]
+        for _ in range(rng.randrange(1, 3)):
+            args += ["-o", _random_option_list(rng)]
+        args += ["--size", rng.choice(["1M", "3G", "100G", "1000"])]
+        assert_twin(capsys, *args, cwd=tmp_path)
