@@ -155,6 +155,10 @@ def _open(filename: str, fmt: Optional[str], force_share: bool) -> Image:
         raise MeasureError(f"Could not open '{filename}': Unknown driver '{fmt}'")
     try:
         return Image(filename, fmt, force_share=force_share)
+    except BlockingIOError as exc:  # another process writes it (qemu's locks)
+        locked = os.fsdecode(exc.filename) if exc.filename is not None else filename
+        raise MeasureError(f"Could not open '{filename}': Failed to get shared \"write\" lock\n"
+                           f"Is another process using the image [{locked}]?") from None
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
         raise MeasureError(f"Could not open '{filename}': Could not open '{filename}': "

@@ -478,3 +478,40 @@ def test_random_option_lists_against_qemu(tmp_path, capsys):
             args += ["-o", _random_option_list(rng)]
         args += ["--size", rng.choice(["1M", "3G", "100G", "1000"])]
         assert_twin(capsys, *args, cwd=tmp_path)
+
+
+def test_image_in_use(sources, tmp_path, capsys):
+    """An image another process writes: refused as qemu-img refuses it,
+    measured with -U."""
+    import shutil
+    import subprocess
+    import time
+
+    from .oracles import QEMU_IO
+
+    d, src = sources
+    for name in ("chain", "sparse1"):
+        filename, fmt = src[name]
+        busy = str(tmp_path / filename)
+        shutil.copy(os.path.join(d, filename), busy)
+        if name == "chain":
+            for f in ("mid.qcow2", "ends.raw"):
+                shutil.copy(os.path.join(d, f), str(tmp_path / f))
+        writer = subprocess.Popen([QEMU_IO, "-f", fmt, "-c", "sleep 20000", busy],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        try:
+            if fmt == "raw":  # qemu lets a raw file written elsewhere be read
+                time.sleep(0.5)
+                assert assert_twin(capsys, "-O", "qcow2", filename, cwd=tmp_path)[0] == 0
+                continue
+            deadline = time.monotonic() + 10
+            while qemu_measure(filename, cwd=tmp_path)[0] == 0:
+                assert time.monotonic() < deadline, "qemu-io did not lock the image"
+                time.sleep(0.05)
+            rc, out, err = assert_twin(capsys, "-O", "qcow2", filename, cwd=tmp_path)
+            assert rc == 1 and "lock" in err
+            rc, out, err = assert_twin(capsys, "-U", "-O", "qcow2", filename, cwd=tmp_path)
+            assert rc == 0
+        finally:
+            writer.kill()
+            writer.wait()
