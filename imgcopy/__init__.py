@@ -7,7 +7,9 @@ from .image import Image, map, open
 from .info import ImageInfo, info
 from .options import CopyOptions, CreateOptions, Qcow2Options
 from .plan import CopyPlan, Request, plan
+from .measure import MeasureResult, measure
 
 __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
-           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__"]
+           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
+           "MeasureResult", "measure"]

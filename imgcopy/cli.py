@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import sizes
+from . import cli_measure, sizes
 from ._version import __version__
 from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
@@ -131,6 +131,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
+    cli_measure.register(sub)
     return parser
 
 
