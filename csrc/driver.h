@@ -126,5 +126,6 @@ extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;
 extern const struct ic_driver ic_protocol_nbd;
 extern const struct ic_driver ic_format_qcow2;
+extern const struct ic_driver ic_format_vmdk;
 
 #endif

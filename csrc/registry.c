@@ -7,6 +7,7 @@
 
 static const struct ic_driver *const formats[] = {
     &ic_format_qcow2,
+    &ic_format_vmdk,
 };
 
 /* by what a path looks like (the whole path, or a URI's scheme: a
