@@ -144,14 +144,9 @@ static int from_sparse(struct ic_image *img, struct vmdk_desc *d, struct ic_erro
     }
     snprintf(s->create_type, sizeof s->create_type, "%s",
              e->compressed ? "streamOptimized" : "monolithicSparse");
-    uint64_t off = h.desc_offset ? h.desc_offset : 1;
-    if (off > UINT64_MAX / VMDK_SECTOR)
-        return ic_error_format(err, img->path, "descriptor offset %llu is invalid",
-                               (unsigned long long)h.desc_offset);
-    uint64_t len = h.desc_size < VMDK_DESC_MAX / VMDK_SECTOR ? h.desc_size * VMDK_SECTOR
-                                                             : VMDK_DESC_MAX;
-    if (len < VMDK_EMBEDDED_DESC_MIN)
-        len = VMDK_EMBEDDED_DESC_MIN;
+    /* qemu reads the CIDs and the parent from 20 sectors at 512, wherever
+     * the header says the descriptor is */
+    uint64_t off = 1, len = VMDK_EMBEDDED_DESC_MIN;
     char *text = read_text(img->file, off * VMDK_SECTOR, len, err);
     if (!text)
         return -1;
