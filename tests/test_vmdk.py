@@ -129,3 +129,25 @@ def test_extent_outside_directory_refused(images, tmp_path):
             str(tmp_path / "monolithicFlat-flat.vmdk"))
     with pytest.raises(imgcopy.ImageFormatError, match="outside"):
         imgcopy.map(str(d / "x.vmdk"), format="vmdk")
+
+
+def test_changed_parent_refused_like_qemu(tmp_path):
+    """A write into the parent changes its CID: qemu then refuses to read
+    the delta's unallocated grains, and so do we (map still works)."""
+    from .oracles import qemu_img, qemu_io
+    d = str(tmp_path)
+    vmdk_images.make_source(os.path.join(d, "src.raw"), vmdk_images.SIZE, 4)
+    qemu_img("convert", "-f", "raw", "-O", "vmdk", "src.raw", "base.vmdk", cwd=d)
+    qemu_img("create", "-f", "vmdk", "-b", "base.vmdk", "-F", "vmdk", "delta.vmdk", cwd=d)
+    qemu_io(os.path.join(d, "delta.vmdk"), ["write -P 3 0 64k"], fmt="vmdk")
+    delta = os.path.join(d, "delta.vmdk")
+    out = os.path.join(d, "out.raw")
+    imgcopy.convert(delta, out, src_format="vmdk", dst_format="raw")
+    assert_same_content(delta, out, "vmdk", "raw")
+    os.unlink(out)
+    qemu_io(os.path.join(d, "base.vmdk"), ["write -P 5 1M 4k"], fmt="vmdk")
+    assert qemu_img("convert", "-f", "vmdk", "-O", "raw", delta, out, check=False).returncode != 0
+    with pytest.raises(imgcopy.ImageFormatError, match="parentCID"):
+        imgcopy.convert(delta, out + "2", src_format="vmdk", dst_format="raw")
+    assert _fields(json.loads(imgcopy.map(delta, format="vmdk").to_json())) == \
+        _fields(qemu_map(delta, fmt="vmdk").extents)

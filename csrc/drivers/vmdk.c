@@ -228,6 +228,26 @@ static size_t find_extent(const struct vmdk_state *s, uint64_t off)
 
 /* ---- reads ----------------------------------------------------------- */
 
+/* qemu reads a delta's unallocated grains from its parent only while the
+ * parent's CID is the one the delta recorded: a parent changed since
+ * would show through with other data. */
+static int parent_valid(struct ic_image *img, struct ic_error *err)
+{
+    struct vmdk_state *s = vmdk_state_of(img);
+    if (!img->backing || atomic_load(&s->parent_checked))
+        return 0;
+    const struct ic_image *p = img->backing;
+    if (p->drv != &ic_format_vmdk)
+        return ic_error_format(err, img->path, "the parent of a vmdk delta must be a vmdk image");
+    const struct vmdk_state *ps = p->drv_state;
+    if (ps->cid != s->parent_cid)
+        return ic_error_format(err, img->path, "parentCID %08x does not match the parent's CID "
+                               "%08x: the parent changed after this delta was made",
+                               s->parent_cid, ps->cid);
+    atomic_store(&s->parent_checked, 1);
+    return 0;
+}
+
 static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t len, uint64_t off,
                        struct ic_error *err)
 {
@@ -259,7 +279,9 @@ static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t l
             }
             switch (k) {
             case VMDK_UNALLOC:
-                ret = ic_image_read_below(img, buf, (size_t)n, off, err);
+                ret = parent_valid(img, err);
+                if (ret == 0)
+                    ret = ic_image_read_below(img, buf, (size_t)n, off, err);
                 break;
             case VMDK_ZEROED:
                 memset(buf, 0, (size_t)n);

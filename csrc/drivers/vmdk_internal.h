@@ -11,6 +11,7 @@
 #define IMGCOPY_VMDK_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,6 +136,7 @@ struct vmdk_state {
     size_t next;
     char create_type[128];
     uint32_t cid, parent_cid;
+    atomic_int parent_checked;
     pthread_mutex_t gt_lock;
     struct vmdk_gt_slot slots[VMDK_GT_CACHE_SLOTS];
 };
