@@ -57,7 +57,7 @@ static struct vmdk_extent *add_extent(struct ic_image *img, struct ic_error *err
 {
     struct vmdk_state *s = vmdk_state_of(img);
     if (s->next >= VMDK_MAX_EXTENTS) {
-        ic_error_format(err, img->path, "more than %u extents", VMDK_MAX_EXTENTS);
+        vmdk_error(err, img->path, "more than %u extents", VMDK_MAX_EXTENTS);
         return NULL;
     }
     struct vmdk_extent *p = realloc(s->ext, (s->next + 1) * sizeof *p);
@@ -90,15 +90,15 @@ static int open_extents(struct ic_image *img, const struct vmdk_desc *d, struct 
             if (vmdk_sparse_open(img, e, &h, err) < 0)
                 return -1;
             if (h.capacity == 0 && h.desc_offset && !e->grain)
-                return ic_error_format(err, img->path, "extent '%s' is itself a descriptor",
-                                       x->name);
+                return vmdk_error(err, img->path, "extent '%s' is itself a descriptor",
+                                  x->name);
         } else {
             e->flat = 1;
             e->flat_offset = x->flat_offset * VMDK_SECTOR;
             e->end = e->start + x->sectors * VMDK_SECTOR;
         }
         if (e->end < e->start || e->end > (UINT64_C(1) << 62))
-            return ic_error_format(err, img->path, "the extents add up to more than 4 EiB");
+            return vmdk_error(err, img->path, "the extents add up to more than 4 EiB");
     }
     return 0;
 }
@@ -113,7 +113,7 @@ static int from_descriptor(struct ic_image *img, const char *text, struct vmdk_d
     snprintf(vmdk_state_of(img)->create_type, sizeof vmdk_state_of(img)->create_type, "%s",
              d->create_type);
     if (!d->nextents)
-        return ic_error_format(err, img->path, "the descriptor names no extents");
+        return vmdk_error(err, img->path, "the descriptor names no extents");
     return open_extents(img, d, err);
 }
 
@@ -133,7 +133,7 @@ static int from_sparse(struct ic_image *img, struct vmdk_desc *d, struct ic_erro
         return -1;
     if (h.capacity == 0 && h.desc_offset && !e->grain) {
         if (h.desc_offset > ic_image_size(img->file) / VMDK_SECTOR)
-            return ic_error_format(err, img->path, "descriptor offset past the end of the file");
+            return vmdk_error(err, img->path, "descriptor offset past the end of the file");
         s->next = 0;
         char *text = read_text(img->file, h.desc_offset * VMDK_SECTOR, VMDK_DESC_MAX, err);
         if (!text)
@@ -161,7 +161,7 @@ static int load(struct ic_image *img, struct ic_error *err)
     uint64_t fsize = ic_image_size(img->file);
     uint8_t magic[4];
     if (fsize < 4)
-        return ic_error_format(err, img->path, "file is too small, not a valid image");
+        return vmdk_error(err, img->path, "file is too small, not a valid image");
     if (ic_image_pread(img->file, magic, 4, 0, err) < 0)
         return -1;
     struct vmdk_desc d;
@@ -181,8 +181,8 @@ static int load(struct ic_image *img, struct ic_error *err)
         return -1;
     /* qemu refuses a descriptor without both CIDs */
     if (!d.has_cid || !d.has_parent_cid)
-        return ic_error_format(err, img->path, "the descriptor has no %s",
-                               d.has_cid ? "parentCID" : "CID");
+        return vmdk_error(err, img->path, "the descriptor has no %s",
+                          d.has_cid ? "parentCID" : "CID");
     s->cid = d.cid;
     s->parent_cid = d.parent_cid;
     img->size = s->next ? s->ext[s->next - 1].end : 0;
@@ -196,7 +196,7 @@ static int load(struct ic_image *img, struct ic_error *err)
 static int vmdk_open(struct ic_image *img, struct ic_error *err)
 {
     if (img->open_flags & IC_OPEN_RDWR)
-        return ic_error_format(err, img->path, "vmdk images are read-only here");
+        return vmdk_error(err, img->path, "vmdk images are read-only here");
     struct vmdk_state *s = calloc(1, sizeof *s);
     if (!s)
         return ic_error_nomem(err);
@@ -238,12 +238,12 @@ static int parent_valid(struct ic_image *img, struct ic_error *err)
         return 0;
     const struct ic_image *p = img->backing;
     if (p->drv != &ic_format_vmdk)
-        return ic_error_format(err, img->path, "the parent of a vmdk delta must be a vmdk image");
+        return vmdk_error(err, img->path, "the parent of a vmdk delta must be a vmdk image");
     const struct vmdk_state *ps = p->drv_state;
     if (ps->cid != s->parent_cid)
-        return ic_error_format(err, img->path, "parentCID %08x does not match the parent's CID "
-                               "%08x: the parent changed after this delta was made",
-                               s->parent_cid, ps->cid);
+        return vmdk_error(err, img->path, "parentCID %08x does not match the parent's CID "
+                          "%08x: the parent changed after this delta was made",
+                          s->parent_cid, ps->cid);
     atomic_store(&s->parent_checked, 1);
     return 0;
 }

@@ -68,8 +68,8 @@ static int bad_line(const struct line *whole, const char *why, const char *path,
                     struct ic_error *err)
 {
     int n = (int)(whole->end - whole->p);
-    return ic_error_format(err, path, "invalid extent line (%s): %.*s", why, n > 80 ? 80 : n,
-                           whole->p);
+    return vmdk_error(err, path, "invalid extent line (%s): %.*s", why, n > 80 ? 80 : n,
+                      whole->p);
 }
 
 /* (access) (sectors) (type) "name" [offset] */
@@ -87,8 +87,8 @@ static int extent_line(struct line l, struct vmdk_desc *d, const char *path,
     if (r == 1)
         return 0; /* not an extent line after all */
     if (!word_is(access, access_n, "RW"))
-        return ic_error_format(err, path, "extents with access %.*s are not supported (only RW)",
-                               (int)access_n, access);
+        return vmdk_error(err, path, "extents with access %.*s are not supported (only RW)",
+                          (int)access_n, access);
     if (r == 2 || sectors > (UINT64_C(1) << 54))
         return bad_line(&whole, "size too large", path, err);
     const char *type;
@@ -104,10 +104,10 @@ static int extent_line(struct line l, struct vmdk_desc *d, const char *path,
     else if (word_is(type, type_n, "VMFSSPARSE") || word_is(type, type_n, "SESPARSE") ||
              word_is(type, type_n, "ZERO") || word_is(type, type_n, "VMFSRAW") ||
              word_is(type, type_n, "VMFSRDM"))
-        return ic_error_format(err, path, "%.*s extents are not supported", (int)type_n, type);
+        return vmdk_error(err, path, "%.*s extents are not supported", (int)type_n, type);
     else
-        return ic_error_format(err, path, "unknown extent type '%.*s'",
-                               type_n > 32 ? 32 : (int)type_n, type);
+        return vmdk_error(err, path, "unknown extent type '%.*s'",
+                          type_n > 32 ? 32 : (int)type_n, type);
     skip_spaces(&l);
     if (l.p >= l.end || *l.p != '"')
         return bad_line(&whole, "no quoted file name", path, err);
@@ -136,7 +136,7 @@ static int extent_line(struct line l, struct vmdk_desc *d, const char *path,
         return 0;
     x.sectors = sectors;
     if (d->nextents >= VMDK_MAX_EXTENTS)
-        return ic_error_format(err, path, "more than %u extents", VMDK_MAX_EXTENTS);
+        return vmdk_error(err, path, "more than %u extents", VMDK_MAX_EXTENTS);
     if ((d->nextents & (d->nextents - 1)) == 0) {
         size_t cap = d->nextents ? d->nextents * 2 : 4;
         struct vmdk_desc_extent *p = realloc(d->extents, cap * sizeof *p);
@@ -198,16 +198,16 @@ static int key_line(struct line l, struct vmdk_desc *d, const char *path, struct
     if (word_is(k, kn, "CID") || word_is(k, kn, "parentCID")) {
         int parent = kn != 3;
         if (value(l, v, sizeof v) < 0 || cid(v, parent ? &d->parent_cid : &d->cid) < 0)
-            return ic_error_format(err, path, "invalid %s in the descriptor",
-                                   parent ? "parentCID" : "CID");
+            return vmdk_error(err, path, "invalid %s in the descriptor",
+                              parent ? "parentCID" : "CID");
         *(parent ? &d->has_parent_cid : &d->has_cid) = 1;
     } else if (word_is(k, kn, "createType")) {
         if (value(l, d->create_type, sizeof d->create_type) < 0)
-            return ic_error_format(err, path, "invalid createType in the descriptor");
+            return vmdk_error(err, path, "invalid createType in the descriptor");
         d->has_create_type = 1;
     } else if (word_is(k, kn, "parentFileNameHint")) {
         if (value(l, d->parent_hint, sizeof d->parent_hint) < 0)
-            return ic_error_format(err, path, "invalid parentFileNameHint in the descriptor");
+            return vmdk_error(err, path, "invalid parentFileNameHint in the descriptor");
         d->has_parent_hint = d->parent_hint[0] != '\0';
     }
     return 0;
@@ -254,11 +254,11 @@ int vmdk_check_create_type(const struct vmdk_desc *d, const char *path, struct i
     static const char *const readable[] = {"monolithicFlat", "vmfs", "twoGbMaxExtentSparse",
                                            "twoGbMaxExtentFlat"};
     if (!d->has_create_type)
-        return ic_error_format(err, path, "invalid VMDK descriptor: no createType");
+        return vmdk_error(err, path, "invalid VMDK descriptor: no createType");
     for (size_t i = 0; i < sizeof readable / sizeof readable[0]; i++)
         if (strcmp(d->create_type, readable[i]) == 0)
             return 0;
-    return ic_error_format(err, path, "unsupported VMDK createType '%.40s'", d->create_type);
+    return vmdk_error(err, path, "unsupported VMDK createType '%.40s'", d->create_type);
 }
 
 const char *vmdk_type_name(enum vmdk_extent_type t)

@@ -38,6 +38,10 @@
 /* Grain tables kept in memory, for all extents together. */
 #define VMDK_GT_CACHE_SLOTS 1024u
 
+/* A format error naming the format, whatever the message: the first
+ * argument is a string literal. */
+#define vmdk_error(err, path, ...) ic_error_format(err, path, "vmdk: " __VA_ARGS__)
+
 /* ---- the descriptor (vmdk_descriptor.c) ---------------------------------- */
 
 enum vmdk_extent_type { VMDK_TYPE_FLAT, VMDK_TYPE_SPARSE, VMDK_TYPE_VMFS };

@@ -31,35 +31,35 @@ int vmdk_sparse_check(const struct vmdk_sparse_header *h, uint64_t file_size, co
                       struct ic_error *err)
 {
     if (h->version > 3)
-        return ic_error_format(err, path, "unsupported VMDK version %u", h->version);
+        return vmdk_error(err, path, "unsupported VMDK version %u", h->version);
     if (h->gtes > VMDK_MAX_GTES)
-        return ic_error_format(err, path, "grain table of %u entries is too big (at most %u)",
-                               h->gtes, VMDK_MAX_GTES);
+        return vmdk_error(err, path, "grain table of %u entries is too big (at most %u)",
+                          h->gtes, VMDK_MAX_GTES);
     if (h->gtes == 0)
-        return ic_error_format(err, path, "grain tables of 0 entries");
+        return vmdk_error(err, path, "grain tables of 0 entries");
     if (h->granularity == 0 || h->granularity > VMDK_MAX_GRAIN_SECTORS)
-        return ic_error_format(err, path, "invalid granularity %llu sectors",
-                               (unsigned long long)h->granularity);
+        return vmdk_error(err, path, "invalid granularity %llu sectors",
+                          (unsigned long long)h->granularity);
     uint64_t per_gt = (uint64_t)h->gtes * h->granularity;
     uint64_t gd = h->capacity / per_gt + (h->capacity % per_gt != 0);
     if (gd > VMDK_MAX_GD_ENTRIES)
-        return ic_error_format(err, path, "grain directory of %llu entries is too big",
-                               (unsigned long long)gd);
+        return vmdk_error(err, path, "grain directory of %llu entries is too big",
+                          (unsigned long long)gd);
     /* so that byte offsets of the guest and of the file never overflow */
     if (h->capacity > (UINT64_C(1) << 54))
-        return ic_error_format(err, path, "capacity of %llu sectors is too large",
-                               (unsigned long long)h->capacity);
+        return vmdk_error(err, path, "capacity of %llu sectors is too large",
+                          (unsigned long long)h->capacity);
     if (h->gd_offset >= (UINT64_C(1) << 54))
-        return ic_error_format(err, path, "grain directory offset %llu is invalid",
-                               (unsigned long long)h->gd_offset);
+        return vmdk_error(err, path, "grain directory offset %llu is invalid",
+                          (unsigned long long)h->gd_offset);
     uint64_t file_sectors = file_size / VMDK_SECTOR + (file_size % VMDK_SECTOR != 0);
     if (file_sectors < h->grain_offset)
-        return ic_error_format(err, path, "file truncated, expecting at least %llu bytes",
-                               (unsigned long long)h->grain_offset * VMDK_SECTOR);
+        return vmdk_error(err, path, "file truncated, expecting at least %llu bytes",
+                          (unsigned long long)h->grain_offset * VMDK_SECTOR);
     if (h->compress == VMDK4_COMPRESSION_DEFLATE &&
         h->granularity * VMDK_SECTOR > VMDK_MAX_COMPRESSED_GRAIN)
-        return ic_error_format(err, path, "compressed grains of %llu bytes are too large",
-                               (unsigned long long)(h->granularity * VMDK_SECTOR));
+        return vmdk_error(err, path, "compressed grains of %llu bytes are too large",
+                          (unsigned long long)(h->granularity * VMDK_SECTOR));
     return 0;
 }
 
@@ -81,13 +81,13 @@ static int read_footer(struct ic_image *img, struct vmdk_extent *e, struct vmdk_
     uint8_t f[1536];
     uint64_t end = (e->file_size + VMDK_SECTOR - 1) / VMDK_SECTOR * VMDK_SECTOR;
     if (end < sizeof f)
-        return ic_error_format(err, img->path, "invalid footer (file too small)");
+        return vmdk_error(err, img->path, "invalid footer (file too small)");
     if (vmdk_read_host(e->file, e->file_size, f, sizeof f, end - sizeof f, err) < 0)
         return -1;
     if (memcmp(f + 512, VMDK4_MAGIC, 4) != 0 || vmdk_le32(f + 8) != 0 ||
         vmdk_le32(f + 12) != VMDK_MARKER_FOOTER || vmdk_le64(f + 1024) != 0 ||
         vmdk_le32(f + 1032) != 0 || vmdk_le32(f + 1036) != VMDK_MARKER_EOS)
-        return ic_error_format(err, img->path, "invalid footer");
+        return vmdk_error(err, img->path, "invalid footer");
     vmdk_sparse_decode(f + 512, h);
     return 0;
 }
@@ -97,15 +97,15 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
 {
     uint8_t head[512];
     if (e->file_size < 4)
-        return ic_error_format(err, img->path, "file is too small, not a valid image");
+        return vmdk_error(err, img->path, "file is too small, not a valid image");
     if (vmdk_read_host(e->file, e->file_size, head, sizeof head, 0, err) < 0)
         return -1;
     if (memcmp(head, VMDK3_MAGIC, 4) == 0)
-        return ic_error_format(err, img->path, "VMDK3 (\"COWD\", vmfsSparse) extents are not "
-                               "supported");
+        return vmdk_error(err, img->path, "VMDK3 (\"COWD\", vmfsSparse) extents are not "
+                          "supported");
     if (memcmp(head, VMDK4_MAGIC, 4) != 0)
-        return ic_error_format(err, img->path, "extent is not a hosted sparse extent (no KDMV "
-                               "magic)");
+        return vmdk_error(err, img->path, "extent is not a hosted sparse extent (no KDMV "
+                          "magic)");
     vmdk_sparse_decode(head, h);
     /* a capacity of 0 with a descriptor: the caller decides */
     if (h->capacity == 0 && h->desc_offset)
@@ -128,8 +128,8 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
     if (!bytes)
         return 0;
     if (ic_image_take_meta_budget(img, bytes) < 0)
-        return ic_error_format(err, img->path, "the grain directories need more than %u MiB of "
-                               "memory", IC_CHAIN_META_BUDGET >> 20);
+        return vmdk_error(err, img->path, "the grain directories need more than %u MiB of "
+                          "memory", IC_CHAIN_META_BUDGET >> 20);
     e->gd = malloc((size_t)bytes);
     if (!e->gd)
         return ic_error_nomem(err);
@@ -161,8 +161,8 @@ static struct vmdk_gt_slot *cached_table(struct ic_image *img, size_t xi, uint64
     if (!slot->table) {
         /* tables of all sizes fit a slot of the largest */
         if (ic_image_take_meta_budget(img, VMDK_MAX_GTES * 4) < 0) {
-            ic_error_format(err, img->path, "the grain table cache needs more than %u MiB of "
-                            "memory", IC_CHAIN_META_BUDGET >> 20);
+            vmdk_error(err, img->path, "the grain table cache needs more than %u MiB of "
+                       "memory", IC_CHAIN_META_BUDGET >> 20);
             return NULL;
         }
         slot->table = malloc(VMDK_MAX_GTES * 4);
@@ -191,8 +191,8 @@ int vmdk_sparse_entries(struct ic_image *img, size_t xi, uint64_t first, uint64_
     uint64_t gdi = first / e->gtes, gti = first % e->gtes;
     uint64_t n = e->gtes - gti < max ? e->gtes - gti : max;
     if (gdi >= e->gd_entries)
-        return ic_error_format(err, img->path, "grain %llu is past the grain directory",
-                               (unsigned long long)first);
+        return vmdk_error(err, img->path, "grain %llu is past the grain directory",
+                          (unsigned long long)first);
     *got = n;
     if (e->gd[gdi] == 0) {
         memset(out, 0, (size_t)n * 4);
@@ -218,15 +218,15 @@ int vmdk_sparse_inflate(struct ic_image *img, const struct vmdk_extent *e, uint3
         off += sizeof m;
         /* qemu reads two grains from the marker */
         if (len == 0 || len > 2 * e->grain)
-            return ic_error_format(err, img->path, "compressed grain at offset %llu has an "
-                                   "invalid size %llu", (unsigned long long)(off - sizeof m),
-                                   (unsigned long long)len);
+            return vmdk_error(err, img->path, "compressed grain at offset %llu has an "
+                              "invalid size %llu", (unsigned long long)(off - sizeof m),
+                              (unsigned long long)len);
     }
     /* what lies past the end of the file reads as zeros: a stream ends
      * before that or does not inflate */
     if (off >= e->file_size)
-        return ic_error_format(err, img->path, "compressed grain at offset %llu is past the end "
-                               "of the file", (unsigned long long)off);
+        return vmdk_error(err, img->path, "compressed grain at offset %llu is past the end "
+                          "of the file", (unsigned long long)off);
     if (len > e->file_size - off)
         len = e->file_size - off;
     uint8_t *in = malloc((size_t)len);
@@ -251,8 +251,8 @@ int vmdk_sparse_inflate(struct ic_image *img, const struct vmdk_extent *e, uint3
     inflateEnd(&z);
     free(in);
     if (r != Z_STREAM_END || made < need)
-        return ic_error_format(err, img->path, "compressed grain at offset %llu does not "
-                               "inflate to a grain", (unsigned long long)off);
+        return vmdk_error(err, img->path, "compressed grain at offset %llu does not "
+                          "inflate to a grain", (unsigned long long)off);
     if (made < e->grain)
         memset(out + made, 0, (size_t)(e->grain - made));
     return 0;
