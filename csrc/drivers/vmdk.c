@@ -186,6 +186,8 @@ static int load(struct ic_image *img, struct ic_error *err)
     s->cid = d.cid;
     s->parent_cid = d.parent_cid;
     img->size = s->next ? s->ext[s->next - 1].end : 0;
+    if (img->size > (UINT64_C(1) << 62))
+        return vmdk_error(err, img->path, "a disk of more than 4 EiB");
     if (d.has_parent_hint) {
         snprintf(img->backing_name, sizeof img->backing_name, "%s", d.parent_hint);
         snprintf(img->backing_format, sizeof img->backing_format, "vmdk");
