@@ -194,6 +194,9 @@ static int key_line(struct line l, struct vmdk_desc *d, const char *path, struct
         l.p = eq;
         kn = (size_t)(eq - k);
     }
+    /* VMware's encrypted disks keep their keys in the descriptor */
+    if (kn >= 11 && memcmp(k, "encryption.", 11) == 0)
+        return vmdk_error(err, path, "encrypted images are not supported");
     char v[IC_BACKING_NAME_MAX];
     if (word_is(k, kn, "CID") || word_is(k, kn, "parentCID")) {
         int parent = kn != 3;

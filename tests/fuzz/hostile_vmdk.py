@@ -278,6 +278,9 @@ case("desc-huge-line", _desc(extents=("#" + "x" * 200000,
 case("desc-parent-copy", _desc(hint="base.vmdk"), "error")
 case("desc-parent-flat", _desc(hint="flat.vmdk"), "error")
 case("desc-parent-sparse", _desc(hint="sparse.vmdk"), "any")
+case("desc-encrypted", _desc()[:-1] + b'\nencryption.keySafe = "vmware:key/list/(pair/(phrase/x))"\n',
+     "error")
+case("sparse-encrypted", sparse(desc=descriptor() + b'encryption.data = "abc"\n'), "error")
 case("desc-nul-inside", _desc()[:40] + b"\0" + _desc()[40:], "error")
 
 
