@@ -92,3 +92,26 @@ def test_valid_hand_made_read_like_qemu(name, tmp_path):
     with imgcopy.open(path, format="vmdk") as im:
         assert im.size == len(want)
         assert im.read(0, im.size) == want
+
+
+@pytest.mark.parametrize("name, words", [
+    ("desc-vmfs-sparse", "createType 'vmfsSparse'"),
+    ("desc-se-sparse", "createType 'seSparse'"),
+    ("desc-custom", "createType 'custom'"),
+    ("desc-zero-extent", "ZERO extents are not supported"),
+    ("desc-vmfssparse-extent", "VMFSSPARSE extents are not supported"),
+    ("desc-unknown-extent", "unknown extent type 'WEIRD'"),
+    ("desc-rdonly", "access RDONLY"),
+    ("desc-encrypted", "encrypted"),
+    ("cowd-magic", "COWD"),
+    ("version-4", "version 4"),
+    ("desc-many-extents", "more than 1024 extents"),
+    ("desc-outside", "outside the image's directory"),
+    ("stream-marker-garbage", "does not inflate"),
+])
+def test_refusal_names_the_feature(name, words, tmp_path):
+    path = _layout(str(tmp_path), hostile_vmdk.CASES[name][0])
+    with pytest.raises(imgcopy.ImageFormatError) as e:
+        _exercise(path)
+    assert words in str(e.value)
+    assert "vmdk" in str(e.value)
