@@ -125,10 +125,11 @@ const struct ic_driver *ic_protocol_for(const char *path);
 extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;
 extern const struct ic_driver ic_protocol_nbd;
-extern const struct ic_driver ic_format_qcow2;
-extern const struct ic_driver ic_format_vhdx;
-extern const struct ic_driver ic_format_vpc;
 /* chosen by a member name, never by a path (ic_image_open_member) */
 extern const struct ic_driver ic_protocol_tar_member;
+extern const struct ic_driver ic_format_qcow2;
+extern const struct ic_driver ic_format_vmdk;
+extern const struct ic_driver ic_format_vhdx;
+extern const struct ic_driver ic_format_vpc;
 
 #endif

@@ -7,6 +7,7 @@
 
 static const struct ic_driver *const formats[] = {
     &ic_format_qcow2,
+    &ic_format_vmdk,
     &ic_format_vhdx,
     &ic_format_vpc,
 };
