@@ -48,7 +48,7 @@ def test_format_lists_come_from_the_core(source, tmp_path):
         with imgcopy.open(dst) as img:
             assert img.format == fmt
     with pytest.raises(ValueError, match="known: " + ", ".join(FORMATS)):
-        imgcopy.open(source, "vmdk")
+        imgcopy.open(source, "qed")
 
 
 def test_copy_returns_one_shape(source):

@@ -237,7 +237,7 @@ def test_create_options_object_and_keywords(source, tmp_path, kwargs):
     dict(cluster_size=1000), dict(cluster_size="4M"), dict(cluster_size=256),
     dict(compat="1.0"), dict(preallocation="full"),
     dict(compress=True, preallocation="metadata"), dict(backing_file=""),
-    dict(backing_file="base.raw", backing_format="vmdk"),
+    dict(backing_file="base.raw", backing_format="qed"),
 ])
 def test_bad_create_options_refused_before_anything(source, tmp_path, kwargs):
     with pytest.raises(ValueError) as made:

@@ -75,7 +75,7 @@ static void check_create_options(void)
     CHECK(ic_create_options_check("raw", &o, &err) < 0, "raw has no backing file");
     o.backing_file = "";
     CHECK(ic_create_options_check("qcow2", &o, &err) < 0, "an empty backing file name");
-    o = (struct ic_create_options){.backing_file = "b", .backing_format = "vmdk"};
+    o = (struct ic_create_options){.backing_file = "b", .backing_format = "qed"};
     CHECK(ic_create_options_check("qcow2", &o, &err) < 0, "an unreadable backing format");
 
     const char *v3[] = {"1.1", "v3"}, *v2[] = {"0.10", "v2"};
