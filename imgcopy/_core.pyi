@@ -140,3 +140,22 @@ def format_map(packed: bytes, start: int, tail_end: int,
     each depth of the chain, NUL-separated)."""
 def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
     """(data, zero, present, compressed) bytes of packed extents."""
+
+# ---- compare (csrc/py/compare.c) ------------------------------------------
+
+class CompareOutcome(TypedDict):
+    """compare()'s result (struct ic_compare_result)."""
+    outcome: str  # "identical", "content", "size", "status"
+    identical: bool
+    offset: int
+    size_a: int  # qemu's lengths (raw files rounded up to 512 bytes)
+    size_b: int
+    size_mismatch: bool
+    in_tail: bool  # found past the end of the smaller image
+    warned: bool  # qemu printed "Warning: Image size mismatch!" first
+    bytes_read_a: int
+    bytes_read_b: int
+
+def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...) -> CompareOutcome:
+    """qemu-img compare on two open images; read failures are raised with
+    compare_step (3, 4), compare_image (0, 1) and compare_offset set."""
