@@ -18,6 +18,8 @@
 #define STEP_MAX (2u << 20) /* qemu-img's IO_BUF_SIZE */
 #define SECTOR 512u
 
+struct layer;
+
 /* What step a worker is handed. */
 enum step_kind { STEP_BOTH, STEP_ONE, STEP_NONE };
 
@@ -37,6 +39,8 @@ struct outcome {
 
 struct compare {
     struct ic_image *img[2];
+    struct layer *layers[2]; /* each image's chain, top first */
+    size_t nlayers[2];
     uint64_t qlen[2]; /* qemu's lengths: raw files rounded up to sectors */
     int strict;
 
@@ -45,6 +49,15 @@ struct compare {
     int planning_done;
     struct outcome best;
     uint64_t bytes_read[2];
+
+    /* qemu-img -p's reports, as its float arithmetic makes them, each
+     * made after the step `seq` (shown if no outcome came before) */
+    int log_progress;
+    float current, last_print;
+    struct ic_compare_progress *prog;
+    uint64_t *prog_seq;
+    size_t nprog, prog_cap;
+    int prog_failed;
 };
 
 /* qemu's block status flags, bdrv_block_status_above()'s answer. */
@@ -56,41 +69,109 @@ enum {
     Q_EOF = 0x20,
 };
 
-/* Past the end of a backing file qemu synthesises zeros "allocated" in that
- * layer; ranges no layer holds, with no backing file below, are just zero. */
-static int past_some_backing_end(const struct ic_image *img, uint64_t off)
+/* How qemu's driver of a layer cuts block status answers (7.2). */
+enum layer_kind {
+    LAYER_PLAIN, /* as imgcopy's extents: raw files, vpc                    */
+    LAYER_QCOW2, /* never across an L2 table; compressed: a cluster a time  */
+    LAYER_VMDK,  /* a grain a time                                          */
+    LAYER_VHDX,  /* no block status in qemu: all data, to the end           */
+};
+
+struct layer {
+    struct ic_image *img;
+    uint64_t qlen;
+    enum layer_kind kind;
+    uint64_t cluster; /* qcow2, vmdk: cluster (grain) size; 0: none */
+    uint64_t table;   /* qcow2: guest bytes one L2 table maps */
+};
+
+static void describe_layer(struct ic_image *img, struct layer *l)
 {
-    for (const struct ic_image *i = img; i->backing; i = i->backing)
-        if (off >= ic_image_qemu_length(i->backing))
-            return 1;
-    return 0;
+    struct ic_image_info info;
+    const char *fmt = ic_image_format(img);
+    *l = (struct layer){.img = img, .qlen = ic_image_qemu_length(img), .kind = LAYER_PLAIN};
+    if (strcmp(fmt, "vhdx") == 0) {
+        l->kind = LAYER_VHDX;
+        return;
+    }
+    if (strcmp(fmt, "qcow2") != 0 && strcmp(fmt, "vmdk") != 0)
+        return;
+    ic_image_describe(img, &info);
+    l->cluster = info.cluster_size;
+    if (strcmp(fmt, "vmdk") == 0) {
+        l->kind = LAYER_VMDK;
+        return;
+    }
+    l->kind = LAYER_QCOW2;
+    uint64_t entry = 8;
+    for (size_t i = 0; i < info.nfields; i++)
+        if (strcmp(info.fields[i].key, "extended-l2") == 0 && info.fields[i].number)
+            entry = 16;
+    l->table = l->cluster >= entry ? l->cluster / entry * l->cluster : 0;
 }
 
-/* The status word qemu gives `img` at `off` over the whole chain, and how
- * far it holds (as bdrv_block_status_above(bs, NULL, off, qlen - off)). */
+static uint64_t to_boundary(uint64_t off, uint64_t unit)
+{
+    return unit ? unit - off % unit : UINT64_MAX;
+}
+
+/* The status word qemu gives the chain at `off` (layers[0] on top), and how
+ * far it holds: bdrv_block_status_above(top, NULL, off, qlen - off).
+ * imgcopy's extent says which layer answers and what; qemu's drivers cut
+ * the answer shorter (an L2 table, a grain), each layer it asked on the way
+ * down limiting the next. */
 static int qemu_status(struct compare *c, int which, uint64_t off, uint64_t *len,
                        unsigned *word, struct ic_error *err)
 {
-    struct ic_image *img = c->img[which];
-    uint64_t qlen = c->qlen[which];
+    const struct layer *layers = c->layers[which];
+    size_t nlayers = c->nlayers[which];
+    struct ic_image *img = layers[0].img;
+    uint64_t qlen = layers[0].qlen, limit = UINT64_MAX;
     unsigned w;
     if (off >= ic_image_size(img)) {
         /* a raw file's last partial sector: a hole up to qemu's length */
-        w = Q_ZERO | Q_OFFSET_VALID | Q_ALLOCATED;
         *len = qlen - off;
-    } else {
-        struct ic_extent e;
-        if (ic_image_block_status(img, off, ic_image_size(img) - off, &e, err) < 0)
-            return -1;
-        w = ((e.flags & IC_EXT_DATA) ? Q_DATA : 0) | ((e.flags & IC_EXT_ZERO) ? Q_ZERO : 0) |
-            ((e.flags & IC_EXT_OFFSET_VALID) ? Q_OFFSET_VALID : 0) |
-            ((e.flags & IC_EXT_PRESENT) ? Q_ALLOCATED : 0);
-        if (!(w & Q_ALLOCATED) && (w & Q_ZERO) && e.depth > 0 &&
-            past_some_backing_end(img, off))
-            w |= Q_ALLOCATED;
-        *len = e.length;
+        *word = Q_ZERO | Q_OFFSET_VALID | Q_ALLOCATED | Q_EOF;
+        return 0;
     }
-    if (off + *len == qlen)
+    struct ic_extent e;
+    if (ic_image_block_status(img, off, ic_image_size(img) - off, &e, err) < 0)
+        return -1;
+    w = ((e.flags & IC_EXT_DATA) ? Q_DATA : 0) | ((e.flags & IC_EXT_ZERO) ? Q_ZERO : 0) |
+        ((e.flags & IC_EXT_OFFSET_VALID) ? Q_OFFSET_VALID : 0) |
+        ((e.flags & IC_EXT_PRESENT) ? Q_ALLOCATED : 0);
+    uint64_t n = e.length;
+    int exhausted = !(e.flags & IC_EXT_PRESENT); /* no layer holds it */
+    for (size_t d = 0; d < nlayers && d <= e.depth; d++) {
+        const struct layer *l = &layers[d];
+        if (off >= l->qlen) {
+            /* past the end of a backing file: zeros "allocated" there */
+            w = Q_ZERO | Q_ALLOCATED;
+            exhausted = 0;
+            break;
+        }
+        if (l->kind == LAYER_VHDX) {
+            w = Q_DATA | Q_ALLOCATED;
+            n = l->qlen - off;
+            exhausted = 0;
+            break;
+        }
+        uint64_t cut = UINT64_MAX;
+        if (l->kind == LAYER_QCOW2) {
+            cut = to_boundary(off, l->table);
+            if (d == e.depth && (e.flags & IC_EXT_COMPRESSED) && l->cluster)
+                cut = to_boundary(off, l->cluster);
+        } else if (l->kind == LAYER_VMDK) {
+            cut = to_boundary(off, l->cluster);
+        }
+        if (cut < limit)
+            limit = cut;
+    }
+    *len = n < limit ? n : limit;
+    /* EOF: the answer reaches the top's end, or (no layer holding it) the
+     * bottom layer's, whose flag qemu passes up */
+    if (off + *len == qlen ||
+        (exhausted && off + *len == layers[nlayers - 1].qlen))
         w |= Q_EOF;
     *word = w;
     return 0;
@@ -118,6 +199,39 @@ static void fail_at(struct compare *c, uint64_t seq, int which, int step_kind, u
                                   .in_tail = in_tail, .failed_image = which,
                                   .failed_step = step_kind};
     settle(c, seq, &r, err);
+}
+
+/* qemu_progress_print(chunk / total * 100, 100) after step `seq`, with
+ * qemu-img's min_skip of 2 (lock held). */
+static void account_progress(struct compare *c, uint64_t seq, uint64_t len, uint64_t total,
+                             int in_tail)
+{
+    if (!c->log_progress)
+        return;
+    float delta = ((float)len / (float)total) * 100;
+    float current = c->current + delta / 100 * 100;
+    if (current > 100)
+        current = 100;
+    c->current = current;
+    if (!(current > c->last_print + 2.0f || current == 100 || current == 0))
+        return;
+    c->last_print = current;
+    if (c->nprog == c->prog_cap) {
+        size_t cap = c->prog_cap ? 2 * c->prog_cap : 64;
+        struct ic_compare_progress *p = realloc(c->prog, cap * sizeof *p);
+        if (p)
+            c->prog = p;
+        uint64_t *q = p ? realloc(c->prog_seq, cap * sizeof *q) : NULL;
+        if (q)
+            c->prog_seq = q;
+        if (!p || !q) {
+            c->prog_failed = 1;
+            return;
+        }
+        c->prog_cap = cap;
+    }
+    c->prog[c->nprog] = (struct ic_compare_progress){.percent = current, .in_tail = in_tail};
+    c->prog_seq[c->nprog++] = seq;
 }
 
 /* Cut the next step that needs reading (steps that need none are passed
@@ -192,6 +306,7 @@ static int plan_step(struct compare *c, struct step *s)
         if (s->kind != STEP_NONE && s->len > STEP_MAX)
             s->len = STEP_MAX;
         c->cursor = off + s->len;
+        account_progress(c, seq, s->len, total, s->in_tail);
         if (s->kind != STEP_NONE)
             return 0;
     }
@@ -294,15 +409,35 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     c->qlen[0] = ic_image_qemu_length(a);
     c->qlen[1] = ic_image_qemu_length(b);
     c->strict = opt->strict;
+    c->log_progress = opt->progress;
+    for (int i = 0; i < 2; i++) {
+        size_t n = 0;
+        for (struct ic_image *l = c->img[i]; l; l = ic_image_backing(l))
+            n++;
+        c->layers[i] = calloc(n, sizeof *c->layers[i]);
+        if (!c->layers[i]) {
+            free(c->layers[0]);
+            free(c);
+            return ic_error_nomem(err);
+        }
+        c->nlayers[i] = n;
+        n = 0;
+        for (struct ic_image *l = c->img[i]; l; l = ic_image_backing(l))
+            describe_layer(l, &c->layers[i][n++]);
+    }
     out->size_a = c->qlen[0];
     out->size_b = c->qlen[1];
     out->size_mismatch = c->qlen[0] != c->qlen[1];
     if (c->strict && out->size_mismatch) {
+        free(c->layers[0]);
+        free(c->layers[1]);
         free(c);
         out->outcome = IC_COMPARE_SIZE;
         return 0;
     }
     if (pthread_mutex_init(&c->lock, NULL)) {
+        free(c->layers[0]);
+        free(c->layers[1]);
         free(c);
         return ic_error_nomem(err);
     }
@@ -347,7 +482,19 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
         out->identical = out->outcome == IC_COMPARE_IDENTICAL;
         out->bytes_read_a = c->bytes_read[0];
         out->bytes_read_b = c->bytes_read[1];
-        if (out->outcome == IC_COMPARE_FAILED) {
+        if (c->prog_failed) {
+            ret = ic_error_nomem(err);
+            out->outcome = 0;
+        }
+        size_t shown = 0;
+        while (shown < c->nprog && c->prog_seq[shown] < c->best.seq)
+            shown++;
+        if (shown) {
+            out->progress = c->prog;
+            out->nprogress = shown;
+            c->prog = NULL;
+        }
+        if (ret == 0 && out->outcome == IC_COMPARE_FAILED) {
             *err = c->best.err;
             ret = -1;
         }
@@ -359,6 +506,17 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     free(ws);
     free(tids);
     pthread_mutex_destroy(&c->lock);
+    free(c->prog);
+    free(c->prog_seq);
+    free(c->layers[0]);
+    free(c->layers[1]);
     free(c);
     return ret;
+}
+
+void ic_compare_result_free(struct ic_compare_result *r)
+{
+    free(r->progress);
+    r->progress = NULL;
+    r->nprogress = 0;
 }

@@ -348,6 +348,12 @@ enum { IC_COMPARE_FAIL_STATUS = 3, IC_COMPARE_FAIL_READ = 4 };
 struct ic_compare_options {
     unsigned concurrency; /* threads reading (the caller's is one of them) */
     int strict;           /* qemu-img compare -s: sizes and block status too */
+    int progress;         /* record the reports qemu-img compare -p prints */
+};
+/* A progress report qemu-img compare -p prints ("    (%3.2f/100%)\r"). */
+struct ic_compare_progress {
+    float percent; /* as qemu's float arithmetic gives it */
+    int in_tail;   /* after "Warning: Image size mismatch!" */
 };
 void ic_compare_options_init(struct ic_compare_options *o);
 
@@ -362,7 +368,12 @@ struct ic_compare_result {
     int failed_image;    /* FAILED: 0 (a) or 1 (b) */
     int failed_step;     /* FAILED: IC_COMPARE_FAIL_STATUS or _READ */
     uint64_t bytes_read_a, bytes_read_b;
+    /* with options.progress: the reports qemu prints before the outcome
+     * (after the 0% it prints first); free with ic_compare_result_free() */
+    struct ic_compare_progress *progress;
+    size_t nprogress;
 };
+void ic_compare_result_free(struct ic_compare_result *r);
 
 /* Compare a and b (opened read-only) as qemu-img compare does; the first
  * difference is the one qemu reports whatever the threads do.  0 with the

@@ -155,7 +155,9 @@ class CompareOutcome(TypedDict):
     warned: bool  # qemu printed "Warning: Image size mismatch!" first
     bytes_read_a: int
     bytes_read_b: int
+    progress: List[Tuple[float, bool]]  # qemu-img -p's reports: (percent, after the warning)
 
-def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...) -> CompareOutcome:
+def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...,
+            progress: bool = ...) -> CompareOutcome:
     """qemu-img compare on two open images; read failures are raised with
     compare_step (3, 4), compare_image (0, 1) and compare_offset set."""

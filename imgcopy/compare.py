@@ -3,8 +3,8 @@ only what the two extent maps say may differ."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import List, Optional
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
 
 from . import _core
 from .image import Image, PathArg
@@ -36,6 +36,9 @@ class CompareResult:
     warned: bool = False
     bytes_read: int = 0
     elapsed: float = 0.0
+    # with progress=True: the reports qemu-img compare -p prints after its
+    # first "0.00", as (percent, after the size warning)
+    progress: List[Tuple[float, bool]] = field(default_factory=list, repr=False)
 
     def __bool__(self) -> bool:
         return self.identical
@@ -55,13 +58,14 @@ def _message(reason: str, offset: int) -> str:
     return f"Strict mode: Offset {offset} block status mismatch!"
 
 
-def compare_images(a: Image, b: Image, *, strict: bool = False,
-                   concurrency: int = 4) -> CompareResult:
+def compare_images(a: Image, b: Image, *, strict: bool = False, concurrency: int = 4,
+                   progress: bool = False) -> CompareResult:
     """:func:`compare` on images already open."""
     if not 1 <= concurrency <= 64:
         raise ValueError(f"concurrency must be 1 to 64, not {concurrency}")
     start = time.monotonic()
-    r = _core.compare(a._img, b._img, strict=strict, concurrency=concurrency)
+    r = _core.compare(a._img, b._img, strict=strict, concurrency=concurrency,
+                      progress=progress)
     reason = r["outcome"]
     offset = r["offset"] if reason in ("content", "status") else None
     return CompareResult(identical=r["identical"], reason=reason, offset=offset,
@@ -69,7 +73,7 @@ def compare_images(a: Image, b: Image, *, strict: bool = False,
                          size_mismatch=r["size_mismatch"], size_a=r["size_a"],
                          size_b=r["size_b"], warned=r["warned"],
                          bytes_read=r["bytes_read_a"] + r["bytes_read_b"],
-                         elapsed=time.monotonic() - start)
+                         elapsed=time.monotonic() - start, progress=r["progress"])
 
 
 def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
