@@ -141,6 +141,11 @@ static int qemu_status(struct compare *c, int which, uint64_t off, uint64_t *len
         ((e.flags & IC_EXT_OFFSET_VALID) ? Q_OFFSET_VALID : 0) |
         ((e.flags & IC_EXT_PRESENT) ? Q_ALLOCATED : 0);
     uint64_t n = e.length;
+    /* a hole up to a raw file's end is one up to qemu's length (the file
+     * driver answers a trailing hole with the whole request) */
+    if (img->drv->kind == IC_PROTOCOL && !(e.flags & IC_EXT_DATA) &&
+        off + n == ic_image_size(img))
+        n = qlen - off;
     int exhausted = !(e.flags & IC_EXT_PRESENT); /* no layer holds it */
     for (size_t d = 0; d < nlayers && d <= e.depth; d++) {
         const struct layer *l = &layers[d];

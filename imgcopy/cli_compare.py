@@ -178,11 +178,11 @@ def run(argv: List[str]) -> int:
         _err("Expecting two image file names")
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
-    if cache not in CACHE_MODES:
-        _err(f"Invalid source cache option: {cache}")
-        return 2
     direct = cache in ("none", "directsync")
     try:
+        if cache not in CACHE_MODES:
+            _err(f"Invalid source cache option: {cache}")
+            return 2
         return _compare(names, fmts, direct, force_share, strict, threads, quiet, progress)
     finally:
         if progress:
@@ -196,8 +196,21 @@ def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Opt
     try:
         return Image(name, fmt, direct=direct, force_share=force_share)
     except (OSError, ImageFormatError, ValueError) as exc:
-        _err(open_failure(name, exc, fmt))
+        if fmt is None and isinstance(exc, OSError) and exc.errno and _opens_as_raw(name):
+            # the file opens: reading it to probe its format failed
+            _err(f"Could not open '{name}': Could not read image for determining its "
+                 f"format: {os.strerror(exc.errno)}")
+        else:
+            _err(open_failure(name, exc, fmt))
         return None
+
+
+def _opens_as_raw(name: str) -> bool:
+    try:
+        Image(name, "raw").close()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_share: bool,
