@@ -350,6 +350,41 @@ struct worker_ctx {
     uint8_t *buf[2];
 };
 
+/* Read a step and find its first differing sector.  The step is read in
+ * pieces, each compared while it is still in the CPU's cache; what qemu
+ * reads whole (the first image, then the second) is still read to the end
+ * after a difference, so that a read error is reported where qemu's
+ * would be.  Returns the image that failed, or -1. */
+#define PIECE (256u << 10)
+static int read_step(struct compare *c, struct worker_ctx *w, const struct step *s,
+                     uint64_t *diff, struct ic_error *err)
+{
+    int both = s->kind == STEP_BOTH;
+    int first = both ? 0 : s->which, second = both ? 1 : -1;
+    int failed[2] = {0, 0};
+    struct ic_error err2 = {0};
+    *diff = s->len;
+    for (uint64_t pos = 0; pos < s->len; pos += PIECE) {
+        uint64_t n = s->len - pos < PIECE ? s->len - pos : PIECE;
+        if (!failed[0] && read_q(c, first, w->buf[0] + pos, s->off + pos, n, err) < 0)
+            failed[0] = 1;
+        if (both && !failed[1] && read_q(c, second, w->buf[1] + pos, s->off + pos, n, &err2) < 0)
+            failed[1] = 1;
+        if (failed[0] || failed[1] || *diff < s->len)
+            continue;
+        uint64_t d = first_difference(w->buf[0] + pos, both ? w->buf[1] + pos : NULL, n);
+        if (d < n)
+            *diff = pos + d;
+    }
+    if (failed[0])
+        return first;
+    if (failed[1]) {
+        *err = err2;
+        return second;
+    }
+    return -1;
+}
+
 static void *worker_main(void *arg)
 {
     struct worker_ctx *w = arg;
@@ -363,18 +398,7 @@ static void *worker_main(void *arg)
             break;
         struct ic_error err = {0};
         uint64_t diff;
-        int failed = -1;
-        if (s.kind == STEP_BOTH) {
-            if (read_q(c, 0, w->buf[0], s.off, s.len, &err) < 0)
-                failed = 0;
-            else if (read_q(c, 1, w->buf[1], s.off, s.len, &err) < 0)
-                failed = 1;
-            diff = failed < 0 ? first_difference(w->buf[0], w->buf[1], s.len) : 0;
-        } else {
-            if (read_q(c, s.which, w->buf[0], s.off, s.len, &err) < 0)
-                failed = s.which;
-            diff = failed < 0 ? first_difference(w->buf[0], NULL, s.len) : 0;
-        }
+        int failed = read_step(c, w, &s, &diff, &err);
         pthread_mutex_lock(&c->lock);
         if (s.kind == STEP_BOTH) {
             c->bytes_read[0] += failed == 0 ? 0 : s.len;
