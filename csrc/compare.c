@@ -147,7 +147,9 @@ static int qemu_status(struct compare *c, int which, uint64_t off, uint64_t *len
         off + n == ic_image_size(img))
         n = qlen - off;
     int exhausted = !(e.flags & IC_EXT_PRESENT); /* no layer holds it */
-    for (size_t d = 0; d < nlayers && d <= e.depth; d++) {
+    /* the layers qemu asks: down to the one holding the range, or all */
+    size_t last = exhausted ? nlayers - 1 : e.depth;
+    for (size_t d = 0; d < nlayers && d <= last; d++) {
         const struct layer *l = &layers[d];
         if (off >= l->qlen) {
             /* past the end of a backing file: zeros "allocated" there */

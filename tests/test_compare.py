@@ -258,7 +258,7 @@ def test_backing_chain(tmp_path, capfdbinary, seed):
     base_size = rng.choice([1 * MiB, 2 * MiB + 512])
     sparse_raw(tmp_path / "base.raw", base_size, rng, chunks=3)
     qemu_img("convert", "-O", "qcow2", "base.raw", "base.qcow2", cwd=tmp_path)
-    top_size = base_size + rng.choice([0, 1 * MiB])
+    top_size = base_size + [0, 1 * MiB, 3 * MiB + 512][seed]
     qemu_img("create", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2", "top.qcow2",
              str(top_size), cwd=tmp_path)
     cmds = [f"write -P {rng.randint(1, 255)} {rng.randrange(top_size - 4096) // 512 * 512} 4096",
@@ -277,6 +277,11 @@ def test_backing_chain(tmp_path, capfdbinary, seed):
              str(top_size), cwd=tmp_path)
     both("over.qcow2", "base.raw", tmp_path, capfdbinary)
     both("over.qcow2", "empty.qcow2", tmp_path, capfdbinary, "-s")
+    # zeros past the backing file's end are "allocated" in qemu's eyes
+    qemu_img("convert", "-O", "qcow2", "top.qcow2", "flat.qcow2", cwd=tmp_path)
+    both("top.qcow2", "flat.qcow2", tmp_path, capfdbinary, "-s")
+    both("empty.qcow2", "flat.qcow2", tmp_path, capfdbinary, "-s", "-p")
+    both("empty.qcow2", "top.qcow2", tmp_path, capfdbinary, "-s")
     poke(tmp_path / "flat.raw", [rng.randrange(top_size)], rng)
     assert both("top.qcow2", "flat.raw", tmp_path, capfdbinary)[0] == 1
 
