@@ -113,8 +113,12 @@ def test_identical_raw(tmp_path, capfdbinary, seed):
 
 
 @pytest.mark.parametrize("fmt,opts", [("qcow2", []), ("qcow2", ["-o", "cluster_size=4k"]),
-                                      ("qcow2", ["-c"]), ("vpc", []), ("vhdx", []),
-                                      ("vmdk", [])])
+                                      ("qcow2", ["-c"]), ("vpc", []),
+                                      pytest.param("vpc", ["-o", "subformat=fixed"],
+                                                   marks=pytest.mark.xfail(
+                                                       reason="the vpc driver sizes some fixed "
+                                                       "VHDs 512 bytes short of qemu")),
+                                      ("vhdx", []), ("vmdk", [])])
 @pytest.mark.parametrize("seed", SEEDS)
 def test_raw_vs_conversion(tmp_path, capfdbinary, fmt, opts, seed):
     if fmt not in imgcopy.image.FORMATS:
@@ -127,6 +131,10 @@ def test_raw_vs_conversion(tmp_path, capfdbinary, fmt, opts, seed):
     both("a.raw", name, tmp_path, capfdbinary)
     both(name, "a.raw", tmp_path, capfdbinary, "-s")
     both(name, "a.raw", tmp_path, capfdbinary, "-p")
+    # the same size (vpc rounds sizes to its geometry): strict mode's status words
+    qemu_img("convert", "-O", "raw", name, "back.raw", cwd=tmp_path)
+    both(name, "back.raw", tmp_path, capfdbinary, "-s")
+    both("back.raw", name, tmp_path, capfdbinary, "-s", "-p")
     # a difference: in a data range and in a hole of the raw side
     shutil.copy(tmp_path / "a.raw", tmp_path / "b.raw")
     poke(tmp_path / "b.raw", sorted(rng.randrange(size) for _ in range(3)), rng)
