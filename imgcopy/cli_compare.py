@@ -184,6 +184,9 @@ def run(argv: List[str]) -> int:
             _err(f"Invalid source cache option: {cache}")
             return 2
         return _compare(names, fmts, direct, force_share, strict, threads, quiet, progress)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
     finally:
         if progress:
             _out("\n", quiet)
