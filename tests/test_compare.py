@@ -14,7 +14,7 @@ from imgcopy.cli import main as cli_main
 
 from .gen.sparse import make_sparse
 from .oracles import qemu_img, qemu_io, require_qemu_img
-from .servers import nbdkit, needs_nbdkit
+from .servers import nbdkit, needs_nbdkit, needs_qemu_nbd, qemu_nbd
 from .units import KiB, MiB, GiB
 
 pytestmark = pytest.mark.usefixtures("oracle")
@@ -378,3 +378,19 @@ def test_nbd_and_read_errors(tmp_path, capfdbinary):
         with pytest.raises(OSError) as info:
             imgcopy.compare(tmp_path / "a.raw", srv.uri, b_format="raw")
         assert info.value.compare_step == 4 and info.value.compare_image == 1
+
+
+@needs_qemu_nbd
+def test_nbd_exports(tmp_path, capfdbinary):
+    """An NBD export's block status cuts the steps as the file's would."""
+    rng = random.Random(8)
+    sparse_raw(tmp_path / "a.raw", 5 * MiB + 512, rng, chunks=4)
+    qemu_img("convert", "-O", "qcow2", "-o", "cluster_size=4k", "a.raw", "a.qcow2",
+             cwd=tmp_path)
+    shutil.copy(tmp_path / "a.raw", tmp_path / "b.raw")
+    poke(tmp_path / "b.raw", [3 * MiB + 5], rng)
+    with qemu_nbd(tmp_path / "a.qcow2", "qcow2", read_only=True) as srv:
+        for args in (["a.raw", srv.uri], ["-p", srv.uri, "a.raw"], ["-s", "a.raw", srv.uri],
+                     ["-s", "a.qcow2", srv.uri], ["-p", "a.qcow2", srv.uri],
+                     [srv.uri, "b.raw"]):
+            same_as_qemu(args, tmp_path, capfdbinary)
