@@ -9,6 +9,7 @@ from .info import ImageInfo, info
 from .options import CopyOptions, CreateOptions, Qcow2Options
 from .plan import CopyPlan, Request, plan
 
-__all__ = ["CompareResult", "compare", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
+__all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__"]
+__all__ += ["CompareResult", "compare"]

@@ -317,6 +317,17 @@ def test_strict_allocation(tmp_path, capfdbinary):
                 assert both(a, b, tmp_path, capfdbinary)[0] == 0
                 both(a, b, tmp_path, capfdbinary, "-s")
     both("a.qcow2", "pre.qcow2", tmp_path, capfdbinary, "-s")
+    # whichever comes first: a content difference or an allocation difference
+    for where, expect in ((70001, "Content mismatch at offset 69632!"),
+                          (3 * MiB + 70001, "Strict mode: Offset 1048576 block status mismatch!")):
+        shutil.copy(tmp_path / "a.qcow2", tmp_path / "c.qcow2")
+        qemu_io(tmp_path / "c.qcow2", [f"write -P 9 {where} 1"], fmt="qcow2")
+        rc, out = same_as_qemu(["-s", "c.qcow2", "z.qcow2"], tmp_path, capfdbinary)
+        assert (rc, out) == (1, expect + "\n")
+        for threads in (1, 2, 8):
+            res = imgcopy.compare(tmp_path / "c.qcow2", tmp_path / "z.qcow2", strict=True,
+                                  concurrency=threads)
+            assert res.message == expect
 
 
 def test_sparse_terabyte_costs_nothing(tmp_path, capfdbinary):
