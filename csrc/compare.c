@@ -10,6 +10,7 @@
  * skipped. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,8 @@ struct compare {
     size_t nlayers[2];
     uint64_t qlen[2]; /* qemu's lengths: raw files rounded up to sectors */
     int strict;
+    _Atomic int *cancel;
+    int cancelled;
 
     pthread_mutex_t lock;
     uint64_t cursor, next_seq;
@@ -250,6 +253,11 @@ static int plan_step(struct compare *c, struct step *s)
     uint64_t total = c->qlen[0] < c->qlen[1] ? c->qlen[1] : c->qlen[0];
     int larger = c->qlen[0] < c->qlen[1];
     while (!c->planning_done) {
+        if (c->cancel && atomic_load(c->cancel)) {
+            c->cancelled = 1;
+            c->planning_done = 1;
+            break;
+        }
         uint64_t off = c->cursor, seq = c->next_seq++;
         struct ic_error err = {0};
         if (c->best.known && c->best.seq < seq) {
@@ -440,6 +448,7 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     c->qlen[0] = ic_image_qemu_length(a);
     c->qlen[1] = ic_image_qemu_length(b);
     c->strict = opt->strict;
+    c->cancel = opt->cancel;
     c->log_progress = opt->progress;
     for (int i = 0; i < 2; i++) {
         size_t n = 0;
@@ -503,6 +512,8 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     }
     for (unsigned i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
+    if (ret == 0 && c->cancelled)
+        ret = ic_error_os(err, ECANCELED, NULL, "compare cancelled");
     if (ret == 0) {
         int size_mismatch = out->size_mismatch;
         *out = c->best.res;

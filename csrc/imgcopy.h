@@ -349,6 +349,7 @@ struct ic_compare_options {
     unsigned concurrency; /* threads reading (the caller's is one of them) */
     int strict;           /* qemu-img compare -s: sizes and block status too */
     int progress;         /* record the reports qemu-img compare -p prints */
+    _Atomic int *cancel;  /* optional: set non-zero, the call fails soon (ECANCELED) */
 };
 /* A progress report qemu-img compare -p prints ("    (%3.2f/100%)\r"). */
 struct ic_compare_progress {

@@ -405,3 +405,19 @@ def test_nbd_exports(tmp_path, capfdbinary):
                      ["-s", "a.qcow2", srv.uri], ["-p", "a.qcow2", srv.uri],
                      [srv.uri, "b.raw"]):
             same_as_qemu(args, tmp_path, capfdbinary)
+
+
+@needs_nbdkit
+def test_ctrl_c_stops_a_long_compare(tmp_path):
+    """The comparison runs outside Python's thread: Ctrl-C still stops it."""
+    import signal
+    import subprocess
+    import sys
+    with nbdkit("pattern", "64M", "rdelay=200ms", filters=["delay"], log=False) as srv:
+        p = subprocess.Popen([sys.executable, "-m", "imgcopy", "compare", "-f", "raw", "-F",
+                              "raw", srv.uri, srv.uri], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert (p.returncode, out, err) == (130, "", "imgcopy: interrupted\n")

@@ -3,6 +3,11 @@
  * raised with what qemu-img would report as attributes of the exception
  * (compare_step: 3 block status, 4 read; compare_image: 0 or 1;
  * compare_offset: where). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
 #include "glue.h"
 
 static const char *const outcome_names[] = {
@@ -56,6 +61,70 @@ static void annotate(const struct ic_compare_result *r)
     PyErr_Restore(type, value, tb);
 }
 
+/* The comparison runs in a thread of its own while the caller's waits in
+ * slices with the GIL released: Ctrl-C (a Python signal handler's error)
+ * cancels it. */
+struct job {
+    struct ic_image *a, *b;
+    struct ic_compare_options opt;
+    struct ic_compare_result r;
+    struct ic_error err;
+    int ret, done;
+    _Atomic int cancel;
+    pthread_mutex_t lock;
+    pthread_cond_t finished;
+};
+
+static void *job_main(void *arg)
+{
+    struct job *j = arg;
+    int ret = ic_compare(j->a, j->b, &j->opt, &j->r, &j->err);
+    pthread_mutex_lock(&j->lock);
+    j->ret = ret;
+    j->done = 1;
+    pthread_cond_signal(&j->finished);
+    pthread_mutex_unlock(&j->lock);
+    return NULL;
+}
+
+#define WAIT_SLICE_NS 100000000L
+
+/* 0: j->ret says how it went; -1: a Python error is set (the comparison
+ * was cancelled, or could not start). */
+static int run_job(struct job *j)
+{
+    pthread_t tid;
+    int e = pthread_create(&tid, NULL, job_main, j);
+    if (e) {
+        errno = e;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    int python_error = 0, done = 0;
+    while (!done) {
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += WAIT_SLICE_NS;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_mutex_lock(&j->lock);
+        while (!j->done && pthread_cond_timedwait(&j->finished, &j->lock, &until) == 0)
+            ;
+        done = j->done;
+        pthread_mutex_unlock(&j->lock);
+        Py_END_ALLOW_THREADS
+        if (!done && !python_error && PyErr_CheckSignals() < 0) {
+            python_error = 1;
+            atomic_store(&j->cancel, 1);
+        }
+    }
+    pthread_join(tid, NULL);
+    return python_error ? -1 : 0;
+}
+
 PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"a", "b", "strict", "concurrency", "progress", NULL};
@@ -73,16 +142,25 @@ PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds)
     struct ic_image *ia = image_usable(a), *ib = ia ? image_usable(b) : NULL;
     if (!ib)
         return NULL;
-    struct ic_compare_result r = {0};
-    struct ic_error err = {0};
-    int ret;
+    struct job j = {.a = ia, .b = ib, .opt = opt};
+    atomic_init(&j.cancel, 0);
+    j.opt.cancel = &j.cancel;
+    pthread_mutex_init(&j.lock, NULL);
+    pthread_cond_init(&j.finished, NULL);
     image_enter(a);
     image_enter(b);
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_compare(ia, ib, &opt, &r, &err);
-    Py_END_ALLOW_THREADS
+    int python_error = run_job(&j);
     image_leave(a);
     image_leave(b);
+    pthread_cond_destroy(&j.finished);
+    pthread_mutex_destroy(&j.lock);
+    struct ic_compare_result r = j.r;
+    struct ic_error err = j.err;
+    int ret = j.ret;
+    if (python_error) {
+        ic_compare_result_free(&r);
+        return NULL;
+    }
     if (ret < 0) {
         raise_error(st, &err);
         if (r.outcome == IC_COMPARE_FAILED)

@@ -1,6 +1,7 @@
 /* compare with many threads, under the sanitizers (TSan with `make tsan`):
  * however the threads race, the outcome is the first difference, counted in
  * sectors from the start of the step as qemu counts it. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,22 @@ int main(void)
     CHECK(tail_zero ? r.identical : (r.outcome == IC_COMPARE_CONTENT && r.in_tail), "tail");
     r = run(c, b, 4, 1);
     CHECK(r.outcome == IC_COMPARE_SIZE, "strict size");
+    /* cancelled: fails with ECANCELED, whatever it found */
+    {
+        struct ic_error err = {0};
+        struct ic_image *ia, *ib;
+        must(ic_image_open(a, "raw", 0, &ia, &err), &err);
+        must(ic_image_open(b, "raw", 0, &ib, &err), &err);
+        _Atomic int cancel = 1;
+        struct ic_compare_options o;
+        ic_compare_options_init(&o);
+        o.cancel = &cancel;
+        struct ic_compare_result res;
+        CHECK(ic_compare(ia, ib, &o, &res, &err) < 0 && err.errnum == ECANCELED, "cancel");
+        ic_compare_result_free(&res);
+        ic_image_close(ia);
+        ic_image_close(ib);
+    }
     printf("test_compare: %lu checks passed\n", check_count);
     unlink(a);
     unlink(b);
