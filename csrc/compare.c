@@ -61,6 +61,13 @@ struct compare {
     uint64_t *prog_seq;
     size_t nprog, prog_cap;
     int prog_failed;
+    /* reports handed to options.report as they become final: once every
+     * step before theirs is done without an outcome */
+    void (*report)(void *ctx, const struct ic_compare_progress *p);
+    void *report_ctx;
+    size_t prog_emitted;
+    uint64_t *in_flight; /* per worker: the step it reads, or UINT64_MAX */
+    unsigned nworkers;
 };
 
 /* qemu's block status flags, bdrv_block_status_above()'s answer. */
@@ -357,8 +364,30 @@ static uint64_t first_difference(const uint8_t *a, const uint8_t *b, uint64_t le
 
 struct worker_ctx {
     struct compare *c;
+    unsigned index;
     uint8_t *buf[2];
 };
+
+/* Hand on the reports of steps before `limit` (lock held). */
+static void emit_reports(struct compare *c, uint64_t limit)
+{
+    if (!c->report)
+        return;
+    while (c->prog_emitted < c->nprog && c->prog_seq[c->prog_emitted] < limit)
+        c->report(c->report_ctx, &c->prog[c->prog_emitted++]);
+}
+
+/* The first step that may still have an outcome (lock held). */
+static uint64_t watermark(const struct compare *c)
+{
+    uint64_t m = c->next_seq;
+    for (unsigned i = 0; i < c->nworkers; i++)
+        if (c->in_flight[i] < m)
+            m = c->in_flight[i];
+    if (c->best.known && c->best.seq < m)
+        m = c->best.seq;
+    return m;
+}
 
 /* Read a step and find its first differing sector.  The step is read in
  * pieces, each compared while it is still in the CPU's cache; what qemu
@@ -399,10 +428,13 @@ static void *worker_main(void *arg)
 {
     struct worker_ctx *w = arg;
     struct compare *c = w->c;
-    struct step s;
+    struct step s = {0};
     for (;;) {
         pthread_mutex_lock(&c->lock);
         int none = plan_step(c, &s);
+        if (!none)
+            c->in_flight[w->index] = s.seq;
+        emit_reports(c, watermark(c));
         pthread_mutex_unlock(&c->lock);
         if (none)
             break;
@@ -423,6 +455,8 @@ static void *worker_main(void *arg)
                                           .in_tail = s.in_tail};
             settle(c, s.seq, &r, NULL);
         }
+        c->in_flight[w->index] = UINT64_MAX;
+        emit_reports(c, watermark(c));
         pthread_mutex_unlock(&c->lock);
     }
     return NULL;
@@ -450,6 +484,8 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     c->strict = opt->strict;
     c->cancel = opt->cancel;
     c->log_progress = opt->progress;
+    c->report = opt->progress ? opt->report : NULL;
+    c->report_ctx = opt->report_ctx;
     for (int i = 0; i < 2; i++) {
         size_t n = 0;
         for (struct ic_image *l = c->img[i]; l; l = ic_image_backing(l))
@@ -486,8 +522,13 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     pthread_t *tids = calloc(n, sizeof *tids);
     unsigned started = 0, ready = 0;
     int ret = 0;
-    for (unsigned i = 0; ws && tids && i < n; i++, ready++) {
+    c->in_flight = malloc(n * sizeof *c->in_flight);
+    c->nworkers = c->in_flight ? n : 0;
+    for (unsigned i = 0; i < c->nworkers; i++)
+        c->in_flight[i] = UINT64_MAX;
+    for (unsigned i = 0; ws && tids && c->in_flight && i < n; i++, ready++) {
         ws[i].c = c;
+        ws[i].index = i;
         ws[i].buf[0] = malloc(STEP_MAX);
         ws[i].buf[1] = malloc(STEP_MAX);
         if (!ws[i].buf[0] || !ws[i].buf[1])
@@ -512,6 +553,8 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     }
     for (unsigned i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
+    if (ret == 0 && c->best.known)
+        emit_reports(c, c->best.seq);
     if (ret == 0 && c->cancelled)
         ret = ic_error_os(err, ECANCELED, NULL, "compare cancelled");
     if (ret == 0) {
@@ -552,6 +595,7 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
     free(c->prog_seq);
     free(c->layers[0]);
     free(c->layers[1]);
+    free(c->in_flight);
     free(c);
     return ret;
 }

@@ -345,16 +345,22 @@ enum ic_compare_outcome {
 /* What failed: qemu-img compare's exit codes 3 and 4. */
 enum { IC_COMPARE_FAIL_STATUS = 3, IC_COMPARE_FAIL_READ = 4 };
 
+/* A progress report qemu-img compare -p prints ("    (%3.2f/100%)\r"). */
+struct ic_compare_progress {
+    float percent; /* as qemu's float arithmetic gives it */
+    int in_tail;   /* after "Warning: Image size mismatch!" */
+};
+
 struct ic_compare_options {
     unsigned concurrency; /* threads reading (the caller's is one of them) */
     int strict;           /* qemu-img compare -s: sizes and block status too */
     int progress;         /* record the reports qemu-img compare -p prints */
     _Atomic int *cancel;  /* optional: set non-zero, the call fails soon (ECANCELED) */
-};
-/* A progress report qemu-img compare -p prints ("    (%3.2f/100%)\r"). */
-struct ic_compare_progress {
-    float percent; /* as qemu's float arithmetic gives it */
-    int in_tail;   /* after "Warning: Image size mismatch!" */
+    /* optional, with progress: each report as it becomes final (every step
+     * before it done without an outcome), in order; called from the
+     * comparison's threads with its lock held: it must be quick */
+    void (*report)(void *ctx, const struct ic_compare_progress *p);
+    void *report_ctx;
 };
 void ic_compare_options_init(struct ic_compare_options *o);
 

@@ -3,7 +3,7 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import List, Optional, Tuple, TypedDict, Union, final
+from typing import Callable, List, Optional, Tuple, TypedDict, Union, final
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -158,6 +158,7 @@ class CompareOutcome(TypedDict):
     progress: List[Tuple[float, bool]]  # qemu-img -p's reports: (percent, after the warning)
 
 def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...,
-            progress: bool = ...) -> CompareOutcome:
+            progress: bool = ...,
+            on_progress: Optional[Callable[[float, bool], object]] = ...) -> CompareOutcome:
     """qemu-img compare on two open images; read failures are raised with
     compare_step (3, 4), compare_image (0, 1) and compare_offset set."""

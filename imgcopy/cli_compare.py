@@ -226,35 +226,50 @@ def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_sh
         if b is None:
             return 2
         with b:
+            live = _Live(quiet)
             if progress:
                 _out(_report_line(0.0), quiet)
             try:
                 result = compare_images(a, b, strict=strict, concurrency=threads,
-                                        progress=progress)
+                                        on_progress=live.report if progress else None)
             except (OSError, ImageFormatError) as exc:
-                return _failure(names, exc, quiet)
-    return _report(result, quiet)
+                return _failure(names, exc, quiet, live)
+    return _report(result, quiet, live)
+
+
+class _Live:
+    """The progress reports as they come, and qemu's size warning before the
+    first one past the smaller image's end."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.warned = False
+
+    def warn(self) -> None:
+        if not self.warned:
+            _out("Warning: Image size mismatch!\n", self.quiet)
+            self.warned = True
+
+    def report(self, percent: float, in_tail: bool) -> None:
+        if in_tail:
+            self.warn()
+        _out(_report_line(percent), self.quiet)
 
 
 def _report_line(percent: float) -> str:
     return "    (%3.2f/100%%)\r" % percent
 
 
-def _progress_text(reports: List[Tuple[float, bool]], warned: bool) -> str:
-    """The progress reports, and qemu's size warning where it comes among them."""
-    text = "".join(_report_line(p) for p, tail in reports if not tail)
-    if warned:
-        text += "Warning: Image size mismatch!\n"
-    return text + "".join(_report_line(p) for p, tail in reports if tail)
 
 
-def _failure(names: List[str], exc: BaseException, quiet: bool) -> int:
+
+def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> int:
     step = getattr(exc, "compare_step", None)
     if step is None:
         _err(str(exc))
         return 4
-    _out(_progress_text(getattr(exc, "compare_progress", []),
-                        getattr(exc, "compare_warned", False)), quiet)
+    if getattr(exc, "compare_warned", False):
+        live.warn()
     name = names[getattr(exc, "compare_image", 0)]
     if step == 3:
         _err(f"Sector allocation test failed for {name}")
@@ -265,6 +280,8 @@ def _failure(names: List[str], exc: BaseException, quiet: bool) -> int:
     return 4
 
 
-def _report(result: CompareResult, quiet: bool) -> int:
-    _out(_progress_text(result.progress, result.warned) + result.message + "\n", quiet)
+def _report(result: CompareResult, quiet: bool, live: _Live) -> int:
+    if result.warned:
+        live.warn()
+    _out(result.message + "\n", quiet)
     return 0 if result.identical else 1

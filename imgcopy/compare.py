@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
 from .image import Image, PathArg
@@ -59,13 +59,18 @@ def _message(reason: str, offset: int) -> str:
 
 
 def compare_images(a: Image, b: Image, *, strict: bool = False, concurrency: int = 4,
-                   progress: bool = False) -> CompareResult:
-    """:func:`compare` on images already open."""
+                   progress: bool = False,
+                   on_progress: Optional[Callable[[float, bool], Any]] = None
+                   ) -> CompareResult:
+    """:func:`compare` on images already open.  ``progress``: collect the
+    reports qemu-img compare -p prints (``CompareResult.progress``);
+    ``on_progress(percent, after_size_warning)`` is called with each as it
+    becomes final, in order, from the calling thread."""
     if not 1 <= concurrency <= 64:
         raise ValueError(f"concurrency must be 1 to 64, not {concurrency}")
     start = time.monotonic()
     r = _core.compare(a._img, b._img, strict=strict, concurrency=concurrency,
-                      progress=progress)
+                      progress=progress or on_progress is not None, on_progress=on_progress)
     reason = r["outcome"]
     offset = r["offset"] if reason in ("content", "status") else None
     return CompareResult(identical=r["identical"], reason=reason, offset=offset,

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "glue.h"
@@ -73,7 +75,60 @@ struct job {
     _Atomic int cancel;
     pthread_mutex_t lock;
     pthread_cond_t finished;
+    /* reports made final, not yet handed to on_progress (under lock) */
+    struct ic_compare_progress *pending;
+    size_t npending, cap;
+    int lost; /* no memory for one: on_progress is told no more */
+    PyObject *on_progress;
 };
+
+/* From the comparison's threads: keep a report for the waiting one. */
+static void job_report(void *ctx, const struct ic_compare_progress *p)
+{
+    struct job *j = ctx;
+    pthread_mutex_lock(&j->lock);
+    if (j->npending == j->cap && !j->lost) {
+        size_t cap = j->cap ? 2 * j->cap : 64;
+        struct ic_compare_progress *n = realloc(j->pending, cap * sizeof *n);
+        if (n) {
+            j->pending = n;
+            j->cap = cap;
+        } else {
+            j->lost = 1;
+        }
+    }
+    if (!j->lost)
+        j->pending[j->npending++] = *p;
+    pthread_mutex_unlock(&j->lock);
+}
+
+/* Hand the reports kept so far to on_progress(percent, in_tail); -1 when
+ * it raised. */
+static int deliver(struct job *j)
+{
+    if (j->on_progress == Py_None)
+        return 0;
+    pthread_mutex_lock(&j->lock);
+    size_t n = j->npending;
+    struct ic_compare_progress *batch = n ? malloc(n * sizeof *batch) : NULL;
+    if (batch)
+        memcpy(batch, j->pending, n * sizeof *batch);
+    j->npending = 0;
+    pthread_mutex_unlock(&j->lock);
+    if (n && !batch) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int ret = 0;
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        PyObject *r = PyObject_CallFunction(j->on_progress, "dO", (double)batch[i].percent,
+                                            batch[i].in_tail ? Py_True : Py_False);
+        ret = r ? 0 : -1;
+        Py_XDECREF(r);
+    }
+    free(batch);
+    return ret;
+}
 
 static void *job_main(void *arg)
 {
@@ -116,35 +171,45 @@ static int run_job(struct job *j)
         done = j->done;
         pthread_mutex_unlock(&j->lock);
         Py_END_ALLOW_THREADS
-        if (!done && !python_error && PyErr_CheckSignals() < 0) {
+        if (!python_error && (deliver(j) < 0 || (!done && PyErr_CheckSignals() < 0))) {
             python_error = 1;
             atomic_store(&j->cancel, 1);
         }
     }
     pthread_join(tid, NULL);
+    if (!python_error && deliver(j) < 0)
+        python_error = 1;
     return python_error ? -1 : 0;
 }
 
 PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"a", "b", "strict", "concurrency", "progress", NULL};
+    static char *kwlist[] = {"a", "b", "strict", "concurrency", "progress", "on_progress", NULL};
     core_state *st = module_state(m);
     ImageObject *a, *b;
     struct ic_compare_options opt;
     ic_compare_options_init(&opt);
     int strict = 0, progress = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!|$pIp:compare", kwlist, st->image_type,
+    PyObject *on_progress = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!|$pIpO:compare", kwlist, st->image_type,
                                      &a, st->image_type, &b, &strict, &opt.concurrency,
-                                     &progress))
+                                     &progress, &on_progress))
         return NULL;
+    if (on_progress != Py_None && !PyCallable_Check(on_progress))
+        return PyErr_Format(PyExc_TypeError, "compare() argument 'on_progress' must be callable");
     opt.strict = strict;
     opt.progress = progress;
     struct ic_image *ia = image_usable(a), *ib = ia ? image_usable(b) : NULL;
     if (!ib)
         return NULL;
-    struct job j = {.a = ia, .b = ib, .opt = opt};
+    struct job j = {.a = ia, .b = ib, .opt = opt, .on_progress = on_progress};
     atomic_init(&j.cancel, 0);
     j.opt.cancel = &j.cancel;
+    if (on_progress != Py_None) {
+        j.opt.progress = 1;
+        j.opt.report = job_report;
+        j.opt.report_ctx = &j;
+    }
     pthread_mutex_init(&j.lock, NULL);
     pthread_cond_init(&j.finished, NULL);
     image_enter(a);
@@ -154,6 +219,7 @@ PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds)
     image_leave(b);
     pthread_cond_destroy(&j.finished);
     pthread_mutex_destroy(&j.lock);
+    free(j.pending);
     struct ic_compare_result r = j.r;
     struct ic_error err = j.err;
     int ret = j.ret;

@@ -34,8 +34,21 @@ static void write_file(const char *path, const uint8_t *buf, uint64_t size, int 
     fclose(f);
 }
 
+/* Reports handed on as they became final: the same, in the same order, as
+ * those the result lists. */
+static struct ic_compare_progress reported[4096];
+static size_t nreported;
+
+static void on_report(void *ctx, const struct ic_compare_progress *p)
+{
+    (void)ctx;
+    CHECK(nreported < sizeof reported / sizeof reported[0], "too many reports");
+    reported[nreported++] = *p;
+}
+
 static struct ic_compare_result run(const char *a, const char *b, unsigned threads, int strict)
 {
+    nreported = 0;
     struct ic_error err = {0};
     struct ic_image *ia, *ib;
     must(ic_image_open(a, "raw", 0, &ia, &err), &err);
@@ -45,8 +58,13 @@ static struct ic_compare_result run(const char *a, const char *b, unsigned threa
     o.concurrency = threads;
     o.strict = strict;
     o.progress = 1;
+    o.report = on_report;
     struct ic_compare_result r;
     must(ic_compare(ia, ib, &o, &r, &err), &err);
+    CHECK(nreported == r.nprogress, "%zu reports handed on, %zu listed", nreported, r.nprogress);
+    for (size_t i = 0; i < nreported; i++)
+        CHECK(reported[i].percent == r.progress[i].percent &&
+                  reported[i].in_tail == r.progress[i].in_tail, "report %zu", i);
     ic_compare_result_free(&r);
     ic_image_close(ia);
     ic_image_close(ib);
