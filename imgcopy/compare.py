@@ -83,7 +83,8 @@ def compare_images(a: Image, b: Image, *, strict: bool = False, concurrency: int
 
 def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
             b_format: Optional[str] = None, strict: bool = False, force_share: bool = False,
-            concurrency: int = 4) -> CompareResult:
+            concurrency: int = 4,
+            on_progress: Optional[Callable[[float, bool], Any]] = None) -> CompareResult:
     """Compare the guest content of two images (files or NBD URIs, any
     format imgcopy reads, backing chains followed) as ``qemu-img compare``
     does: ``a_format`` and ``b_format`` are its ``-f`` and ``-F`` (None:
@@ -93,10 +94,14 @@ def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
     read from the one side only.  A size difference is allowed when the
     larger image's tail reads as zeros (not in strict mode).
 
+    ``on_progress(percent, after_size_warning)`` gets qemu-img compare -p's
+    reports as they become final.
+
     Returns a :class:`CompareResult`, true when identical; raises OSError
     or ImageFormatError when an image cannot be opened or read (an error
     while comparing carries ``compare_step`` 3 (block status) or 4 (read),
     ``compare_image`` 0 or 1 and ``compare_offset``)."""
     with Image(a, a_format, force_share=force_share) as ia:
         with Image(b, b_format, force_share=force_share) as ib:
-            return compare_images(ia, ib, strict=strict, concurrency=concurrency)
+            return compare_images(ia, ib, strict=strict, concurrency=concurrency,
+                                  on_progress=on_progress)

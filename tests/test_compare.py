@@ -421,3 +421,26 @@ def test_ctrl_c_stops_a_long_compare(tmp_path):
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=30)
     assert (p.returncode, out, err) == (130, "", "imgcopy: interrupted\n")
+
+
+def test_api_progress_reports(tmp_path, capfdbinary):
+    """on_progress gets the reports -p prints, in order."""
+    rng = random.Random(21)
+    sparse_raw(tmp_path / "a.raw", 3 * MiB, rng)
+    shutil.copy(tmp_path / "a.raw", tmp_path / "c.raw")
+    with open(tmp_path / "c.raw", "r+b") as f:
+        f.truncate(5 * MiB)
+        f.seek(4 * MiB + 7)
+        f.write(b"x")
+    rc, out = same_as_qemu(["-p", "a.raw", "c.raw"], tmp_path, capfdbinary)
+    got = []
+    res = imgcopy.compare(tmp_path / "a.raw", tmp_path / "c.raw",
+                          on_progress=lambda p, tail: got.append((p, tail)))
+    text = "    (0.00/100%)\r"
+    for p, tail in got:
+        if tail and "Warning" not in text:
+            text += "Warning: Image size mismatch!\n"
+        text += "    (%3.2f/100%%)\r" % p
+    if res.warned and "Warning" not in text:
+        text += "Warning: Image size mismatch!\n"
+    assert text + res.message + "\n\n" == out
