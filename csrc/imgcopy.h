@@ -343,6 +343,64 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
 
 int ic_is_zero(const void *buf, size_t len);
 
+/* ---- compare (compare.c) --------------------------------------------- */
+
+/* How a comparison ended, as qemu-img compare reports it. */
+enum ic_compare_outcome {
+    IC_COMPARE_IDENTICAL = 0, /* "Images are identical."                    */
+    IC_COMPARE_CONTENT,       /* "Content mismatch at offset <offset>!"     */
+    IC_COMPARE_SIZE,          /* strict: "Strict mode: Image size mismatch!" */
+    IC_COMPARE_STATUS,        /* strict: "Strict mode: Offset <offset> block status mismatch!" */
+    IC_COMPARE_FAILED,        /* block status or a read failed (the error) */
+};
+/* What failed: qemu-img compare's exit codes 3 and 4. */
+enum { IC_COMPARE_FAIL_STATUS = 3, IC_COMPARE_FAIL_READ = 4 };
+
+/* A progress report qemu-img compare -p prints ("    (%3.2f/100%)\r"). */
+struct ic_compare_progress {
+    float percent; /* as qemu's float arithmetic gives it */
+    int in_tail;   /* after "Warning: Image size mismatch!" */
+};
+
+struct ic_compare_options {
+    unsigned concurrency; /* threads reading (the caller's is one of them) */
+    int strict;           /* qemu-img compare -s: sizes and block status too */
+    int progress;         /* record the reports qemu-img compare -p prints */
+    _Atomic int *cancel;  /* optional: set non-zero, the call fails soon (ECANCELED) */
+    /* optional, with progress: each report as it becomes final (every step
+     * before it done without an outcome), in order; called from the
+     * comparison's threads with its lock held: it must be quick */
+    void (*report)(void *ctx, const struct ic_compare_progress *p);
+    void *report_ctx;
+};
+void ic_compare_options_init(struct ic_compare_options *o);
+
+struct ic_compare_result {
+    int outcome;         /* enum ic_compare_outcome */
+    int identical;
+    uint64_t offset;     /* CONTENT, STATUS; FAILED: the step's start */
+    uint64_t size_a, size_b; /* qemu's lengths (raw files rounded up to 512) */
+    int size_mismatch;
+    int in_tail;         /* found past the end of the smaller image */
+    int warned;          /* qemu printed "Warning: Image size mismatch!" first */
+    int failed_image;    /* FAILED: 0 (a) or 1 (b) */
+    int failed_step;     /* FAILED: IC_COMPARE_FAIL_STATUS or _READ */
+    uint64_t bytes_read_a, bytes_read_b;
+    /* with options.progress: the reports qemu prints before the outcome
+     * (after the 0% it prints first); free with ic_compare_result_free() */
+    struct ic_compare_progress *progress;
+    size_t nprogress;
+};
+void ic_compare_result_free(struct ic_compare_result *r);
+
+/* Compare a and b (opened read-only) as qemu-img compare does; the first
+ * difference is the one qemu reports whatever the threads do.  0 with the
+ * outcome in `out`; -1 with `err` when an image could not be read, `out`
+ * then saying where (outcome FAILED) or nothing (outcome 0: bad options,
+ * no memory). */
+int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
+               struct ic_compare_result *out, struct ic_error *err);
+
 /* ---- the structs front ends fill in and show, by name (fields.c) ------ */
 
 /* A field of one of the structs above, for front ends that take options

@@ -1,6 +1,7 @@
 """imgcopy: copy and convert virtual-disk images fast, moving only what matters."""
 from .errors import Error, ImageFormatError
 from ._version import __version__
+from .compare import CompareResult, compare
 from .convert import CopyResult, convert
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
@@ -12,4 +13,4 @@ from .measure import MeasureResult, measure
 __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
-           "MeasureResult", "measure"]
+           "MeasureResult", "measure", "CompareResult", "compare"]

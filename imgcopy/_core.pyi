@@ -3,7 +3,7 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import List, Optional, Tuple, TypedDict, Union, final
+from typing import Callable, List, Optional, Tuple, TypedDict, Union, final
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -146,3 +146,25 @@ def format_map(packed: bytes, start: int, tail_end: int,
     each depth of the chain, NUL-separated)."""
 def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
     """(data, zero, present, compressed) bytes of packed extents."""
+
+# ---- compare (csrc/py/compare.c) ------------------------------------------
+
+class CompareOutcome(TypedDict):
+    """compare()'s result (struct ic_compare_result)."""
+    outcome: str  # "identical", "content", "size", "status"
+    identical: bool
+    offset: int
+    size_a: int  # qemu's lengths (raw files rounded up to 512 bytes)
+    size_b: int
+    size_mismatch: bool
+    in_tail: bool  # found past the end of the smaller image
+    warned: bool  # qemu printed "Warning: Image size mismatch!" first
+    bytes_read_a: int
+    bytes_read_b: int
+    progress: List[Tuple[float, bool]]  # qemu-img -p's reports: (percent, after the warning)
+
+def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...,
+            progress: bool = ...,
+            on_progress: Optional[Callable[[float, bool], object]] = ...) -> CompareOutcome:
+    """qemu-img compare on two open images; read failures are raised with
+    compare_step (3, 4), compare_image (0, 1) and compare_offset set."""

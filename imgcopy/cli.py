@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 from . import cli_measure, sizes
 from ._version import __version__
+from .cli_compare import add_compare_parser, run as run_compare
 from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
 from .image import FORMATS, open as open_image
@@ -132,6 +133,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
     cli_measure.register(sub)
+    add_compare_parser(sub)
     return parser
 
 
@@ -270,6 +272,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:  # parsed as qemu-img parses it
+        return run_compare(argv[1:])
     try:
         args, extra = _build_parser().parse_known_args(argv)
         if extra:  # the command's own usage, not the top level's

@@ -1,0 +1,287 @@
+"""``imgcopy compare``: qemu-img compare's options, messages and exit codes.
+
+The arguments are parsed as qemu-img parses them (GNU getopt, options and
+file names in any order) rather than by argparse, so that usage errors
+read and exit as qemu-img's do (exit 1, then the ``Try`` line)."""
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from typing import List, Optional, Tuple
+
+from .compare import CompareResult, compare_images
+from .errors import ImageFormatError
+from .image import FORMATS, Image
+
+PROG = "imgcopy"
+USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s] [-U] "
+         "[-m N] FILE1 FILE2\n\n"
+         "Compare the guest content of two images as qemu-img compare does.\n"
+         "  -f FMT   format of FILE1 (default: probe)\n"
+         "  -F FMT   format of FILE2 (default: probe)\n"
+         "  -T MODE  cache mode of both (none, writeback, ...: none reads with O_DIRECT)\n"
+         "  -p       show progress\n"
+         "  -q       print nothing (the exit code says it)\n"
+         "  -s       strict: sizes and allocation must match too\n"
+         "  -U       read images others are writing (force share)\n"
+         "  -m N     threads (default 4; an imgcopy extension)\n\n"
+         "Exit codes: 0 identical, 1 different (or a usage error), 2 an image could not\n"
+         "be opened, 3 block status failed, 4 a read failed.\n")
+
+SHORT = "hf:F:T:pqsUm:"
+LONG = {"help": False, "object": True, "image-opts": False, "force-share": False}
+CACHE_MODES = ("none", "writeback", "writethrough", "directsync", "unsafe")
+
+
+class UsageError(Exception):
+    pass
+
+
+def add_compare_parser(sub: "argparse._SubParsersAction") -> None:
+    """Listed in ``imgcopy --help``; main() hands the arguments to run()."""
+    sub.add_parser("compare", help="compare two images (like qemu-img compare)",
+                   add_help=False)
+
+
+def _getopt(argv: List[str]) -> Tuple[List[Tuple[str, Optional[str]]], List[str]]:
+    """GNU getopt_long as qemu-img calls it: options anywhere, "--" ends them."""
+    opts: List[Tuple[str, Optional[str]]] = []
+    names: List[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg == "--":
+            names.extend(argv[i:])
+            break
+        if arg.startswith("--"):
+            name, eq, value = arg[2:].partition("=")
+            matches = [k for k in LONG if k == name] or [k for k in LONG if k.startswith(name)]
+            if len(matches) != 1:
+                raise UsageError(f"unrecognized option '{arg}'")
+            key = matches[0]
+            if LONG[key]:
+                if not eq:
+                    if i >= len(argv):
+                        raise UsageError(f"missing argument for option '{arg}'")
+                    value = argv[i]
+                    i += 1
+                opts.append(("--" + key, value))
+            else:
+                opts.append(("--" + key, None))
+            continue
+        if not arg.startswith("-") or arg == "-":
+            names.append(arg)
+            continue
+        k = 1
+        while k < len(arg):
+            ch = arg[k]
+            pos = SHORT.find(ch)
+            if ch == ":" or pos < 0:
+                raise UsageError(f"unrecognized option '{arg}'")
+            if SHORT[pos + 1:pos + 2] == ":":
+                if k + 1 < len(arg):
+                    opts.append(("-" + ch, arg[k + 1:]))
+                elif i < len(argv):
+                    opts.append(("-" + ch, argv[i]))
+                    i += 1
+                else:
+                    raise UsageError(f"missing argument for option '{arg}'")
+                break
+            opts.append(("-" + ch, None))
+            k += 1
+    return opts, names
+
+
+def _err(text: str) -> None:
+    sys.stdout.flush()
+    sys.stderr.write(f"{PROG}: {text}\n")
+    sys.stderr.flush()
+
+
+def _out(text: str, quiet: bool) -> None:
+    if not quiet:
+        out = getattr(sys.stdout, "buffer", None)
+        if out is None:
+            sys.stdout.write(text)
+        else:
+            sys.stdout.flush()
+            out.write(os.fsencode(text))
+        sys.stdout.flush()
+
+
+def open_failure(filename: str, exc: BaseException, fmt: Optional[str]) -> str:
+    """qemu-img's "Could not open" line for an image that did not open."""
+    if isinstance(exc, OSError) and exc.errno is not None and \
+            not isinstance(exc, ImageFormatError):
+        if exc.errno == errno.EISDIR:
+            return (f"Could not open '{filename}': 'file' driver requires '{filename}' "
+                    "to be a regular file")
+        return (f"Could not open '{filename}': Could not open '{filename}': "
+                f"{os.strerror(exc.errno)}")
+    if isinstance(exc, ImageFormatError):
+        reason = exc.reason
+        if fmt is not None and "bad magic" in reason:
+            reason = f"Image is not in {fmt} format"
+        return f"Could not open '{filename}': {reason}"
+    return f"Could not open '{filename}': {exc}"
+
+
+def run(argv: List[str]) -> int:
+    try:
+        opts, names = _getopt(argv)
+    except UsageError as exc:
+        _err(str(exc))
+        sys.stderr.write(f"Try '{PROG} --help' for more information\n")
+        return 1
+    fmts: List[Optional[str]] = [None, None]
+    cache = "writeback"
+    progress = quiet = strict = force_share = False
+    threads = 4
+    for opt, value in opts:
+        if opt in ("-h", "--help"):
+            sys.stdout.write(USAGE)
+            return 0
+        if opt == "-f":
+            fmts[0] = value
+        elif opt == "-F":
+            fmts[1] = value
+        elif opt == "-T":
+            cache = value or ""
+        elif opt == "-p":
+            progress = True
+        elif opt == "-q":
+            quiet = True
+        elif opt == "-s":
+            strict = True
+        elif opt in ("-U", "--force-share"):
+            force_share = True
+        elif opt == "-m":
+            try:
+                threads = int(value or "")
+            except ValueError:
+                threads = 0
+            if not 1 <= threads <= 64:
+                _err(f"-m must be a number of threads from 1 to 64, not '{value}'")
+                return 1
+        elif opt == "--object":
+            _err("--object is not supported")
+            return 2
+        elif opt == "--image-opts":
+            _err("--image-opts is not supported")
+            return 2
+    if quiet:
+        progress = False
+    if len(names) != 2:
+        _err("Expecting two image file names")
+        sys.stderr.write(f"Try '{PROG} --help' for more information\n")
+        return 1
+    direct = cache in ("none", "directsync")
+    try:
+        if cache not in CACHE_MODES:
+            _err(f"Invalid source cache option: {cache}")
+            return 2
+        return _compare(names, fmts, direct, force_share, strict, threads, quiet, progress)
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 130
+    finally:
+        if progress:
+            _out("\n", quiet)
+
+
+def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Optional[Image]:
+    if fmt is not None and fmt not in FORMATS:
+        _err(f"Could not open '{name}': Unknown driver '{fmt}'")
+        return None
+    try:
+        return Image(name, fmt, direct=direct, force_share=force_share)
+    except (OSError, ImageFormatError, ValueError) as exc:
+        if fmt is None and isinstance(exc, OSError) and exc.errno and _opens_as_raw(name):
+            # the file opens: reading it to probe its format failed
+            _err(f"Could not open '{name}': Could not read image for determining its "
+                 f"format: {os.strerror(exc.errno)}")
+        else:
+            _err(open_failure(name, exc, fmt))
+        return None
+
+
+def _opens_as_raw(name: str) -> bool:
+    try:
+        Image(name, "raw").close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_share: bool,
+             strict: bool, threads: int, quiet: bool, progress: bool) -> int:
+    a = _open(names[0], fmts[0], direct, force_share)
+    if a is None:
+        return 2
+    with a:
+        b = _open(names[1], fmts[1], direct, force_share)
+        if b is None:
+            return 2
+        with b:
+            live = _Live(quiet)
+            if progress:
+                _out(_report_line(0.0), quiet)
+            try:
+                result = compare_images(a, b, strict=strict, concurrency=threads,
+                                        on_progress=live.report if progress else None)
+            except (OSError, ImageFormatError) as exc:
+                return _failure(names, exc, quiet, live)
+    return _report(result, quiet, live)
+
+
+class _Live:
+    """The progress reports as they come, and qemu's size warning before the
+    first one past the smaller image's end."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.warned = False
+
+    def warn(self) -> None:
+        if not self.warned:
+            _out("Warning: Image size mismatch!\n", self.quiet)
+            self.warned = True
+
+    def report(self, percent: float, in_tail: bool) -> None:
+        if in_tail:
+            self.warn()
+        _out(_report_line(percent), self.quiet)
+
+
+def _report_line(percent: float) -> str:
+    return "    (%3.2f/100%%)\r" % percent
+
+
+
+
+
+def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> int:
+    step = getattr(exc, "compare_step", None)
+    if step is None:
+        _err(str(exc))
+        return 4
+    if getattr(exc, "compare_warned", False):
+        live.warn()
+    name = names[getattr(exc, "compare_image", 0)]
+    if step == 3:
+        _err(f"Sector allocation test failed for {name}")
+        return 3
+    errnum = getattr(exc, "errno", None) or errno.EIO
+    _err(f"Error while reading offset {getattr(exc, 'compare_offset', 0)} of {name}: "
+         f"{os.strerror(errnum)}")
+    return 4
+
+
+def _report(result: CompareResult, quiet: bool, live: _Live) -> int:
+    if result.warned:
+        live.warn()
+    _out(result.message + "\n", quiet)
+    return 0 if result.identical else 1
