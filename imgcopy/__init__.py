@@ -2,6 +2,7 @@
 from .errors import Error, ImageFormatError
 from ._version import __version__
 from .convert import CopyResult, convert
+from .checksum import ChecksumMismatch, checksum, checksum_algorithms
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
 from .info import ImageInfo, info
@@ -10,4 +11,4 @@ from .plan import CopyPlan, Request, plan
 
 __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
-           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__"]
+           "convert", "checksum", "checksum_algorithms", "ChecksumMismatch", "map", "open", "plan", "ImageInfo", "info", "__version__"]

@@ -140,3 +140,12 @@ def format_map(packed: bytes, start: int, tail_end: int,
     each depth of the chain, NUL-separated)."""
 def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
     """(data, zero, present, compressed) bytes of packed extents."""
+
+# ---- checksums (csrc/py/checksum.c) -------------------------------------
+def checksum(image: Image, algorithm: Optional[str] = ..., *, block_size: int = ...,
+             threads: int = ..., request_size: int = ..., length: int = ...,
+             progress: Optional[object] = ...) -> str:
+    """The blkhash checksum (hex) of the image's first ``length`` bytes
+    (0: all); progress(done, total) is called as it goes."""
+def checksum_algorithms() -> Tuple[str, ...]:
+    """hashlib's names of the digests libcrypto provides."""

@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import sizes
+from . import cli_checksum, sizes
 from ._version import __version__
 from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
@@ -128,6 +128,7 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
+    cli_checksum.add_parser(sub, parse_size)
     return parser
 
 

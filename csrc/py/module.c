@@ -263,6 +263,10 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
                          (unsigned long long)t.present, (unsigned long long)t.compressed);
 }
 
+/* checksum.c */
+PyObject *mod_checksum(PyObject *m, PyObject *args, PyObject *kwds);
+PyObject *mod_checksum_algorithms(PyObject *m, PyObject *unused);
+
 static PyMethodDef module_methods[] = {
     {"probe", mod_probe, METH_O, NULL},
     {"formats", mod_formats, METH_NOARGS, NULL},
@@ -274,6 +278,8 @@ static PyMethodDef module_methods[] = {
     {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
+    {"checksum", KEYWORDS(mod_checksum), NULL},
+    {"checksum_algorithms", mod_checksum_algorithms, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
