@@ -47,6 +47,16 @@ int ic_checksum_algorithms(const char **names, size_t cap, struct ic_error *err)
     return ic_digest_names(names, cap, err);
 }
 
+int ic_checksum_check(const char *algorithm, uint64_t block_size, struct ic_error *err)
+{
+    struct ic_blkhash *h;
+    if (ic_blkhash_new(algorithm, block_size ? block_size : IC_BLKHASH_DEFAULT_BLOCK, 0, &h,
+                       err) < 0)
+        return -1;
+    ic_blkhash_free(h);
+    return 0;
+}
+
 static void fail(struct ic_checksum *job, const struct ic_error *err)
 {
     pthread_mutex_lock(&job->lock);

@@ -295,12 +295,20 @@ struct ic_copy_options {
     unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
     unsigned requests_in_flight; /* per connection (0: the default, 64)     */
     struct ic_request_log *log; /* optional: record every request here     */
+    /* Checksum the source from what the copy reads (blkhash, checksum.c):
+     * the algorithm (NULL: none) and block size (0: 64 KiB); the hex
+     * digest lands in ic_copy_stats.checksum.  Not in the field table:
+     * front ends pass them on their own (Python: convert's checksum=). */
+    const char *checksum;
+    uint64_t checksum_block_size;
 };
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
 void ic_copy_options_init(struct ic_copy_options *o);
 int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
+#define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex, NUL */
 
 struct ic_copy_stats {
     uint64_t bytes_read;
@@ -314,6 +322,7 @@ struct ic_copy_stats {
     uint64_t extents;  /* source extents (data/zero runs) */
     uint64_t done;     /* destination bytes dealt with so far */
     uint64_t total;
+    char checksum[IC_CHECKSUM_HEX_MAX]; /* ic_copy_finish(): "" unless asked for */
 };
 
 struct ic_copy;
@@ -363,8 +372,8 @@ extern const struct ic_field ic_cache_stats_fields[];   /* struct ic_cache_stats
 
 /* blkhash's checksum (blksum >= 0.10, nbdcopy --blkhash) of an image's
  * guest content: the extent map decides what is read; zero ranges cost
- * nothing, data is read and hashed by worker threads. */
-#define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex */
+ * nothing, data is read and hashed by worker threads.  A copy computes
+ * its source's from what it reads (ic_copy_options.checksum). */
 
 struct ic_checksum_options {
     const char *algorithm; /* hashlib's name (or OpenSSL's); NULL: sha256 */
@@ -377,6 +386,9 @@ struct ic_checksum_options {
 /* The names of the algorithms libcrypto provides (static strings): how
  * many there are, up to `cap` stored; -1 (ENOSYS) without libcrypto. */
 int ic_checksum_algorithms(const char **names, size_t cap, struct ic_error *err);
+/* Whether a checksum can be made with this algorithm and block size (0:
+ * the default), before anything is opened. */
+int ic_checksum_check(const char *algorithm, uint64_t block_size, struct ic_error *err);
 
 struct ic_checksum;
 /* Start hashing `img` (which must outlive the job) in threads. */

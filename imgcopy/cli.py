@@ -125,6 +125,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="do not wait for the destination to be durable")
     c.add_argument("--stats", choices=("json",), default=None,
                    help="print what the copy did")
+    cli_checksum.add_convert_arguments(c, parse_size)
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
@@ -170,6 +171,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    cli_checksum.print_convert_checksum(args, result)
     if args.stats == "json":
         print(json.dumps(result.to_dict(), indent=1))
     return 0
@@ -206,7 +208,8 @@ def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         create=args.create, force=args.force, force_share=args.force_share,
-        options=_copy_options(args), create_options=_create_options(args), progress=bar)
+        options=_copy_options(args), create_options=_create_options(args), progress=bar,
+        **cli_checksum.convert_keywords(args))
 
 
 def _write(text: str) -> None:

@@ -49,3 +49,27 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()
         _write(f"{digest}  {name}\n")
     return status
+
+
+def add_convert_arguments(c: argparse.ArgumentParser, parse_size: Any) -> None:
+    """convert's --checksum[=ALG], --checksum-block-size and --verify."""
+    c.add_argument("--checksum", nargs="?", const=DEFAULT_ALGORITHM, default=None,
+                   metavar="ALG", help="print the source's blkhash checksum, computed from "
+                                       f"what the copy reads (default {DEFAULT_ALGORITHM})")
+    c.add_argument("--checksum-block-size", type=parse_size, default=DEFAULT_BLOCK_SIZE,
+                   metavar="N", help="blkhash block size (default 64k)")
+    c.add_argument("--verify", action="store_true",
+                   help="read the destination back after the copy and fail unless its "
+                        "checksum is the source's")
+
+
+def convert_keywords(args: argparse.Namespace) -> dict:
+    return {"checksum": args.checksum, "checksum_block_size": args.checksum_block_size,
+            "verify": args.verify}
+
+
+def print_convert_checksum(args: argparse.Namespace, result: Any) -> None:
+    """`<hex>  <source>` as `imgcopy checksum SOURCE` prints it."""
+    from .cli import _write
+    if result is not None and result.checksum is not None:
+        _write(f"{result.checksum}  {args.source}\n")

@@ -28,6 +28,22 @@ PyObject *mod_checksum_algorithms(PyObject *m, PyObject *unused)
     return tuple;
 }
 
+/* checksum_check(algorithm, block_size): ValueError (or OSError ENOSYS)
+ * unless a checksum can be made so; before a copy touches anything */
+PyObject *mod_checksum_check(PyObject *m, PyObject *args)
+{
+    const char *algorithm;
+    struct u64_arg block = {"checksum_check", "block_size", 0};
+    struct ic_error err = {0};
+    if (!PyArg_ParseTuple(args, "sO&:checksum_check", &algorithm, u64_converter, &block))
+        return NULL;
+    if (ic_checksum_check(algorithm, block.value, &err) < 0) {
+        raise_error(module_state(m), &err);
+        return NULL;
+    }
+    return Py_NewRef(Py_None);
+}
+
 /* Progress and Ctrl-C while the job runs; a Python error cancels it and
  * stays set: 1. */
 static int watch(struct ic_checksum *job, PyObject *progress)
