@@ -50,11 +50,13 @@ class CopyCounters(TypedDict):
     zero_requests: int
     extents: int
 
-class CopyReport(CopyCounters):
+class _CopyChecksum(TypedDict, total=False):
+    checksum: str  # the source's blkhash, when copy() was asked for it
+
+class CopyReport(CopyCounters, _CopyChecksum):
     """copy()'s result: the counters, and the requests made (packed struct
     ic_request, sorted by offset) when copy() was asked to log them."""
     requests: Optional[bytes]
-    checksum: Optional[str]  # the source's blkhash, when copy() was asked for it
 
 class CopyOptionDefaults(TypedDict):
     """copy_option_defaults(): struct ic_copy_options as the core fills it."""

@@ -54,6 +54,9 @@ class CopyResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["options"]
+        for name in ("checksum", "dst_checksum"):  # only when asked for
+            if d[name] is None:
+                del d[name]
         return d
 
 

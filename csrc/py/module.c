@@ -173,9 +173,10 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     PyObject *report = logged ? fields_dict(ic_copy_stats_fields, stats) : NULL;
     if (report && PyDict_SetItemString(report, "requests", logged) < 0)
         Py_CLEAR(report);
-    PyObject *checksum = stats->checksum[0] ? PyUnicode_FromString(stats->checksum)
-                                            : Py_NewRef(Py_None);
-    if (report && (!checksum || PyDict_SetItemString(report, "checksum", checksum) < 0))
+    /* "checksum": the source's, only when the copy was asked for it */
+    PyObject *checksum = stats->checksum[0] ? PyUnicode_FromString(stats->checksum) : NULL;
+    if (report && stats->checksum[0] &&
+        (!checksum || PyDict_SetItemString(report, "checksum", checksum) < 0))
         Py_CLEAR(report);
     Py_XDECREF(checksum);
     Py_XDECREF(logged);
