@@ -270,7 +270,8 @@ static void random_case(int round)
     struct chunk *chunks = malloc(cap * sizeof *chunks);
     CHECK(chunks, "malloc");
     for (uint64_t pos = 0; pos < size;) {
-        uint64_t len = 1 + rnd() % (rnd() % 2 ? 3 * bs : 300 * 1024);
+        uint64_t span = rnd() % 2 ? 3 * bs : 300 * 1024; /* sequenced: reproducible */
+        uint64_t len = 1 + rnd() % span;
         if (len > size - pos)
             len = size - pos;
         if (n == cap) {
