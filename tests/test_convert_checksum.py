@@ -178,7 +178,7 @@ def test_bad_checksum_options_touch_nothing(tmp_path):
     with pytest.raises(ValueError, match="block size"):
         imgcopy.convert(src, dst, checksum=True, checksum_block_size=3)
     with pytest.raises(TypeError):
-        imgcopy.convert(src, dst, checksum=5)  # type: ignore[arg-type]
+        imgcopy.convert(src, dst, checksum=5)
     assert not os.path.exists(dst)
 
 
