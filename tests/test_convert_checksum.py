@@ -209,3 +209,19 @@ def test_cli(tmp_path, capsys):
     assert "checksum mismatch" in err and imgcopy.checksum(src2) in err
     assert cli_main(["convert", "--checksum=nope", src, str(tmp_path / "d4.raw")]) == 1
     assert "unknown checksum algorithm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dst_fmt", ["raw", "qcow2"])
+def test_no_second_read(tmp_path, dst_fmt):
+    """The checksum costs no read: the copy reads exactly what it reads
+    without one (holes and zero clusters not at all)."""
+    src = str(tmp_path / "src.qcow2")
+    raw = str(tmp_path / "src.raw")
+    seeded_raw(raw, 77, size=6 * MiB)
+    qemu_img("convert", "-f", "raw", "-O", "qcow2", raw, src)
+    plain = imgcopy.convert(src, str(tmp_path / ("a." + dst_fmt)), dst_format=dst_fmt)
+    hashed = imgcopy.convert(src, str(tmp_path / ("b." + dst_fmt)), dst_format=dst_fmt,
+                             checksum=True)
+    assert hashed.bytes_read == plain.bytes_read < 6 * MiB
+    assert hashed.read_requests == plain.read_requests
+    assert hashed.checksum == imgcopy.checksum(src)
