@@ -210,6 +210,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     algorithm = _checksum_algorithm(checksum, verify)
     block_size = parse_size(checksum_block_size, "checksum_block_size")
     if algorithm is not None:
+        if block_size == 0:  # the C core's "default"
+            raise ValueError("checksum block size must be even, from 2 bytes, not 0")
         _core.checksum_check(algorithm, block_size)
     if dst_format is not None and dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "

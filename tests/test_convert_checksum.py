@@ -177,6 +177,8 @@ def test_bad_checksum_options_touch_nothing(tmp_path):
         imgcopy.convert(src, dst, checksum="nope")
     with pytest.raises(ValueError, match="block size"):
         imgcopy.convert(src, dst, checksum=True, checksum_block_size=3)
+    with pytest.raises(ValueError, match="block size"):
+        imgcopy.convert(src, dst, verify=True, checksum_block_size=0)
     with pytest.raises(TypeError):
         imgcopy.convert(src, dst, checksum=5)
     assert not os.path.exists(dst)
