@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, checksum
+from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, checksum, checksum_algorithms
 from .image import FORMATS
 from .progress import TextBar
 
@@ -25,7 +25,9 @@ def add_parser(sub: Any, parse_size: Any) -> None:
     p.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                    help="read the image even if another process writes it")
     p.add_argument("-p", "--progress", action="store_true", help="show a progress bar")
-    p.add_argument("filenames", nargs="+", metavar="FILE")
+    p.add_argument("-l", "--list-digests", action="store_true",
+                   help="list the algorithms and exit")
+    p.add_argument("filenames", nargs="*", metavar="FILE")
     p.set_defaults(func=run, parser=p)
 
 
@@ -33,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     """One line per file, `<hex>  <file>`, as blksum prints; a file that
     fails gets a message on stderr and the exit status 1."""
     from .cli import _describe, _write
+    if args.list_digests:
+        _write("".join(name + "\n" for name in checksum_algorithms()))
+        return 0
+    if not args.filenames:
+        args.parser.error("the following arguments are required: FILE")
     status = 0
     for name in args.filenames:
         bar = TextBar(desc=os.path.basename(name)) if args.progress else None

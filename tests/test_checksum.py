@@ -333,6 +333,14 @@ def test_cli_prints_like_blksum(tmp_path, capsys):
     assert capsys.readouterr().out == f"{imgcopy.checksum(a, 'blake2b')}  {a}\n"
 
 
+def test_cli_lists_digests(capsys):
+    assert cli_main(["checksum", "-l"]) == 0
+    assert capsys.readouterr().out.split() == list(imgcopy.checksum_algorithms())
+    with pytest.raises(SystemExit) as info:
+        cli_main(["checksum"])
+    assert info.value.code == 2  # argparse: a file is needed
+
+
 def test_cli_errors(tmp_path, capsys):
     a = str(tmp_path / "a.raw")
     make_sparse(a, 4096)
