@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "blkhash.h"
 #include "copy_internal.h"
 #include "request_log.h"
 #include "sparse.h"
@@ -347,11 +348,48 @@ static int execute(struct worker *w, struct turns *t)
     return ret < 0 && !ic_copy_cancelled(c) ? -1 : 0;
 }
 
+/* The checksum of a range the copy does not read, because the
+ * destination's backing file holds it: the source's content is hashed
+ * all the same, its zeros for free, its data read here. */
+static int hash_unread(struct worker *w, const struct work_item *it)
+{
+    struct ic_copy *c = w->c;
+    for (uint64_t pos = it->start; pos < it->end;) {
+        struct ic_extent e;
+        if (ic_image_block_status(c->src, pos, it->end - pos, &e, &w->err) < 0)
+            return -1;
+        uint64_t len = e.length < it->end - pos ? e.length : it->end - pos;
+        if (len == 0)
+            return ic_error_format(&w->err, ic_image_path(c->src), "block status made no "
+                                   "progress at offset %llu", (unsigned long long)pos);
+        if (!(e.flags & IC_EXT_DATA) || (e.flags & IC_EXT_ZERO)) {
+            if (ic_blkhash_zero(c->hash, pos, len, &w->err) < 0)
+                return -1;
+        } else {
+            for (uint64_t p = pos; p < pos + len;) {
+                uint64_t n = pos + len - p < c->opt.request_size ? pos + len - p
+                                                                 : c->opt.request_size;
+                if (read_source(w, w->buf, p, n) < 0 ||
+                    ic_blkhash_update(c->hash, p, w->buf, (size_t)n, &w->err) < 0)
+                    return -1;
+                p += n;
+            }
+        }
+        pos += len;
+    }
+    return 0;
+}
+
 static int copy_item(struct worker *w, const struct work_item *it, struct turns *t)
 {
     struct ic_copy *c = w->c;
     uint64_t len = it->end - it->start;
     w->nacts = 0;
+    /* the checksum sees what the copy reads, and zeros it knows of */
+    if (c->hash && it->kind != RUN_DATA &&
+        (it->kind == RUN_BACKING ? hash_unread(w, it)
+                                 : ic_blkhash_zero(c->hash, it->start, len, &w->err)) < 0)
+        return ic_copy_cancelled(c) ? 0 : -1;
     if (it->kind == RUN_BACKING) {
         atomic_fetch_add(&c->bytes_skipped, len);
         ic_request_log_add(c->opt.log, it->start, len, IC_REQ_SKIP);
@@ -369,7 +407,8 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
         if (r <= 0)
             return r;
     }
-    if (read_source(w, w->buf, it->start, len) < 0)
+    if (read_source(w, w->buf, it->start, len) < 0 ||
+        (c->hash && ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0))
         return ic_copy_cancelled(c) ? 0 : -1;
     if (c->opt.sparse_threshold == 0)
         add_action(w, it->start, len, w->buf, 1);
@@ -434,6 +473,7 @@ static void free_copy(struct ic_copy *c)
     free(c->workers);
     free(c->zeros);
     ic_known_zeros_free(&c->dst_zeros);
+    ic_blkhash_free(c->hash);
     free(c);
 }
 
@@ -542,6 +582,15 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
     atomic_init(&c->offload_refused, 0);
+    if (opt->checksum) {
+        if (ic_blkhash_new(opt->checksum, opt->checksum_block_size ? opt->checksum_block_size
+                                                                   : IC_BLKHASH_DEFAULT_BLOCK,
+                           ic_image_size(src), &c->hash, err) < 0) {
+            free_copy(c);
+            return -1;
+        }
+        c->opt.offload = 0; /* the kernel's copy shows us no data */
+    }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);
     if (c->dst_overlay)
@@ -646,8 +695,10 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
         pthread_join(c->workers[i], NULL);
     if (c->planner_started)
         pthread_join(c->planner, NULL);
-    if (out)
+    if (out) {
         ic_copy_progress(c, out);
+        out->checksum[0] = '\0';
+    }
     int ret = 0;
     if (ic_request_log_failed(c->opt.log) && !c->failed) {
         ic_error_nomem(&c->error);
@@ -660,6 +711,17 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
     } else if (c->cancelled) {
         ic_error_os(err, ECANCELED, NULL, "copy cancelled");
         ret = -1;
+    } else if (c->hash) {
+        uint8_t digest[IC_DIGEST_MAX];
+        char hex[IC_CHECKSUM_HEX_MAX];
+        struct ic_error e = {0};
+        if (ic_blkhash_final(c->hash, digest, hex, &e) < 0) {
+            if (err)
+                *err = e;
+            ret = -1;
+        } else if (out) {
+            memcpy(out->checksum, hex, sizeof hex);
+        }
     }
     free_copy(c);
     return ret;

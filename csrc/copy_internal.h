@@ -62,6 +62,8 @@ struct ic_copy {
     pthread_t *workers;
     unsigned nthreads; /* started: planner + workers */
 
+    struct ic_blkhash *hash; /* the source's checksum, if asked for */
+
     atomic_int offload_refused;
     atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
     atomic_uint_fast64_t bytes_already_zero; /* skipped: the destination read zeros */

@@ -306,12 +306,20 @@ struct ic_copy_options {
     unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
     unsigned requests_in_flight; /* per connection (0: the default, 64)     */
     struct ic_request_log *log; /* optional: record every request here     */
+    /* Checksum the source from what the copy reads (blkhash, checksum.c):
+     * the algorithm (NULL: none) and block size (0: 64 KiB); the hex
+     * digest lands in ic_copy_stats.checksum.  Not in the field table:
+     * front ends pass them on their own (Python: convert's checksum=). */
+    const char *checksum;
+    uint64_t checksum_block_size;
 };
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
 void ic_copy_options_init(struct ic_copy_options *o);
 int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
+#define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex, NUL */
 
 struct ic_copy_stats {
     uint64_t bytes_read;
@@ -325,6 +333,7 @@ struct ic_copy_stats {
     uint64_t extents;  /* source extents (data/zero runs) */
     uint64_t done;     /* destination bytes dealt with so far */
     uint64_t total;
+    char checksum[IC_CHECKSUM_HEX_MAX]; /* ic_copy_finish(): "" unless asked for */
 };
 
 struct ic_copy;
@@ -427,5 +436,40 @@ extern const struct ic_field ic_copy_option_fields[];   /* struct ic_copy_option
 extern const struct ic_field ic_create_option_fields[]; /* struct ic_create_options */
 extern const struct ic_field ic_copy_stats_fields[];    /* struct ic_copy_stats: the result */
 extern const struct ic_field ic_cache_stats_fields[];   /* struct ic_cache_stats */
+
+/* ---- checksums (checksum.c; blkhash.h has the construction) ----------- */
+
+/* blkhash's checksum (blksum >= 0.10, nbdcopy --blkhash) of an image's
+ * guest content: the extent map decides what is read; zero ranges cost
+ * nothing, data is read and hashed by worker threads.  A copy computes
+ * its source's from what it reads (ic_copy_options.checksum). */
+
+struct ic_checksum_options {
+    const char *algorithm; /* hashlib's name (or OpenSSL's); NULL: sha256 */
+    uint64_t block_size;   /* 0: 64 KiB */
+    unsigned threads;      /* 0: 4 */
+    uint64_t request_size; /* bytes per read; 0: 2 MiB */
+    uint64_t length;       /* hash [0, length); 0: the whole image */
+};
+
+/* The names of the algorithms libcrypto provides (static strings): how
+ * many there are, up to `cap` stored; -1 (ENOSYS) without libcrypto. */
+int ic_checksum_algorithms(const char **names, size_t cap, struct ic_error *err);
+/* Whether a checksum can be made with this algorithm and block size (0:
+ * the default), before anything is opened. */
+int ic_checksum_check(const char *algorithm, uint64_t block_size, struct ic_error *err);
+
+struct ic_checksum;
+/* Start hashing `img` (which must outlive the job) in threads. */
+int ic_checksum_start(struct ic_image *img, const struct ic_checksum_options *opt,
+                      struct ic_checksum **out, struct ic_error *err);
+/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
+int ic_checksum_wait(struct ic_checksum *job, unsigned timeout_ms);
+void ic_checksum_progress(struct ic_checksum *job, uint64_t *done, uint64_t *total);
+void ic_checksum_cancel(struct ic_checksum *job);
+/* Join the threads and free the job: the digest as hex into `hex`
+ * (IC_CHECKSUM_HEX_MAX bytes), or -1 with the first error (ECANCELED when
+ * cancelled). */
+int ic_checksum_finish(struct ic_checksum *job, char *hex, struct ic_error *err);
 
 #endif

@@ -3,6 +3,7 @@ from .errors import Error, ImageFormatError
 from ._version import __version__
 from .compare import CompareResult, compare
 from .convert import CopyResult, convert
+from .checksum import ChecksumMismatch, checksum, checksum_algorithms
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
 from .info import ImageInfo, info
@@ -13,4 +14,5 @@ from .measure import MeasureResult, measure
 __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
-           "MeasureResult", "measure", "CompareResult", "compare"]
+           "MeasureResult", "measure", "CompareResult", "compare",
+           "checksum", "checksum_algorithms", "ChecksumMismatch"]

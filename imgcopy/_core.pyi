@@ -50,7 +50,10 @@ class CopyCounters(TypedDict):
     zero_requests: int
     extents: int
 
-class CopyReport(CopyCounters):
+class _CopyChecksum(TypedDict, total=False):
+    checksum: str  # the source's blkhash, when copy() was asked for it
+
+class CopyReport(CopyCounters, _CopyChecksum):
     """copy()'s result: the counters, and the requests made (packed struct
     ic_request, sorted by offset) when copy() was asked to log them."""
     requests: Optional[bytes]
@@ -132,8 +135,10 @@ def check_create_options(format: Optional[str], *, cluster_size: int = ...,
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
-         offload: bool = ..., flush: bool = ...) -> CopyReport:
-    """Copy src to dst; progress(done, total) is called as it goes."""
+         offload: bool = ..., flush: bool = ..., checksum: Optional[str] = ...,
+         checksum_block_size: int = ...) -> CopyReport:
+    """Copy src to dst; progress(done, total) is called as it goes;
+    ``checksum``: also the source's blkhash with this algorithm."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
@@ -168,3 +173,14 @@ def compare(a: Image, b: Image, *, strict: bool = ..., concurrency: int = ...,
             on_progress: Optional[Callable[[float, bool], object]] = ...) -> CompareOutcome:
     """qemu-img compare on two open images; read failures are raised with
     compare_step (3, 4), compare_image (0, 1) and compare_offset set."""
+# ---- checksums (csrc/py/checksum.c) -------------------------------------
+def checksum(image: Image, algorithm: Optional[str] = ..., *, block_size: int = ...,
+             threads: int = ..., request_size: int = ..., length: int = ...,
+             progress: Optional[object] = ...) -> str:
+    """The blkhash checksum (hex) of the image's first ``length`` bytes
+    (0: all); progress(done, total) is called as it goes."""
+def checksum_check(algorithm: str, block_size: int, /) -> None:
+    """ValueError (OSError ENOSYS without libcrypto) unless a checksum can
+    be made with these (block_size 0: the default)."""
+def checksum_algorithms() -> Tuple[str, ...]:
+    """hashlib's names of the digests libcrypto provides."""

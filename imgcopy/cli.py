@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import cli_measure, sizes
+from . import cli_checksum, cli_measure, sizes
 from ._version import __version__
 from .cli_compare import add_compare_parser, run as run_compare
 from .convert import DEST_FORMATS, convert
@@ -129,11 +129,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="do not wait for the destination to be durable")
     c.add_argument("--stats", choices=("json",), default=None,
                    help="print what the copy did")
+    cli_checksum.add_convert_arguments(c, parse_size)
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=_cmd_convert, parser=c)
     cli_measure.register(sub)
     add_compare_parser(sub)
+    cli_checksum.add_parser(sub, parse_size)
     return parser
 
 
@@ -184,6 +186,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    cli_checksum.print_convert_checksum(args, result)
     if args.stats == "json":
         print(json.dumps(result.to_dict(), indent=1))
     return 0
@@ -221,7 +224,8 @@ def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         src_member=args.member, src_external_files=args.external_files,
         create=args.create, force=args.force, force_share=args.force_share,
-        options=_copy_options(args), create_options=_create_options(args), progress=bar)
+        options=_copy_options(args), create_options=_create_options(args), progress=bar,
+        **cli_checksum.convert_keywords(args))
 
 
 def _write(text: str) -> None:

@@ -7,11 +7,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 from . import _core
+from .checksum import (DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch,
+                       image_checksum)
 from .errors import ImageFormatError, Remedy
 from .image import Image, PathArg, _check_format
 from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
 from .progress import close_progress, make_progress
-from .sizes import Size
+from .sizes import Size, parse_size
 
 if TYPE_CHECKING:
     from ._core import CacheStats, CopyReport
@@ -44,10 +46,17 @@ class CopyResult:
     # status said so), so no zero request was sent
     bytes_already_zero: int = 0
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
+    # checksum=: the source's blkhash (hex), from what the copy read;
+    # verify=True: the destination's, read back after the copy
+    checksum: Optional[str] = None
+    dst_checksum: Optional[str] = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["options"]
+        for name in ("checksum", "dst_checksum"):  # only when asked for
+            if d[name] is None:
+                del d[name]
         return d
 
 
@@ -118,7 +127,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
             compress: Optional[bool] = None,
             backing_file: Optional[Union[str, "os.PathLike[str]"]] = None,
-            backing_format: Optional[str] = None) -> CopyResult:
+            backing_format: Optional[str] = None,
+            checksum: Union[bool, str, None] = None,
+            checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
+            verify: bool = False) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -173,6 +185,21 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     the source's own backing chain holds is left unwritten (-B/-F). Host
     clusters are allocated in guest order whatever the concurrency.
 
+    Checksums: ``checksum``: True (sha256) or an algorithm's name as
+    ``imgcopy.checksum()`` takes it ("sha256", "blake2b", "md5", ...)
+    computes the source's blkhash from the data the copy reads (zero
+    ranges for free; nothing is read twice, but ranges an overlay
+    destination leaves to its backing file are read for it, and
+    ``offload`` is off) into ``CopyResult.checksum``: the value
+    ``imgcopy.checksum(src)`` and blksum give. ``checksum_block_size``:
+    blkhash's block [64k]. ``verify``: after the copy (the destination
+    is committed by then), read the destination back through its format
+    and extent map, put its checksum (over the source's size) in
+    ``CopyResult.dst_checksum`` and raise ``ChecksumMismatch`` (an
+    ``imgcopy.Error``) when the two differ; implies ``checksum=True``
+    unless an algorithm is given. A Ctrl-C that comes after the copy was
+    committed returns the result without ``dst_checksum``.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
@@ -185,6 +212,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     I/O errors, e.g. ENOSPC; ``KeyboardInterrupt`` or the progress
     callback's exception, which cancel the copy."""
     _check_format(src_format)
+    algorithm = _checksum_algorithm(checksum, verify)
+    block_size = parse_size(checksum_block_size, "checksum_block_size")
+    if algorithm is not None:
+        if block_size == 0:  # the C core's "default"
+            raise ValueError("checksum block size must be even, from 2 bytes, not 0")
+        _core.checksum_check(algorithm, block_size)
     if dst_format is not None and dst_format not in DEST_FORMATS:
         raise ValueError(f"unknown destination format {dst_format!r} "
                          f"(known: {', '.join(DEST_FORMATS)})")
@@ -203,6 +236,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     is_null = dst_format == "null" or dst_name == NULL_TARGET
     if is_null:
         dst_format = "null"
+        if verify:
+            raise ValueError("verify=True reads the destination back: the null target "
+                             "has nothing to read")
     elif dst_format is None:
         dst_format = "raw" if create else _existing_format(dst_name)
     if create_options is not None and create_options.format != dst_format:
@@ -219,6 +255,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     except ImageFormatError as exc:
         raise exc.renamed({"format": "src_format", "member": "src_member",
                            "external_files": "src_external_files"})
+    source_size = source.size
     core: Optional[_core.Image] = None
     report: Optional[CopyReport] = None
     cache: Optional[CacheStats] = None
@@ -256,6 +293,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                 if options.target_is_zero is None:
                     options = replace(options, target_is_zero=fresh)
                 report = _core.copy(source._img, core, progress=_progress_adapter(bar),
+                                    checksum=algorithm, checksum_block_size=block_size,
                                     **options.engine_options(flush=options.flush and not is_null))
                 cache = source.cache_stats()
                 core.finish(sync=options.flush and not is_null)
@@ -269,7 +307,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             finally:
                 core.close()
             assert report is not None and cache is not None  # a copy ran to its end
-            return _completed(report, time.monotonic() - t0, cache, options)
+            result = _completed(report, time.monotonic() - t0, cache, options)
     except KeyboardInterrupt:
         # a Ctrl-C after the destination was committed (closing the images,
         # returning) is too late: the copy happened, and convert() says so
@@ -278,6 +316,35 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         _uninterrupted(core.close)
         _uninterrupted(source.close)
         return _completed(report, time.monotonic() - t0, cache, options)
+    if verify:
+        assert algorithm is not None and result.checksum is not None
+        result.dst_checksum = _verify(dst, dst_format, result.checksum, algorithm, block_size,
+                                      source_size)
+    return result
+
+
+def _checksum_algorithm(checksum: Union[bool, str, None], verify: bool) -> Optional[str]:
+    """convert()'s checksum= and verify= as an algorithm's name, or None."""
+    if checksum is None or checksum is False:
+        return DEFAULT_ALGORITHM if verify else None
+    if checksum is True:
+        return DEFAULT_ALGORITHM
+    if not isinstance(checksum, str):
+        raise TypeError("checksum must be a bool or an algorithm's name, not "
+                        f"{type(checksum).__name__}")
+    return checksum
+
+
+def _verify(dst: PathArg, dst_format: str, expected: str, algorithm: str, block_size: int,
+            size: int) -> str:
+    """The committed destination's checksum over the source's size, read
+    back through its format; ChecksumMismatch unless it is `expected`."""
+    with Image(dst, dst_format) as img:
+        length = size if 0 < size < img.size else None
+        got = image_checksum(img, algorithm, block_size, length=length)
+    if got != expected:
+        raise ChecksumMismatch(os.fsdecode(os.fspath(dst)), algorithm, expected, got)
+    return got
 
 
 def _uninterrupted(step: Callable[[], Any]) -> None:
@@ -304,6 +371,7 @@ def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
                 zero_requests=report["zero_requests"], extents=report["extents"],
                 elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
                 lseek_calls=cache["lseek_calls"],
-                bytes_already_zero=report["bytes_already_zero"], options=options)
+                bytes_already_zero=report["bytes_already_zero"], options=options,
+                checksum=report.get("checksum"))
         except KeyboardInterrupt:
             continue

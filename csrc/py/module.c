@@ -173,23 +173,33 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     PyObject *report = logged ? fields_dict(ic_copy_stats_fields, stats) : NULL;
     if (report && PyDict_SetItemString(report, "requests", logged) < 0)
         Py_CLEAR(report);
+    /* "checksum": the source's, only when the copy was asked for it */
+    PyObject *checksum = stats->checksum[0] ? PyUnicode_FromString(stats->checksum) : NULL;
+    if (report && stats->checksum[0] &&
+        (!checksum || PyDict_SetItemString(report, "checksum", checksum) < 0))
+        Py_CLEAR(report);
+    Py_XDECREF(checksum);
     Py_XDECREF(logged);
     return report;
 }
 
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"src", "dst", "progress", "log", NULL};
+    static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
+                             "checksum_block_size", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
     PyObject *progress = Py_None, *report = NULL;
     int log = 0;
     struct ic_copy_options opt;
+    struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$Op:copy", kwlist,
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&:copy", kwlist,
                                                      st->image_type, &src, st->image_type,
-                                                     &dst, &progress, &log);
+                                                     &dst, &progress, &log, &opt.checksum,
+                                                     u64_converter, &checksum_block);
+    opt.checksum_block_size = checksum_block.value;
     Py_XDECREF(rest);
     if (!parsed)
         return NULL;
@@ -263,6 +273,11 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
                          (unsigned long long)t.present, (unsigned long long)t.compressed);
 }
 
+/* checksum.c */
+PyObject *mod_checksum(PyObject *m, PyObject *args, PyObject *kwds);
+PyObject *mod_checksum_algorithms(PyObject *m, PyObject *unused);
+PyObject *mod_checksum_check(PyObject *m, PyObject *args);
+
 static PyMethodDef module_methods[] = {
     {"probe", mod_probe, METH_O, NULL},
     {"formats", mod_formats, METH_NOARGS, NULL},
@@ -275,6 +290,9 @@ static PyMethodDef module_methods[] = {
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},
+    {"checksum", KEYWORDS(mod_checksum), NULL},
+    {"checksum_algorithms", mod_checksum_algorithms, METH_NOARGS, NULL},
+    {"checksum_check", mod_checksum_check, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,50 @@
+/* blkhash: the checksum of a disk image that blksum (blkhash >= 0.10) and
+ * nbdcopy --blkhash compute, fed out of order by many threads.
+ *
+ * The image's bytes are cut into blocks of `block_size` (the last may be
+ * shorter); each block's digest is H(block), or Z = H(block_size zeros)
+ * for a full block of zeros without hashing it; the checksum is
+ * H(d_0 || d_1 || ... || d_{n-1} || le64(size)).
+ *
+ * update() and zero() take any range, in any order, from any thread:
+ * whole blocks are hashed at once by the calling thread, pieces of blocks
+ * wait in a small table until their block is complete.  Block digests are
+ * folded into the outer hash as soon as every earlier block is done, so
+ * only the digests of blocks done ahead of a gap are held (memory follows
+ * how far the feeders run ahead, not the image's size). */
+#ifndef IMGCOPY_BLKHASH_H
+#define IMGCOPY_BLKHASH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "digest.h"
+
+#define IC_BLKHASH_DEFAULT_BLOCK (64u << 10)
+#define IC_BLKHASH_MAX_BLOCK (64u << 20)
+
+struct ic_blkhash;
+
+/* A checksum of `size` bytes: `algorithm` as ic_digest_lookup() takes it,
+ * block_size even, from 2 bytes to IC_BLKHASH_MAX_BLOCK. */
+int ic_blkhash_new(const char *algorithm, uint64_t block_size, uint64_t size,
+                   struct ic_blkhash **out, struct ic_error *err);
+void ic_blkhash_free(struct ic_blkhash *h);
+
+/* Bytes [off, off+len): data, or zeros known without reading them.  Each
+ * byte must be fed exactly once; the first failure sticks (later calls and
+ * final() return it). */
+int ic_blkhash_update(struct ic_blkhash *h, uint64_t off, const void *buf, size_t len,
+                      struct ic_error *err);
+int ic_blkhash_zero(struct ic_blkhash *h, uint64_t off, uint64_t len, struct ic_error *err);
+
+/* Record a failure of a feeder: final() returns it. */
+void ic_blkhash_fail(struct ic_blkhash *h, const struct ic_error *err);
+
+/* The checksum once every byte was fed: ic_blkhash_size(h) bytes into
+ * `out`, and as hex into `hex` (2 * IC_DIGEST_MAX + 1 bytes) if not NULL. */
+int ic_blkhash_final(struct ic_blkhash *h, uint8_t *out, char *hex, struct ic_error *err);
+size_t ic_blkhash_size(const struct ic_blkhash *h);
+const char *ic_blkhash_algorithm(const struct ic_blkhash *h);
+
+#endif
