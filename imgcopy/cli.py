@@ -279,6 +279,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:  # parsed as qemu-img parses it
         return run_compare(argv[1:])
+    # a command may ignore Ctrl-C once its work is done; a caller running
+    # main() in its own process (a test, a notebook) gets its handler back,
+    # and the programs it starts later do not inherit SIG_IGN
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if on_main_thread else None
+    try:
+        return _run(argv)
+    finally:
+        if on_main_thread and sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
+
+
+def _run(argv: List[str]) -> int:
     try:
         args, extra = _build_parser().parse_known_args(argv)
         if extra:  # the command's own usage, not the top level's

@@ -289,3 +289,18 @@ def test_sigint_message_starts_a_line(tmp_path, imgcopy_env):
     assert rc == 130
     last = err.replace("\r", "\n").rstrip("\n").split("\n")[-1]
     assert last.startswith("imgcopy: "), "error glued to the progress bar: %r" % err[-120:]
+
+
+def test_main_in_process_gives_sigint_back(tmp_path):
+    """convert ignores Ctrl-C once the copy is committed; run in a caller's
+    own process (a test, a notebook), main() puts the caller's SIGINT
+    handler back, so programs the caller starts later do not inherit
+    SIG_IGN and stay interruptible."""
+    from imgcopy import cli
+    src = str(tmp_path / "src.raw")
+    make_sparse(src, 1 << 20, [(0, b"x" * 4096)])
+    before = signal.getsignal(signal.SIGINT)
+    assert cli.main(["convert", src, str(tmp_path / "dst.raw")]) == 0
+    assert signal.getsignal(signal.SIGINT) is before
+    assert cli.main(["convert", src, str(tmp_path / "missing-dir" / "dst.raw")]) == 1
+    assert signal.getsignal(signal.SIGINT) is before
