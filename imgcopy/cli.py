@@ -276,18 +276,22 @@ def _describe(exc: BaseException) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """The program (argv None: sys.argv), or one command run in the caller's
+    process (argv given: a test, a notebook)."""
+    program = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:  # parsed as qemu-img parses it
         return run_compare(argv[1:])
-    # a command may ignore Ctrl-C once its work is done; a caller running
-    # main() in its own process (a test, a notebook) gets its handler back,
-    # and the programs it starts later do not inherit SIG_IGN
+    # convert ignores Ctrl-C once its copy is committed.  The program keeps
+    # ignoring it until it exits (restoring it would let a late Ctrl-C kill
+    # a finished copy's process); a caller's process gets its handler back,
+    # or the programs it starts later would inherit SIG_IGN.
     on_main_thread = threading.current_thread() is threading.main_thread()
-    sigint = signal.getsignal(signal.SIGINT) if on_main_thread else None
+    sigint = signal.getsignal(signal.SIGINT) if on_main_thread and not program else None
     try:
         return _run(argv)
     finally:
-        if on_main_thread and sigint is not None:
+        if sigint is not None:
             signal.signal(signal.SIGINT, sigint)
 
 

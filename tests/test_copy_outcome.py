@@ -76,7 +76,7 @@ def test_sigint_at_any_moment_agrees_with_the_destination(tmp_path, small_source
     # the command line's main(), once Python has started and imported it
     # (a Ctrl-C during start-up is Python's, not the copy's)
     code = ("import os, sys\nfrom imgcopy.cli import main\nos.write(1, b'R')\n"
-            "sys.exit(main(sys.argv[1:]))\n")
+            "sys.exit(main())\n")
 
     def start(dst):
         proc = subprocess.Popen([sys.executable, "-c", code, "convert", small_source, dst],

@@ -59,7 +59,7 @@ def can_fuzz(tmp_path_factory):
 def fuzzer(request, can_fuzz):
     """The format whose harness is built."""
     fmt = request.param
-    proc = subprocess.run(["make", "-s", "-C", FUZZ_DIR, "all", "FORMAT=" + fmt],
+    proc = subprocess.run(["make", "-s", "-j2", "-C", FUZZ_DIR, "all", "FORMAT=" + fmt],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, "building the %s fuzzer failed:\n%s%s" % (
         fmt, proc.stdout, proc.stderr)
