@@ -92,6 +92,9 @@ struct ic_image *image_usable(ImageObject *self);
 void image_enter(ImageObject *self);
 void image_leave(ImageObject *self);
 
+/* check.c */
+PyObject *mod_check(PyObject *m, PyObject *args, PyObject *kwds);
+
 /* imgcopy/_core.pyi documents the functions and methods. */
 #define KEYWORDS(function) (PyCFunction)(void (*)(void))(function), METH_VARARGS | METH_KEYWORDS
 

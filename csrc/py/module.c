@@ -274,6 +274,7 @@ static PyMethodDef module_methods[] = {
     {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
+    {"check", KEYWORDS(mod_check), NULL},
     {NULL, NULL, 0, NULL},
 };
 
