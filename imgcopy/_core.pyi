@@ -140,3 +140,23 @@ def format_map(packed: bytes, start: int, tail_end: int,
     each depth of the chain, NUL-separated)."""
 def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
     """(data, zero, present, compressed) bytes of packed extents."""
+
+# ---- check (csrc/py/check.c) ----
+class CheckCounters(TypedDict):
+    corruptions: int
+    leaks: int
+    check_errors: int
+    corruptions_fixed: int
+    leaks_fixed: int
+    image_end_offset: int
+    total_clusters: int
+    allocated_clusters: int
+    fragmented_clusters: int
+    compressed_clusters: int
+    failed_errno: int  # qemu's "Check failed: <strerror>": its errno, else 0
+    messages: bytes    # the detail lines qemu prints on stderr
+    format: str
+def check(path: Union[str, bytes, os.PathLike], format: Optional[str] = ..., *,
+          force_share: bool = ...) -> CheckCounters:
+    """qemu-img check of the image, read-only; OSError(ENOTSUP) for
+    formats without a checker."""

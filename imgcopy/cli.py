@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import sizes
+from . import cli_check, sizes
 from ._version import __version__
 from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
@@ -67,6 +67,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                   "file (like qemu-img info)")
     i.add_argument("--backing-chain", action="store_true",
                    help="show every image of the backing chain")
+
+    cli_check.register(sub, FORMATS)
 
     c = sub.add_parser("convert", help="copy an image, moving only what matters "
                                        "(like qemu-img convert)")

@@ -6,6 +6,7 @@
 struct check_call {
     const char *path, *format;
     unsigned flags;
+    const char *opened; /* the image's format (a static name) */
     struct ic_check_result result;
 };
 
@@ -14,6 +15,7 @@ static int check_run(struct check_call *c, struct ic_error *err)
     struct ic_image *img;
     if (ic_image_open(c->path, c->format, c->flags, &img, err) < 0)
         return -1;
+    c->opened = ic_image_format(img);
     int ret = ic_image_check(img, &c->result, err);
     ic_image_close(img);
     return ret;
@@ -43,7 +45,7 @@ PyObject *mod_check(PyObject *m, PyObject *args, PyObject *kwds)
     }
     const struct ic_check_result *r = &call.result;
     PyObject *out = Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsisy#}", "corruptions", (unsigned long long)r->corruptions,
+        "{sKsKsKsKsKsKsKsKsKsKsisy#ss}", "corruptions", (unsigned long long)r->corruptions,
         "leaks", (unsigned long long)r->leaks, "check_errors",
         (unsigned long long)r->check_errors, "corruptions_fixed",
         (unsigned long long)r->corruptions_fixed, "leaks_fixed",
@@ -53,7 +55,7 @@ PyObject *mod_check(PyObject *m, PyObject *args, PyObject *kwds)
         (unsigned long long)r->allocated_clusters, "fragmented_clusters",
         (unsigned long long)r->fragmented_clusters, "compressed_clusters",
         (unsigned long long)r->compressed_clusters, "failed_errno", r->failed_errno,
-        "messages", r->messages ? r->messages : "", (Py_ssize_t)r->messages_len);
+        "messages", r->messages ? r->messages : "", (Py_ssize_t)r->messages_len, "format", call.opened);
     ic_check_result_free(&call.result);
     return out;
 }
