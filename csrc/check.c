@@ -13,6 +13,8 @@
 int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
 {
     char line[1024];
+    if (r->messages_len + sizeof line > IC_CHECK_MESSAGES_MAX)
+        return 0; /* qemu would go on printing; nobody reads that far */
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(line, sizeof line, fmt, ap);
@@ -20,8 +22,6 @@ int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
     if (n < 0)
         return 0;
     size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    if (r->messages_len + len > IC_CHECK_MESSAGES_MAX)
-        return 0; /* qemu would go on printing; nobody reads that far */
     char *grown = realloc(r->messages, r->messages_len + len + 1);
     if (!grown)
         return -1;

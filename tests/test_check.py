@@ -427,23 +427,41 @@ def test_open_errors(tmp_path):
     assert cli_main(["check", "-f", "qcow2", str(p)]) == 1
 
 
-@pytest.mark.parametrize("name", sorted(os.listdir(REGRESSIONS)) if REGRESSIONS.is_dir()
-                         else [])
-def test_hostile_images(tmp_path, name):
-    """Every hostile image: an error or qemu's answer, never a crash or hang."""
-    p = tmp_path / name
-    p.write_bytes((REGRESSIONS / name).read_bytes())
-    code = ("import imgcopy, sys\n"
-            "try:\n"
-            "    r = imgcopy.check(sys.argv[1])\n"
-            "    print(r.to_json(), end='')\n"
-            "except (OSError, ValueError, imgcopy.Error) as e:\n"
-            "    print('ERR', type(e).__name__, e)\n")
-    proc = subprocess.run([sys.executable, "-c", code, name], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+HOSTILE = sorted(os.listdir(REGRESSIONS)) if REGRESSIONS.is_dir() else []
+
+_CHECK_ALL = """
+import json, sys, imgcopy
+for name in sys.argv[1:]:
+    print(name, file=sys.stderr, flush=True)  # the last one named crashed, if any
+    try:
+        out = imgcopy.check(name).to_json()
+    except (OSError, ValueError, imgcopy.Error) as e:
+        out = "ERR %s %s" % (type(e).__name__, e)
+    print(json.dumps([name, out]), flush=True)
+"""
+
+
+def test_hostile_images(tmp_path):
+    """Every hostile image (tests/fuzz/regressions/qcow2/), checked through
+    the Python API in a child process: an error or qemu's answer, never a
+    crash or a hang."""
+    assert HOSTILE
+    for name in HOSTILE:
+        (tmp_path / name).write_bytes((REGRESSIONS / name).read_bytes())
+    proc = subprocess.run([sys.executable, "-c", _CHECK_ALL, *HOSTILE], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    if proc.stdout.startswith("ERR"):
-        return
-    q = qemu_img("check", "--output=json", name, cwd=tmp_path, check=False)
-    if q.returncode in (0, 2, 3):
-        assert proc.stdout == q.stdout, (name, q.stderr[-1000:])
+    results = dict(json.loads(line) for line in proc.stdout.splitlines())
+    assert sorted(results) == HOSTILE
+    compared = 0
+    for name, ours in results.items():
+        if ours.startswith("ERR"):
+            continue
+        try:  # qemu takes minutes on some (L1 tables naming one L2 table 8192 times)
+            q = qemu_img("check", "--output=json", name, cwd=tmp_path, check=False, timeout=3)
+        except subprocess.TimeoutExpired:
+            continue
+        if q.returncode in (0, 2, 3):
+            assert ours == q.stdout, (name, q.stderr[-1000:])
+            compared += 1
+    assert compared > 0

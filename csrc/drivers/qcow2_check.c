@@ -27,7 +27,7 @@
 #define COUNTS_MAX_BYTES (1ull << 30)
 /* L2 entries one check visits at most: L1 entries may all name one L2
  * table, so the work is bounded, not the file. */
-#define MAX_L2_ENTRIES_VISITED (1ull << 32)
+#define MAX_L2_ENTRIES_VISITED (1ull << 31)
 /* L1 entries read at a time */
 #define L1_CHUNK 8192u
 
@@ -42,6 +42,7 @@ struct ck {
     uint64_t nb_clusters; /* qemu's refcount array size: grows with references */
     uint64_t count_max;
     uint64_t *l2;      /* one L2 table */
+    uint64_t l2_at;    /* where it was read from; UINT64_MAX: nowhere */
     uint64_t visited;  /* L2 entries */
     /* the stored refcounts */
     uint64_t *reftable;
@@ -161,9 +162,14 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                         "over?)", (unsigned long long)MAX_L2_ENTRIES_VISITED);
         return -1;
     }
-    if (read_table(c, c->l2, c->csz, l2_offset, "unreadable L2 table",
-                   "ERROR: I/O error in check_refcounts_l2\n") < 0)
-        return -1;
+    /* L1 entries naming one table again cost no second read */
+    if (l2_offset != c->l2_at) {
+        c->l2_at = UINT64_MAX;
+        if (read_table(c, c->l2, c->csz, l2_offset, "unreadable L2 table",
+                       "ERROR: I/O error in check_refcounts_l2\n") < 0)
+            return -1;
+        c->l2_at = l2_offset;
+    }
     for (uint64_t i = 0; i < n; i++) {
         uint64_t e = qcow2_be64(&c->l2[i]);
         if (e & QCOW2_OFLAG_COMPRESSED) {
@@ -405,6 +411,7 @@ static int check_copied(struct ck *c)
             MSG(c, "ERROR OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%" PRIx64
                    " refcount=%" PRIu64 "\n", (int)i, e, rc);
         }
+        c->l2_at = UINT64_MAX;
         if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
             qcow2_read_meta(c->img, c->l2, c->csz, l2_offset, "unreadable L2 table",
                             c->err) < 0) {
@@ -465,7 +472,8 @@ static int run(struct ck *c)
 int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
-    struct ck c = {.img = img, .s = s, .r = out, .err = err, .csz = s->h.cluster_size};
+    struct ck c = {.img = img, .s = s, .r = out, .err = err, .csz = s->h.cluster_size,
+                   .l2_at = UINT64_MAX};
     c.file_len = ic_image_size(s->file);
     c.nb_clusters = (c.file_len + c.csz - 1) / c.csz;
     out->total_clusters = (img->size + c.csz - 1) / c.csz;
