@@ -381,6 +381,44 @@ def test_seeded_random_damage(tmp_path, capfd, monkeypatch):
         assert_same(capfd, monkeypatch, p)
 
 
+def test_misaligned_refcount_block_is_a_check_error(capfd, monkeypatch, base):
+    def edit(q):
+        q.u64(q.reftable, q.u64(q.reftable) + 0x200)
+    q = damage_and_compare(capfd, monkeypatch, base, edit, 1)
+    assert "Check failed" in q[2]
+
+
+def test_dirty_image_with_lazy_refcounts(tmp_path, capfd, monkeypatch):
+    """An image whose writer died before it updated the refcounts (qemu-io
+    abort): opened read-only, dirty as it is."""
+    require_qemu()
+    p = create(tmp_path / "lazy.qcow2", 4 * MiB, "lazy_refcounts=on")
+    subprocess.run(["qemu-io", "-f", "qcow2", "-c", "write -P 1 0 200k",
+                    "-c", "write -P 2 1m 64k", "-c", "abort", str(p)],
+                   capture_output=True, timeout=60)
+    q = assert_same(capfd, monkeypatch, p)
+    assert q[0] == 2
+
+
+@pytest.mark.parametrize("bits", [1, 2, 8, 32, 64])
+def test_refcount_widths(tmp_path, capfd, monkeypatch, bits):
+    require_qemu()
+    p = create(tmp_path / "w.qcow2", 2 * MiB, f"refcount_bits={bits}", "cluster_size=4096")
+    write_seeded(p, 2 * MiB, seed=bits, count=6, zeros=1)
+    assert assert_same(capfd, monkeypatch, p)[0] == 0
+    # the second reference to a cluster: a corruption, or past a 1-bit maximum
+    # an overflow
+    q = Qcow2.__new__(Qcow2)
+    q.path = p
+    with open(p, "rb") as f:
+        h = f.read(48)
+    q.l1_offset = struct.unpack(">Q", h[40:48])[0]
+    entries = [q.u64(q.l2_entry_offset(0, j)) for j in range(512)]
+    data = next(e for e in entries if e & 0x00fffffffffffe00)
+    q.u64(q.l2_entry_offset(0, entries.index(0)), data)
+    assert assert_same(capfd, monkeypatch, p)[0] == 2
+
+
 # ---- refused, errors, the API ---------------------------------------------
 
 def test_raw_is_not_supported(tmp_path, capfd, monkeypatch):

@@ -52,6 +52,7 @@ struct ck {
     unsigned bits;
     uint64_t per_block;
     int nomem;
+    int signaled; /* qemu's corruption message was given (once per open) */
 };
 
 #define MSG(c, ...)                                                                          \
@@ -122,8 +123,15 @@ static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
     uint64_t boff = c->reftable[ti] & REFT_OFFSET_MASK;
     if (!boff)
         return 0;
-    if (boff % c->csz)
+    if (boff % c->csz) {
+        /* qemu's qcow2_signal_corruption on an image opened read-only */
+        if (!c->signaled)
+            MSG(c, "qcow2: Image is corrupt: Refblock offset %#" PRIx64 " unaligned "
+                   "(reftable index: %#" PRIx64 "); further non-fatal corruption events "
+                   "will be suppressed\n", boff, ti);
+        c->signaled = 1;
         return -EIO;
+    }
     if (boff != c->block_off) {
         struct ic_error ignored;
         c->block_off = 0;
