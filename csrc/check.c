@@ -10,6 +10,14 @@
 #include "check.h"
 #include "image.h"
 
+static size_t capacity(size_t used)
+{
+    size_t cap = 4096;
+    while (cap < used)
+        cap *= 2;
+    return cap;
+}
+
 int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
 {
     char line[1024];
@@ -22,13 +30,38 @@ int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
     if (n < 0)
         return 0;
     size_t len = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    char *grown = realloc(r->messages, r->messages_len + len + 1);
-    if (!grown)
-        return -1;
+    /* the buffer's capacity is implied by its length: a power of two, so
+     * that appending a line costs no copy most of the time */
+    size_t cap = capacity(r->messages ? r->messages_len + 1 : 0);
+    char *grown = r->messages;
+    if (r->messages_len + len + 1 > cap || !grown) {
+        grown = realloc(r->messages, capacity(r->messages_len + len + 1));
+        if (!grown)
+            return -1;
+    }
     memcpy(grown + r->messages_len, line, len);
     r->messages_len += len;
     grown[r->messages_len] = '\0';
     r->messages = grown;
+    return 0;
+}
+
+int ic_check_repeat(struct ic_check_result *r, size_t from, size_t to)
+{
+    size_t len = to - from;
+    if (!r->messages || to > r->messages_len || from >= to ||
+        r->messages_len + len > IC_CHECK_MESSAGES_MAX)
+        return 0;
+    size_t cap = capacity(r->messages_len + 1);
+    if (r->messages_len + len + 1 > cap) {
+        char *grown = realloc(r->messages, capacity(r->messages_len + len + 1));
+        if (!grown)
+            return -1;
+        r->messages = grown;
+    }
+    memmove(r->messages + r->messages_len, r->messages + from, len);
+    r->messages_len += len;
+    r->messages[r->messages_len] = '\0';
     return 0;
 }
 

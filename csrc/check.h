@@ -14,4 +14,8 @@
 int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Append again what messages[from, to) holds (a run of lines); -1 only
+ * without memory. */
+int ic_check_repeat(struct ic_check_result *r, size_t from, size_t to);
+
 #endif

@@ -31,6 +31,11 @@
 /* L1 entries read at a time */
 #define L1_CHUNK 8192u
 
+struct replay {
+    uint64_t a, b; /* a reference [a, a+b), or (text) messages[a, b) */
+    int text;
+};
+
 struct ck {
     struct ic_image *img;
     struct qcow2_state *s;
@@ -53,6 +58,16 @@ struct ck {
     uint64_t per_block;
     int nomem;
     int signaled; /* qemu's corruption message was given (once per open) */
+    uint64_t overflows; /* corruptions counted by reference() for overflows */
+    /* What the last L2 table's pass did, replayed when the next L1 entry
+     * names the same table (a hostile image may name one table thousands
+     * of times): references inside the file, in order, between runs of the
+     * messages that do not depend on the counts. */
+    struct replay *events;
+    size_t nevents, events_cap;
+    int recording, replay_valid, replay_frag;
+    size_t text_start; /* the open run of messages */
+    uint64_t d_corruptions, d_allocated, d_fragmented, d_compressed;
 };
 
 #define MSG(c, ...)                                                                          \
@@ -70,15 +85,19 @@ static int stop(struct ck *c, int errnum)
 }
 
 /* qcow2_inc_refcounts_imrt: +1 for every host cluster [off, off+len) touches */
+static int beyond(const struct ck *c, uint64_t off, uint64_t len)
+{
+    /* qemu's int64 test: offset + size - file_len >= cluster_size */
+    return off > UINT64_MAX - len ||
+           (off + len > c->file_len && off + len - c->file_len >= c->csz) ||
+           off + len > (uint64_t)INT64_MAX;
+}
+
 static void reference(struct ck *c, uint64_t off, uint64_t len)
 {
     if (len == 0)
         return;
-    /* qemu's int64 test: offset + size - file_len >= cluster_size */
-    int beyond = off > UINT64_MAX - len ||
-                 (off + len > c->file_len && off + len - c->file_len >= c->csz) ||
-                 off + len > (uint64_t)INT64_MAX;
-    if (beyond) {
+    if (beyond(c, off, len)) {
         MSG(c, "ERROR: counting reference for region exceeding the end of the file by one "
                "cluster or more: offset 0x%" PRIx64 " size 0x%" PRIx64 "\n", off, len);
         c->r->corruptions++;
@@ -97,6 +116,7 @@ static void reference(struct ck *c, uint64_t off, uint64_t len)
                    "convert to create a clean copy if the image cannot be opened for "
                    "writing\n");
             c->r->corruptions++;
+            c->overflows++;
             continue;
         }
         c->counts[k]++;
@@ -157,13 +177,61 @@ static int read_table(struct ck *c, void *buf, uint64_t len, uint64_t off, const
     return 0;
 }
 
+static void push_event(struct ck *c, uint64_t a, uint64_t b, int text)
+{
+    if (c->nevents == c->events_cap) {
+        c->recording = 0; /* sized for a table: never here */
+        return;
+    }
+    c->events[c->nevents++] = (struct replay){a, b, text};
+}
+
+static void close_text(struct ck *c)
+{
+    if (c->r->messages_len > c->text_start)
+        push_event(c, c->text_start, c->r->messages_len, 1);
+    c->text_start = c->r->messages_len;
+}
+
+/* A reference from an L2 entry: recorded when it lands in the file (its
+ * effect depends on the counts), else its message joins the open run. */
+static void reference_l2(struct ck *c, uint64_t off, uint64_t len)
+{
+    if (!c->recording || len == 0 || beyond(c, off, len)) {
+        reference(c, off, len);
+        return;
+    }
+    close_text(c);
+    push_event(c, off, len, 0);
+    reference(c, off, len);
+    c->text_start = c->r->messages_len;
+}
+
+static void replay(struct ck *c)
+{
+    for (size_t i = 0; i < c->nevents; i++) {
+        const struct replay *e = &c->events[i];
+        if (e->text) {
+            if (ic_check_repeat(c->r, (size_t)e->a, (size_t)e->b) < 0)
+                c->nomem = 1;
+        } else {
+            reference(c, e->a, e->b);
+        }
+    }
+    c->r->corruptions += c->d_corruptions;
+    c->r->allocated_clusters += c->d_allocated;
+    c->r->fragmented_clusters += c->d_fragmented;
+    c->r->compressed_clusters += c->d_compressed;
+}
+
 /* check_refcounts_l2: `frag` for the active L1 table (the fragmentation
  * counters). */
 static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
 {
     const struct qcow2_header *h = &c->s->h;
     uint64_t n = c->s->l2_entries, next_contiguous = 0;
-    c->visited += n;
+    int again = l2_offset == c->l2_at && c->replay_valid && c->replay_frag == frag;
+    c->visited += again ? c->nevents + 1 : n;
     if (c->visited > MAX_L2_ENTRIES_VISITED) {
         ic_error_format(c->err, c->img->path, "corrupt qcow2 image: more than %llu L2 "
                         "entries to check (L1 tables naming the same L2 tables over and "
@@ -178,6 +246,16 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
             return -1;
         c->l2_at = l2_offset;
     }
+    if (again) {
+        replay(c);
+        return 0;
+    }
+    struct ic_check_result before = *c->r;
+    uint64_t overflows = c->overflows;
+    c->recording = 1;
+    c->replay_valid = 0;
+    c->nevents = 0;
+    c->text_start = c->r->messages_len;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t e = qcow2_be64(&c->l2[i]);
         if (e & QCOW2_OFLAG_COMPRESSED) {
@@ -190,7 +268,7 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                 c->r->corruptions++;
             }
             qcow2_compressed_decode(h, e, &host, &len);
-            reference(c, host, len);
+            reference_l2(c, host, len);
             if (frag) {
                 c->r->allocated_clusters++;
                 c->r->compressed_clusters++;
@@ -220,8 +298,16 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                 c->r->fragmented_clusters++;
             next_contiguous = off + c->csz;
         }
-        reference(c, off, c->csz);
+        reference_l2(c, off, c->csz);
     }
+    close_text(c);
+    c->replay_valid = c->recording;
+    c->recording = 0;
+    c->replay_frag = frag;
+    c->d_corruptions = c->r->corruptions - before.corruptions - (c->overflows - overflows);
+    c->d_allocated = c->r->allocated_clusters - before.allocated_clusters;
+    c->d_fragmented = c->r->fragmented_clusters - before.fragmented_clusters;
+    c->d_compressed = c->r->compressed_clusters - before.compressed_clusters;
     return 0;
 }
 
@@ -501,7 +587,10 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
                                (unsigned long long)c.nb_clusters, COUNTS_MAX_BYTES >> 20);
     c.counts = calloc(c.ncounts, sizeof *c.counts);
     c.l2 = malloc(c.csz);
-    int ret = c.counts && c.l2 ? 0 : ic_error_nomem(err);
+    /* a run of messages and a reference per entry at most */
+    c.events_cap = 2 * (size_t)s->l2_entries + 1;
+    c.events = malloc(c.events_cap * sizeof *c.events);
+    int ret = c.counts && c.l2 && c.events ? 0 : ic_error_nomem(err);
     if (ret == 0)
         ret = load_reftable(&c);
     if (ret == 0 && run(&c) < 0 && !out->failed_errno)
@@ -510,6 +599,7 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
         ret = ic_error_nomem(err);
     free(c.counts);
     free(c.l2);
+    free(c.events);
     free(c.reftable);
     free(c.block);
     return ret;
