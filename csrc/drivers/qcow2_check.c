@@ -494,6 +494,9 @@ static uint64_t compare(struct ck *c)
 static int check_copied(struct ck *c)
 {
     struct qcow2_state *s = c->s;
+    /* what the last table read gave: its messages and corruptions */
+    uint64_t last_offset = UINT64_MAX, found = 0;
+    size_t text_from = 0, text_to = 0;
     for (uint64_t i = 0; i < s->h.l1_size; i++) {
         uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
         if (!l2_offset)
@@ -505,6 +508,14 @@ static int check_copied(struct ck *c)
             MSG(c, "ERROR OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%" PRIx64
                    " refcount=%" PRIu64 "\n", (int)i, e, rc);
         }
+        /* the same table as the L1 entry before: the same findings */
+        if (l2_offset == last_offset) {
+            if (ic_check_repeat(c->r, text_from, text_to) < 0)
+                c->nomem = 1;
+            c->r->corruptions += found;
+            continue;
+        }
+        last_offset = UINT64_MAX;
         c->l2_at = UINT64_MAX;
         if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
             qcow2_read_meta(c->img, c->l2, c->csz, l2_offset, "unreadable L2 table",
@@ -512,6 +523,9 @@ static int check_copied(struct ck *c)
             MSG(c, "ERROR: Could not read L2 table: %s\n", strerror(EIO));
             return stop(c, EIO);
         }
+        uint64_t corruptions = c->r->corruptions;
+        int signaled = c->signaled;
+        text_from = c->r->messages_len;
         for (uint64_t j = 0; j < s->l2_entries; j++) {
             uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
             if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
@@ -524,6 +538,10 @@ static int check_copied(struct ck *c)
                        "\n", l2e, rc);
             }
         }
+        text_to = c->r->messages_len;
+        found = c->r->corruptions - corruptions;
+        if (signaled == c->signaled) /* qemu's one-time message is not repeated */
+            last_offset = l2_offset;
     }
     return 0;
 }
