@@ -142,9 +142,11 @@ def check(path: Union[str, "os.PathLike[str]"], *, format: Optional[str] = None,
     are checked (read-only), as qemu-img check does."""
     filename = os.fspath(path)
     raw = _core.check(path, format, force_share=force_share)
-    text = raw.pop("messages").decode("utf-8", "surrogateescape")
-    failed = raw.pop("failed_errno")
-    result = CheckResult(filename=os.fsdecode(filename), messages=text.splitlines(), **raw)
+    text = raw["messages"].decode("utf-8", "surrogateescape")
+    failed = raw["failed_errno"]
+    counters = {k: v for k, v in raw.items() if k not in ("messages", "failed_errno")}
+    result = CheckResult(filename=os.fsdecode(filename), messages=text.splitlines(),
+                         **counters)  # type: ignore[arg-type]
     if failed:
         exc = CheckFailed(failed, os.strerror(failed), os.fsdecode(filename))
         exc.result = result
