@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 from . import _core
+from .info import _json_text, qemu_json
 
 __all__ = ["CheckResult", "check"]
 
@@ -118,9 +119,8 @@ class CheckResult:
 
 
 def _json_value(value: Union[int, str]) -> str:
-    if isinstance(value, str):
-        # qemu writes a file name's bytes as they are (non-ASCII unescaped)
-        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, str):  # escaped as qemu escapes (info's JSON)
+        return qemu_json(_json_text(value))
     return str(value)
 
 

@@ -503,3 +503,12 @@ def test_hostile_images(tmp_path):
             assert ours == q.stdout, (name, q.stderr[-1000:])
             compared += 1
     assert compared > 0
+
+
+def test_odd_file_names(tmp_path, capfd, monkeypatch, base):
+    """The name in the JSON is escaped as qemu escapes it."""
+    for name in ['we ird "q" \\ é.qcow2', "x\x01\x7f.qcow2", os.fsdecode(b"bad\xff.qcow2")]:
+        p = tmp_path / name
+        p.write_bytes(base.read_bytes())
+        q, ours = run_both(capfd, monkeypatch, p, "--output=json")
+        assert ours == q
