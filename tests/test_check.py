@@ -512,3 +512,44 @@ def test_odd_file_names(tmp_path, capfd, monkeypatch, base):
         p.write_bytes(base.read_bytes())
         q, ours = run_both(capfd, monkeypatch, p, "--output=json")
         assert ours == q
+
+
+@pytest.mark.parametrize("field,value", [("l1_offset", 0x200), ("l1_size", 0x1000000),
+                                         ("l1_offset", 1 << 40)])
+def test_snapshot_table_damage(capfd, monkeypatch, base, field, value):
+    qemu_img("snapshot", "-c", "snap-one", base)
+    qemu_io(base, ["write -P 9 0 64k"], fmt="qcow2")
+
+    def edit(q):
+        table = q.u64(64)
+        if field == "l1_offset":
+            q.u64(table, q.u64(table) + value)
+        else:
+            with open(q.path, "r+b") as f:
+                f.seek(table + 8)
+                f.write(struct.pack(">I", value))
+    edit(Qcow2(base))
+    q = assert_same(capfd, monkeypatch, base)
+    assert q[0] in (2, 3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_seeded_damage_with_snapshots_and_compression(tmp_path, capfd, monkeypatch, seed):
+    require_qemu()
+    src = seeded_raw(tmp_path / "src.raw", 1 * MiB, seed=seed)
+    p = tmp_path / "d.qcow2"
+    qemu_img("convert", "-c", "-O", "qcow2", "-o", "cluster_size=4096", src, p)
+    qemu_img("snapshot", "-c", "s1", p)
+    write_seeded(p, 1 * MiB, seed=seed, count=4, zeros=1)
+    assert assert_same(capfd, monkeypatch, p)[0] == 0
+    q = Qcow2(p)
+    rnd = random.Random(seed)
+    nclusters = os.path.getsize(p) // q.cs
+    for _ in range(4):
+        if rnd.random() < 0.5:
+            q.refcount(rnd.randrange(nclusters), rnd.choice([0, 1, 2, 3]))
+        else:
+            off = q.l2_entry_offset(0, rnd.randrange(q.cs // 8))
+            e = q.u64(off)
+            q.u64(off, rnd.choice([0, e ^ COPIED, e ^ (1 << 62), e + 512, e | 1]))
+    assert_same(capfd, monkeypatch, p)
