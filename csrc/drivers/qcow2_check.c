@@ -31,9 +31,34 @@
 /* L1 entries read at a time */
 #define L1_CHUNK 8192u
 
-struct replay {
-    uint64_t a, b; /* a reference [a, a+b), or (text) messages[a, b) */
-    int text;
+/* A host cluster and the references one L2 table's pass made to it. */
+struct ref_count {
+    uint64_t cluster, n;
+};
+
+/* L2 tables whose passes are remembered, by offset (hashed), and the most
+ * clusters inside the file a remembered pass may reference: a pass over
+ * a table naming many is replayed by scanning the table again. */
+#define REPLAY_SLOTS 64u
+#define REPLAY_MAX_CLUSTERS 256u
+
+/* What one L2 table's pass did (check_l2, with fragmentation counted or
+ * not): its messages, a run of the message buffer (none of them depends
+ * on the counts: the pass had no overflow), the references it added per
+ * cluster and its counter deltas. */
+struct slot {
+    uint64_t offset; /* UINT64_MAX: empty */
+    int frag;
+    size_t text_from, text_to;
+    struct ref_count refs[REPLAY_MAX_CLUSTERS];
+    size_t nrefs;
+    uint64_t d_corruptions, d_allocated, d_fragmented, d_compressed;
+};
+
+struct copied_slot {
+    uint64_t offset; /* UINT64_MAX: empty */
+    size_t text_from, text_to;
+    uint64_t found;
 };
 
 struct ck {
@@ -58,16 +83,13 @@ struct ck {
     uint64_t per_block;
     int nomem;
     int signaled; /* qemu's corruption message was given (once per open) */
-    uint64_t overflows; /* corruptions counted by reference() for overflows */
-    /* What the last L2 table's pass did, replayed when the next L1 entry
-     * names the same table (a hostile image may name one table thousands
-     * of times): references inside the file, in order, between runs of the
-     * messages that do not depend on the counts. */
-    struct replay *events;
-    size_t nevents, events_cap;
-    int recording, replay_valid, replay_frag;
-    size_t text_start; /* the open run of messages */
-    uint64_t d_corruptions, d_allocated, d_fragmented, d_compressed;
+    /* What passes over L2 tables did, replayed when an L1 entry names a
+     * table again (a hostile image may name a few tables thousands of
+     * times). */
+    struct slot *slots;         /* REPLAY_SLOTS */
+    struct copied_slot *copied; /* REPLAY_SLOTS */
+    struct slot *rec;           /* the pass being recorded, or NULL */
+    int rec_overflowed;
 };
 
 #define MSG(c, ...)                                                                          \
@@ -93,6 +115,24 @@ static int beyond(const struct ck *c, uint64_t off, uint64_t len)
            off + len > (uint64_t)INT64_MAX;
 }
 
+/* One more reference to cluster k in the pass being recorded; too many
+ * clusters and the pass is not remembered. */
+static void record(struct ck *c, uint64_t k)
+{
+    struct slot *sl = c->rec;
+    for (size_t i = sl->nrefs; i-- > 0;) {
+        if (sl->refs[i].cluster == k) {
+            sl->refs[i].n++;
+            return;
+        }
+    }
+    if (sl->nrefs == REPLAY_MAX_CLUSTERS) {
+        c->rec = NULL;
+        return;
+    }
+    sl->refs[sl->nrefs++] = (struct ref_count){k, 1};
+}
+
 static void reference(struct ck *c, uint64_t off, uint64_t len)
 {
     if (len == 0)
@@ -116,10 +156,12 @@ static void reference(struct ck *c, uint64_t off, uint64_t len)
                    "convert to create a clean copy if the image cannot be opened for "
                    "writing\n");
             c->r->corruptions++;
-            c->overflows++;
+            c->rec_overflowed = 1;
             continue;
         }
         c->counts[k]++;
+        if (c->rec)
+            record(c, k);
     }
 }
 
@@ -177,51 +219,37 @@ static int read_table(struct ck *c, void *buf, uint64_t len, uint64_t off, const
     return 0;
 }
 
-static void push_event(struct ck *c, uint64_t a, uint64_t b, int text)
+/* Table offsets are multiples of a power of two: hashed, not taken mod. */
+static unsigned slot_index(uint64_t l2_offset)
 {
-    if (c->nevents == c->events_cap) {
-        c->recording = 0; /* sized for a table: never here */
-        return;
-    }
-    c->events[c->nevents++] = (struct replay){a, b, text};
+    return (unsigned)(((l2_offset >> 9) * 0x9e3779b97f4a7c15ull) >> 58) % REPLAY_SLOTS;
 }
 
-static void close_text(struct ck *c)
+static struct slot *slot_of(struct ck *c, uint64_t l2_offset)
 {
-    if (c->r->messages_len > c->text_start)
-        push_event(c, c->text_start, c->r->messages_len, 1);
-    c->text_start = c->r->messages_len;
+    return &c->slots[slot_index(l2_offset)];
 }
 
-/* A reference from an L2 entry: recorded when it lands in the file (its
- * effect depends on the counts), else its message joins the open run. */
-static void reference_l2(struct ck *c, uint64_t off, uint64_t len)
+/* A remembered pass again, when it adds the same: no count it raises
+ * overflows now.  0 when it cannot (the table is scanned again). */
+static int replay(struct ck *c, const struct slot *sl)
 {
-    if (!c->recording || len == 0 || beyond(c, off, len)) {
-        reference(c, off, len);
-        return;
+    for (size_t i = 0; i < sl->nrefs; i++)
+        if (c->count_max - c->counts[sl->refs[i].cluster] < sl->refs[i].n)
+            return 0;
+    if (ic_check_repeat(c->r, sl->text_from, sl->text_to) < 0)
+        c->nomem = 1;
+    for (size_t i = 0; i < sl->nrefs; i++) {
+        uint64_t k = sl->refs[i].cluster;
+        c->counts[k] += (uint32_t)sl->refs[i].n;
+        if (k >= c->nb_clusters)
+            c->nb_clusters = k + 1;
     }
-    close_text(c);
-    push_event(c, off, len, 0);
-    reference(c, off, len);
-    c->text_start = c->r->messages_len;
-}
-
-static void replay(struct ck *c)
-{
-    for (size_t i = 0; i < c->nevents; i++) {
-        const struct replay *e = &c->events[i];
-        if (e->text) {
-            if (ic_check_repeat(c->r, (size_t)e->a, (size_t)e->b) < 0)
-                c->nomem = 1;
-        } else {
-            reference(c, e->a, e->b);
-        }
-    }
-    c->r->corruptions += c->d_corruptions;
-    c->r->allocated_clusters += c->d_allocated;
-    c->r->fragmented_clusters += c->d_fragmented;
-    c->r->compressed_clusters += c->d_compressed;
+    c->r->corruptions += sl->d_corruptions;
+    c->r->allocated_clusters += sl->d_allocated;
+    c->r->fragmented_clusters += sl->d_fragmented;
+    c->r->compressed_clusters += sl->d_compressed;
+    return 1;
 }
 
 /* check_refcounts_l2: `frag` for the active L1 table (the fragmentation
@@ -230,14 +258,17 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
 {
     const struct qcow2_header *h = &c->s->h;
     uint64_t n = c->s->l2_entries, next_contiguous = 0;
-    int again = l2_offset == c->l2_at && c->replay_valid && c->replay_frag == frag;
-    c->visited += again ? c->nevents + 1 : n;
+    struct slot *sl = slot_of(c, l2_offset);
+    int again = sl->offset == l2_offset && sl->frag == frag;
+    c->visited += again ? sl->nrefs + 1 : n;
     if (c->visited > MAX_L2_ENTRIES_VISITED) {
         ic_error_format(c->err, c->img->path, "corrupt qcow2 image: more than %llu L2 "
                         "entries to check (L1 tables naming the same L2 tables over and "
                         "over?)", (unsigned long long)MAX_L2_ENTRIES_VISITED);
         return -1;
     }
+    if (again && replay(c, sl))
+        return 0;
     /* L1 entries naming one table again cost no second read */
     if (l2_offset != c->l2_at) {
         c->l2_at = UINT64_MAX;
@@ -246,16 +277,13 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
             return -1;
         c->l2_at = l2_offset;
     }
-    if (again) {
-        replay(c);
-        return 0;
-    }
     struct ic_check_result before = *c->r;
-    uint64_t overflows = c->overflows;
-    c->recording = 1;
-    c->replay_valid = 0;
-    c->nevents = 0;
-    c->text_start = c->r->messages_len;
+    /* the slot is rewritten: it names this table only once complete */
+    sl->offset = UINT64_MAX;
+    sl->nrefs = 0;
+    sl->text_from = c->r->messages_len;
+    c->rec = sl;
+    c->rec_overflowed = 0;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t e = qcow2_be64(&c->l2[i]);
         if (e & QCOW2_OFLAG_COMPRESSED) {
@@ -268,7 +296,7 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                 c->r->corruptions++;
             }
             qcow2_compressed_decode(h, e, &host, &len);
-            reference_l2(c, host, len);
+            reference(c, host, len);
             if (frag) {
                 c->r->allocated_clusters++;
                 c->r->compressed_clusters++;
@@ -298,16 +326,18 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                 c->r->fragmented_clusters++;
             next_contiguous = off + c->csz;
         }
-        reference_l2(c, off, c->csz);
+        reference(c, off, c->csz);
     }
-    close_text(c);
-    c->replay_valid = c->recording;
-    c->recording = 0;
-    c->replay_frag = frag;
-    c->d_corruptions = c->r->corruptions - before.corruptions - (c->overflows - overflows);
-    c->d_allocated = c->r->allocated_clusters - before.allocated_clusters;
-    c->d_fragmented = c->r->fragmented_clusters - before.fragmented_clusters;
-    c->d_compressed = c->r->compressed_clusters - before.compressed_clusters;
+    if (c->rec && !c->rec_overflowed) {
+        sl->offset = l2_offset;
+        sl->frag = frag;
+        sl->text_to = c->r->messages_len;
+        sl->d_corruptions = c->r->corruptions - before.corruptions;
+        sl->d_allocated = c->r->allocated_clusters - before.allocated_clusters;
+        sl->d_fragmented = c->r->fragmented_clusters - before.fragmented_clusters;
+        sl->d_compressed = c->r->compressed_clusters - before.compressed_clusters;
+    }
+    c->rec = NULL;
     return 0;
 }
 
@@ -494,9 +524,6 @@ static uint64_t compare(struct ck *c)
 static int check_copied(struct ck *c)
 {
     struct qcow2_state *s = c->s;
-    /* what the last table read gave: its messages and corruptions */
-    uint64_t last_offset = UINT64_MAX, found = 0;
-    size_t text_from = 0, text_to = 0;
     for (uint64_t i = 0; i < s->h.l1_size; i++) {
         uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
         if (!l2_offset)
@@ -508,14 +535,14 @@ static int check_copied(struct ck *c)
             MSG(c, "ERROR OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%" PRIx64
                    " refcount=%" PRIu64 "\n", (int)i, e, rc);
         }
-        /* the same table as the L1 entry before: the same findings */
-        if (l2_offset == last_offset) {
-            if (ic_check_repeat(c->r, text_from, text_to) < 0)
+        /* a table seen before: the same findings */
+        struct copied_slot *cs = &c->copied[slot_index(l2_offset)];
+        if (cs->offset == l2_offset) {
+            if (ic_check_repeat(c->r, cs->text_from, cs->text_to) < 0)
                 c->nomem = 1;
-            c->r->corruptions += found;
+            c->r->corruptions += cs->found;
             continue;
         }
-        last_offset = UINT64_MAX;
         c->l2_at = UINT64_MAX;
         if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
             qcow2_read_meta(c->img, c->l2, c->csz, l2_offset, "unreadable L2 table",
@@ -525,7 +552,7 @@ static int check_copied(struct ck *c)
         }
         uint64_t corruptions = c->r->corruptions;
         int signaled = c->signaled;
-        text_from = c->r->messages_len;
+        size_t text_from = c->r->messages_len;
         for (uint64_t j = 0; j < s->l2_entries; j++) {
             uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
             if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
@@ -538,10 +565,10 @@ static int check_copied(struct ck *c)
                        "\n", l2e, rc);
             }
         }
-        text_to = c->r->messages_len;
-        found = c->r->corruptions - corruptions;
-        if (signaled == c->signaled) /* qemu's one-time message is not repeated */
-            last_offset = l2_offset;
+        if (signaled == c->signaled) { /* qemu's one-time message is not repeated */
+            *cs = (struct copied_slot){l2_offset, text_from, c->r->messages_len,
+                                       c->r->corruptions - corruptions};
+        }
     }
     return 0;
 }
@@ -605,10 +632,13 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
                                (unsigned long long)c.nb_clusters, COUNTS_MAX_BYTES >> 20);
     c.counts = calloc(c.ncounts, sizeof *c.counts);
     c.l2 = malloc(c.csz);
-    /* a run of messages and a reference per entry at most */
-    c.events_cap = 2 * (size_t)s->l2_entries + 1;
-    c.events = malloc(c.events_cap * sizeof *c.events);
-    int ret = c.counts && c.l2 && c.events ? 0 : ic_error_nomem(err);
+    c.slots = malloc(REPLAY_SLOTS * sizeof *c.slots);
+    c.copied = malloc(REPLAY_SLOTS * sizeof *c.copied);
+    int ret = c.counts && c.l2 && c.slots && c.copied ? 0 : ic_error_nomem(err);
+    for (unsigned i = 0; ret == 0 && i < REPLAY_SLOTS; i++) {
+        c.slots[i].offset = UINT64_MAX;
+        c.copied[i].offset = UINT64_MAX;
+    }
     if (ret == 0)
         ret = load_reftable(&c);
     if (ret == 0 && run(&c) < 0 && !out->failed_errno)
@@ -617,7 +647,8 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
         ret = ic_error_nomem(err);
     free(c.counts);
     free(c.l2);
-    free(c.events);
+    free(c.slots);
+    free(c.copied);
     free(c.reftable);
     free(c.block);
     return ret;
