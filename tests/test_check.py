@@ -553,3 +553,24 @@ def test_seeded_damage_with_snapshots_and_compression(tmp_path, capfd, monkeypat
             e = q.u64(off)
             q.u64(off, rnd.choice([0, e ^ COPIED, e ^ (1 << 62), e + 512, e | 1]))
     assert_same(capfd, monkeypatch, p)
+
+
+@pytest.mark.parametrize("bits", [1, 16])
+def test_l1_entries_naming_one_l2_table(tmp_path, capfd, monkeypatch, bits):
+    """The second L1 entry names the first one's L2 table: its pass is
+    replayed (16 bits) or, where a count would overflow (1 bit), scanned
+    again; qemu's output either way."""
+    require_qemu()
+    p = create(tmp_path / "twice.qcow2", 8 * MiB, f"refcount_bits={bits}", "cluster_size=4096")
+    qemu_io(p, ["write -P 1 0 12k", "write -P 2 1m 8k", "write -P 3 3m 4k"], fmt="qcow2")
+    q = Qcow2.__new__(Qcow2)
+    q.path = p
+    with open(p, "rb") as f:
+        q.l1_offset = struct.unpack(">Q", f.read(48)[40:48])[0]
+    first = q.u64(q.l1_entry_offset(0))
+    for i in (1, 3):
+        q.u64(q.l1_entry_offset(i), first)
+    out = assert_same(capfd, monkeypatch, p)
+    assert out[0] == 2
+    if bits == 1:
+        assert "overflow" in out[2]
