@@ -87,6 +87,10 @@ struct ic_driver {
     int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
     /* What the header says, for info (`out` arrives zeroed). */
     void (*describe)(struct ic_image *img, struct ic_image_info *out);
+    /* qemu-img check of the format's own layer, read-only (`out` arrives
+     * zeroed; detail lines go to out->messages).  Without it, checking the
+     * image fails with ENOTSUP, as qemu's does for raw. */
+    int (*check)(struct ic_image *img, struct ic_check_result *out, struct ic_error *err);
 
     /* Services of a protocol to the format above it, and to the copy: */
     /* the file's size becomes `size` (a qcow2 host file as it fills) */

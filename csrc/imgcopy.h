@@ -471,5 +471,26 @@ void ic_checksum_cancel(struct ic_checksum *job);
  * (IC_CHECKSUM_HEX_MAX bytes), or -1 with the first error (ECANCELED when
  * cancelled). */
 int ic_checksum_finish(struct ic_checksum *job, char *hex, struct ic_error *err);
+/* ---- consistency check (check.c; qemu-img check) ----------------------- */
+
+/* What qemu-img check reports, with qemu's names.  `messages` holds the
+ * detail lines qemu prints on stderr while it checks ("ERROR ...",
+ * "Leaked cluster ..."), each ending in a newline; malloc'ed, may be NULL. */
+struct ic_check_result {
+    uint64_t corruptions, leaks, check_errors, corruptions_fixed, leaks_fixed;
+    uint64_t image_end_offset;
+    uint64_t total_clusters, allocated_clusters, fragmented_clusters, compressed_clusters;
+    /* qemu's check stopped (it then prints "Check failed: <strerror>"):
+     * the errno, else 0 */
+    int failed_errno;
+    char *messages;
+    size_t messages_len;
+};
+/* Check the image's own layer read-only, as qemu-img check (without -r)
+ * does.  -1 with errnum ENOTSUP for formats without a checker (raw): qemu's
+ * "This image format does not support checks".  `out` is filled even when
+ * failed_errno is set; free it with ic_check_result_free. */
+int ic_image_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err);
+void ic_check_result_free(struct ic_check_result *r);
 
 #endif

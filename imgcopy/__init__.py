@@ -2,6 +2,7 @@
 from .errors import Error, ImageFormatError
 from ._version import __version__
 from .compare import CompareResult, compare
+from .check import CheckResult, check
 from .convert import CopyResult, convert
 from .checksum import ChecksumMismatch, checksum, checksum_algorithms
 from .extents import Extent, ExtentMap
@@ -15,4 +16,5 @@ __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
-           "checksum", "checksum_algorithms", "ChecksumMismatch"]
+           "checksum", "checksum_algorithms", "ChecksumMismatch",
+           "CheckResult", "check"]

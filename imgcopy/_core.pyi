@@ -184,3 +184,22 @@ def checksum_check(algorithm: str, block_size: int, /) -> None:
     be made with these (block_size 0: the default)."""
 def checksum_algorithms() -> Tuple[str, ...]:
     """hashlib's names of the digests libcrypto provides."""
+# ---- check (csrc/py/check.c) ----
+class CheckCounters(TypedDict):
+    corruptions: int
+    leaks: int
+    check_errors: int
+    corruptions_fixed: int
+    leaks_fixed: int
+    image_end_offset: int
+    total_clusters: int
+    allocated_clusters: int
+    fragmented_clusters: int
+    compressed_clusters: int
+    failed_errno: int  # qemu's "Check failed: <strerror>": its errno, else 0
+    messages: bytes    # the detail lines qemu prints on stderr
+    format: str
+def check(path: Union[str, bytes, os.PathLike], format: Optional[str] = ..., *,
+          force_share: bool = ...) -> CheckCounters:
+    """qemu-img check of the image, read-only; OSError(ENOTSUP) for
+    formats without a checker."""

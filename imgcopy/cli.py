@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional
 
-from . import cli_checksum, cli_measure, sizes
+from . import cli_check, cli_checksum, cli_measure, sizes
 from ._version import __version__
 from .cli_compare import add_compare_parser, run as run_compare
 from .convert import DEST_FORMATS, convert
@@ -70,6 +70,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                   "file (like qemu-img info)")
     i.add_argument("--backing-chain", action="store_true",
                    help="show every image of the backing chain")
+
+    cli_check.register(sub, FORMATS)
 
     c = sub.add_parser("convert", help="copy an image, moving only what matters "
                                        "(like qemu-img convert)")

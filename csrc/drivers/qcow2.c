@@ -178,5 +178,6 @@ const struct ic_driver ic_format_qcow2 = {
     .finish = qcow2_finish,
     .snapshots = qcow2_snapshots,
     .describe = qcow2_describe,
+    .check = qcow2_check,
     .write_alignment = qcow2_write_alignment,
 };

@@ -8,6 +8,7 @@
  *   qcow2_read.c    reads and block status
  *   qcow2_write.c   staged writes, zeros, finishing
  *   qcow2_create.c  new images, and writers of existing ones
+ *   qcow2_check.c   qemu-img check: refcounts recomputed and compared
  *   qcow2.c         the state's life (open, create, close), the driver table */
 #ifndef IMGCOPY_QCOW2_INTERNAL_H
 #define IMGCOPY_QCOW2_INTERNAL_H
@@ -193,6 +194,9 @@ int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
                           struct ic_error *err);
 /* The header, marked complete or not. */
 int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
+
+/* qcow2_check.c: qemu-img check, read-only */
+int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err);
 
 /* qcow2_create.c: the writer of a new image (the state allocated, its
  * header to fill) or of an opened one. */

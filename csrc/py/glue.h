@@ -94,6 +94,8 @@ void image_leave(ImageObject *self);
 
 /* compare.c */
 PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds);
+/* check.c */
+PyObject *mod_check(PyObject *m, PyObject *args, PyObject *kwds);
 
 /* imgcopy/_core.pyi documents the functions and methods. */
 #define KEYWORDS(function) (PyCFunction)(void (*)(void))(function), METH_VARARGS | METH_KEYWORDS

@@ -293,6 +293,7 @@ static PyMethodDef module_methods[] = {
     {"checksum", KEYWORDS(mod_checksum), NULL},
     {"checksum_algorithms", mod_checksum_algorithms, METH_NOARGS, NULL},
     {"checksum_check", mod_checksum_check, METH_VARARGS, NULL},
+    {"check", KEYWORDS(mod_check), NULL},
     {NULL, NULL, 0, NULL},
 };
 

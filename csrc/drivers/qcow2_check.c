@@ -1,0 +1,655 @@
+/* qemu-img check for qcow2, read-only (qemu's qcow2_check_refcounts
+ * without repair): every host cluster's references are counted from the
+ * structures that point at it (header, L1 and L2 tables of the image and
+ * of its snapshots, the snapshot table, the refcount table and blocks, the
+ * bitmaps) and compared with the refcounts stored on disk.  The messages,
+ * counters and their order are qemu's, so that the output is
+ * qemu-img check's.  Tables are read with the driver's reader
+ * (qcow2_read_meta: zeros past the end of the file, as qemu reads them). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "qcow2_internal.h"
+
+/* qemu's masks of reserved bits and offsets */
+#define L1E_RESERVED 0x7f000000000001ffull
+#define L2E_STD_RESERVED 0x3f000000000001feull
+#define REFT_RESERVED 0x1ffull
+#define REFT_OFFSET_MASK 0xfffffffffffffe00ull
+#define BME_OFFSET_MASK 0x00fffffffffffe00ull
+/* qemu's limit of an L1 table (snapshots' included) */
+#define MAX_L1_ENTRIES (QCOW2_MAX_L1_BYTES / 8)
+/* The computed refcounts: one counter per host cluster, at most this much
+ * memory (a hostile header may claim a huge sparse file). */
+#define COUNTS_MAX_BYTES (1ull << 30)
+/* L2 entries one check visits at most: L1 entries may all name one L2
+ * table, so the work is bounded, not the file. */
+#define MAX_L2_ENTRIES_VISITED (1ull << 31)
+/* L1 entries read at a time */
+#define L1_CHUNK 8192u
+
+/* A host cluster and the references one L2 table's pass made to it. */
+struct ref_count {
+    uint64_t cluster, n;
+};
+
+/* L2 tables whose passes are remembered, by offset (hashed), and the most
+ * clusters inside the file a remembered pass may reference: a pass over
+ * a table naming many is replayed by scanning the table again. */
+#define REPLAY_SLOTS 64u
+#define REPLAY_MAX_CLUSTERS 256u
+
+/* What one L2 table's pass did (check_l2, with fragmentation counted or
+ * not): its messages, a run of the message buffer (none of them depends
+ * on the counts: the pass had no overflow), the references it added per
+ * cluster and its counter deltas. */
+struct slot {
+    uint64_t offset; /* UINT64_MAX: empty */
+    int frag;
+    size_t text_from, text_to;
+    struct ref_count refs[REPLAY_MAX_CLUSTERS];
+    size_t nrefs;
+    uint64_t d_corruptions, d_allocated, d_fragmented, d_compressed;
+};
+
+struct copied_slot {
+    uint64_t offset; /* UINT64_MAX: empty */
+    size_t text_from, text_to;
+    uint64_t found;
+};
+
+struct ck {
+    struct ic_image *img;
+    struct qcow2_state *s;
+    struct ic_check_result *r;
+    struct ic_error *err;
+    uint64_t csz, file_len;
+    uint32_t *counts; /* computed references per host cluster */
+    uint64_t ncounts; /* entries allocated */
+    uint64_t nb_clusters; /* qemu's refcount array size: grows with references */
+    uint64_t count_max;
+    uint64_t *l2;      /* one L2 table */
+    uint64_t l2_at;    /* where it was read from; UINT64_MAX: nowhere */
+    uint64_t visited;  /* L2 entries */
+    /* the stored refcounts */
+    uint64_t *reftable;
+    uint64_t reftable_entries;
+    uint8_t *block;
+    uint64_t block_off; /* what `block` holds; 0: nothing */
+    unsigned bits;
+    uint64_t per_block;
+    int nomem;
+    int signaled; /* qemu's corruption message was given (once per open) */
+    /* What passes over L2 tables did, replayed when an L1 entry names a
+     * table again (a hostile image may name a few tables thousands of
+     * times). */
+    struct slot *slots;         /* REPLAY_SLOTS */
+    struct copied_slot *copied; /* REPLAY_SLOTS */
+    struct slot *rec;           /* the pass being recorded, or NULL */
+    int rec_overflowed;
+};
+
+#define MSG(c, ...)                                                                          \
+    do {                                                                                     \
+        if (ic_check_message((c)->r, __VA_ARGS__) < 0)                                       \
+            (c)->nomem = 1;                                                                  \
+    } while (0)
+
+/* qemu's stop: an internal error ends the check ("Check failed: ...") */
+static int stop(struct ck *c, int errnum)
+{
+    c->r->check_errors++;
+    c->r->failed_errno = errnum;
+    return -1;
+}
+
+/* qcow2_inc_refcounts_imrt: +1 for every host cluster [off, off+len) touches */
+static int beyond(const struct ck *c, uint64_t off, uint64_t len)
+{
+    /* qemu's int64 test: offset + size - file_len >= cluster_size */
+    return off > UINT64_MAX - len ||
+           (off + len > c->file_len && off + len - c->file_len >= c->csz) ||
+           off + len > (uint64_t)INT64_MAX;
+}
+
+/* One more reference to cluster k in the pass being recorded; too many
+ * clusters and the pass is not remembered. */
+static void record(struct ck *c, uint64_t k)
+{
+    struct slot *sl = c->rec;
+    for (size_t i = sl->nrefs; i-- > 0;) {
+        if (sl->refs[i].cluster == k) {
+            sl->refs[i].n++;
+            return;
+        }
+    }
+    if (sl->nrefs == REPLAY_MAX_CLUSTERS) {
+        c->rec = NULL;
+        return;
+    }
+    sl->refs[sl->nrefs++] = (struct ref_count){k, 1};
+}
+
+static void reference(struct ck *c, uint64_t off, uint64_t len)
+{
+    if (len == 0)
+        return;
+    if (beyond(c, off, len)) {
+        MSG(c, "ERROR: counting reference for region exceeding the end of the file by one "
+               "cluster or more: offset 0x%" PRIx64 " size 0x%" PRIx64 "\n", off, len);
+        c->r->corruptions++;
+        return;
+    }
+    uint64_t first = off / c->csz, last = (off + len - 1) / c->csz;
+    for (uint64_t k = first; k <= last; k++) {
+        /* the array covers the file and the cluster past it: always here */
+        if (k >= c->ncounts)
+            continue;
+        if (k >= c->nb_clusters)
+            c->nb_clusters = k + 1;
+        if (c->counts[k] == c->count_max) {
+            MSG(c, "ERROR: overflow cluster offset=0x%" PRIx64 "\n", k * c->csz);
+            MSG(c, "Use qemu-img amend to increase the refcount entry width or qemu-img "
+                   "convert to create a clean copy if the image cannot be opened for "
+                   "writing\n");
+            c->r->corruptions++;
+            c->rec_overflowed = 1;
+            continue;
+        }
+        c->counts[k]++;
+        if (c->rec)
+            record(c, k);
+    }
+}
+
+static uint64_t stored_entry(const uint8_t *block, uint64_t idx, unsigned bits)
+{
+    uint64_t bitpos = idx * bits, v = 0;
+    if (bits < 8)
+        return (block[bitpos / 8] >> (bitpos % 8)) & ((1u << bits) - 1);
+    for (unsigned b = 0; b < bits / 8; b++)
+        v = v << 8 | block[bitpos / 8 + b];
+    return v;
+}
+
+/* qcow2_get_refcount: 0, or -errno */
+static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
+{
+    *out = 0;
+    uint64_t ti = cluster / c->per_block;
+    if (ti >= c->reftable_entries)
+        return 0;
+    uint64_t boff = c->reftable[ti] & REFT_OFFSET_MASK;
+    if (!boff)
+        return 0;
+    if (boff % c->csz) {
+        /* qemu's qcow2_signal_corruption on an image opened read-only */
+        if (!c->signaled)
+            MSG(c, "qcow2: Image is corrupt: Refblock offset %#" PRIx64 " unaligned "
+                   "(reftable index: %#" PRIx64 "); further non-fatal corruption events "
+                   "will be suppressed\n", boff, ti);
+        c->signaled = 1;
+        return -EIO;
+    }
+    if (boff != c->block_off) {
+        struct ic_error ignored;
+        c->block_off = 0;
+        if (boff > QCOW2_MAX_OFFSET - c->csz)
+            return -EIO;
+        if (qcow2_read_meta(c->img, c->block, c->csz, boff, "refcount block", &ignored) < 0)
+            return -EIO;
+        c->block_off = boff;
+    }
+    *out = stored_entry(c->block, cluster % c->per_block, c->bits);
+    return 0;
+}
+
+/* A table's bytes as qemu reads them (bdrv_pread): -1 stops the check. */
+static int read_table(struct ck *c, void *buf, uint64_t len, uint64_t off, const char *what,
+                      const char *message)
+{
+    if (off > QCOW2_MAX_OFFSET || len > QCOW2_MAX_OFFSET - off ||
+        qcow2_read_meta(c->img, buf, len, off, what, c->err) < 0) {
+        MSG(c, "%s", message);
+        return stop(c, EIO);
+    }
+    return 0;
+}
+
+/* Table offsets are multiples of a power of two: hashed, not taken mod. */
+static unsigned slot_index(uint64_t l2_offset)
+{
+    return (unsigned)(((l2_offset >> 9) * 0x9e3779b97f4a7c15ull) >> 58) % REPLAY_SLOTS;
+}
+
+static struct slot *slot_of(struct ck *c, uint64_t l2_offset)
+{
+    return &c->slots[slot_index(l2_offset)];
+}
+
+/* A remembered pass again, when it adds the same: no count it raises
+ * overflows now.  0 when it cannot (the table is scanned again). */
+static int replay(struct ck *c, const struct slot *sl)
+{
+    for (size_t i = 0; i < sl->nrefs; i++)
+        if (c->count_max - c->counts[sl->refs[i].cluster] < sl->refs[i].n)
+            return 0;
+    if (ic_check_repeat(c->r, sl->text_from, sl->text_to) < 0)
+        c->nomem = 1;
+    for (size_t i = 0; i < sl->nrefs; i++) {
+        uint64_t k = sl->refs[i].cluster;
+        c->counts[k] += (uint32_t)sl->refs[i].n;
+        if (k >= c->nb_clusters)
+            c->nb_clusters = k + 1;
+    }
+    c->r->corruptions += sl->d_corruptions;
+    c->r->allocated_clusters += sl->d_allocated;
+    c->r->fragmented_clusters += sl->d_fragmented;
+    c->r->compressed_clusters += sl->d_compressed;
+    return 1;
+}
+
+/* check_refcounts_l2: `frag` for the active L1 table (the fragmentation
+ * counters). */
+static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
+{
+    const struct qcow2_header *h = &c->s->h;
+    uint64_t n = c->s->l2_entries, next_contiguous = 0;
+    struct slot *sl = slot_of(c, l2_offset);
+    int again = sl->offset == l2_offset && sl->frag == frag;
+    c->visited += again ? sl->nrefs + 1 : n;
+    if (c->visited > MAX_L2_ENTRIES_VISITED) {
+        ic_error_format(c->err, c->img->path, "corrupt qcow2 image: more than %llu L2 "
+                        "entries to check (L1 tables naming the same L2 tables over and "
+                        "over?)", (unsigned long long)MAX_L2_ENTRIES_VISITED);
+        return -1;
+    }
+    if (again && replay(c, sl))
+        return 0;
+    /* L1 entries naming one table again cost no second read */
+    if (l2_offset != c->l2_at) {
+        c->l2_at = UINT64_MAX;
+        if (read_table(c, c->l2, c->csz, l2_offset, "unreadable L2 table",
+                       "ERROR: I/O error in check_refcounts_l2\n") < 0)
+            return -1;
+        c->l2_at = l2_offset;
+    }
+    struct ic_check_result before = *c->r;
+    /* the slot is rewritten: it names this table only once complete */
+    sl->offset = UINT64_MAX;
+    sl->nrefs = 0;
+    sl->text_from = c->r->messages_len;
+    c->rec = sl;
+    c->rec_overflowed = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t e = qcow2_be64(&c->l2[i]);
+        if (e & QCOW2_OFLAG_COMPRESSED) {
+            uint64_t host, len;
+            if (e & QCOW2_OFLAG_COPIED) {
+                qcow2_compressed_decode(h, e, &host, &len);
+                MSG(c, "ERROR: coffset=0x%" PRIx64 ": copied flag must never be set for "
+                       "compressed clusters\n", host);
+                e &= ~QCOW2_OFLAG_COPIED;
+                c->r->corruptions++;
+            }
+            qcow2_compressed_decode(h, e, &host, &len);
+            reference(c, host, len);
+            if (frag) {
+                c->r->allocated_clusters++;
+                c->r->compressed_clusters++;
+                c->r->fragmented_clusters++; /* qemu counts every one */
+            }
+            continue;
+        }
+        if (e & L2E_STD_RESERVED) {
+            MSG(c, "ERROR found l2 entry with reserved bits set: %" PRIx64 "\n", e);
+            c->r->corruptions++;
+        }
+        uint64_t off = e & QCOW2_OFFSET_MASK;
+        if (!off)
+            continue; /* unallocated or a plain zero cluster */
+        if (off % c->csz) {
+            c->r->corruptions++;
+            if (e & QCOW2_OFLAG_ZERO)
+                MSG(c, "ERROR offset=%" PRIx64 ": Preallocated cluster is not properly "
+                       "aligned; L2 entry corrupted.\n", off);
+            else
+                MSG(c, "ERROR offset=%" PRIx64 ": Data cluster is not properly aligned; "
+                       "L2 entry corrupted.\n", off);
+        }
+        if (frag) {
+            c->r->allocated_clusters++;
+            if (next_contiguous && off != next_contiguous)
+                c->r->fragmented_clusters++;
+            next_contiguous = off + c->csz;
+        }
+        reference(c, off, c->csz);
+    }
+    if (c->rec && !c->rec_overflowed) {
+        sl->offset = l2_offset;
+        sl->frag = frag;
+        sl->text_to = c->r->messages_len;
+        sl->d_corruptions = c->r->corruptions - before.corruptions;
+        sl->d_allocated = c->r->allocated_clusters - before.allocated_clusters;
+        sl->d_fragmented = c->r->fragmented_clusters - before.fragmented_clusters;
+        sl->d_compressed = c->r->compressed_clusters - before.compressed_clusters;
+    }
+    c->rec = NULL;
+    return 0;
+}
+
+/* check_refcounts_l1.  The table is read from disk (in chunks: a
+ * snapshot's may be 32 MiB). */
+static int check_l1(struct ck *c, uint64_t l1_offset, uint64_t l1_size, int frag)
+{
+    if (!l1_size)
+        return 0;
+    reference(c, l1_offset, l1_size * 8);
+    uint64_t chunk[L1_CHUNK];
+    for (uint64_t first = 0; first < l1_size; first += L1_CHUNK) {
+        uint64_t n = l1_size - first < L1_CHUNK ? l1_size - first : L1_CHUNK;
+        if (read_table(c, chunk, n * 8, l1_offset + first * 8, "unreadable L1 table",
+                       "ERROR: I/O error in check_refcounts_l1\n") < 0)
+            return -1;
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t e = qcow2_be64(&chunk[i]);
+            if (!e)
+                continue;
+            if (e & L1E_RESERVED) {
+                MSG(c, "ERROR found L1 entry with reserved bits set: %" PRIx64 "\n", e);
+                c->r->corruptions++;
+            }
+            uint64_t l2_offset = e & QCOW2_OFFSET_MASK;
+            reference(c, l2_offset, c->csz);
+            if (l2_offset % c->csz) {
+                MSG(c, "ERROR l2_offset=%" PRIx64 ": Table is not cluster aligned; L1 entry "
+                       "corrupted\n", l2_offset);
+                c->r->corruptions++;
+            }
+            if (check_l2(c, l2_offset, frag) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Each snapshot's L1 table (its L2 tables do not count as fragmentation),
+ * then the snapshot table itself, whose length qemu takes as read: up to
+ * the end of the last entry's name. */
+static int check_snapshots(struct ck *c)
+{
+    struct qcow2_state *s = c->s;
+    uint64_t off = s->h.snapshots_offset, end = off;
+    for (size_t i = 0; i < s->nsnapshots; i++) {
+        uint8_t fixed[QCOW2_SNAPSHOT_FIXED];
+        struct qcow2_snapshot_entry e;
+        uint64_t entry_len;
+        off = (off + 7) / 8 * 8;
+        if (qcow2_read_meta(c->img, fixed, sizeof fixed, off, "unreadable snapshot table",
+                            c->err) < 0 ||
+            qcow2_parse_snapshot_entry(fixed, (uint32_t)i, &e, &entry_len, c->img->path,
+                                       c->err) < 0)
+            return -1;
+        end = off + QCOW2_SNAPSHOT_FIXED + e.extra_data_size + e.id_str_size + e.name_size;
+        off += entry_len;
+        const struct ic_snapshot *sn = &s->snapshots[i];
+        if (e.l1_table_offset % c->csz) {
+            MSG(c, "ERROR snapshot %s (%s) l1_offset=%#" PRIx64 ": L1 table is not cluster "
+                   "aligned; snapshot table entry corrupted\n", sn->id, sn->name,
+                e.l1_table_offset);
+            c->r->corruptions++;
+            continue;
+        }
+        if (e.l1_size > MAX_L1_ENTRIES) {
+            MSG(c, "ERROR snapshot %s (%s) l1_size=%#" PRIx32 ": L1 table is too large; "
+                   "snapshot table entry corrupted\n", sn->id, sn->name, e.l1_size);
+            c->r->corruptions++;
+            continue;
+        }
+        if (check_l1(c, e.l1_table_offset, e.l1_size, 0) < 0)
+            return -1;
+    }
+    reference(c, s->h.snapshots_offset, end - s->h.snapshots_offset);
+    return 0;
+}
+
+/* qcow2_check_bitmaps_refcounts: the directory, each bitmap's table and
+ * the clusters it names (bitmaps in use included). */
+static int check_bitmaps(struct ck *c)
+{
+    const struct qcow2_header *h = &c->s->h;
+    if (!h->has_bitmaps || h->nb_bitmaps == 0)
+        return 0;
+    uint64_t len = h->bitmap_directory_size;
+    reference(c, h->bitmap_directory_offset, len);
+    /* open checked the directory (at most 64 MiB) and the tables */
+    uint8_t *dir = malloc(len ? len : 1);
+    uint64_t *table = malloc(c->csz);
+    int ret = dir && table ? 0 : ic_error_nomem(c->err);
+    if (ret == 0 && len)
+        ret = qcow2_read_meta(c->img, dir, len, h->bitmap_directory_offset,
+                              "unreadable bitmap directory", c->err);
+    for (uint64_t pos = 0; ret == 0 && pos + 24 <= len;) {
+        const uint8_t *e = dir + pos;
+        uint64_t toff = qcow2_be64(e);
+        uint64_t entries = qcow2_be32(e + 8);
+        uint16_t name_size = (uint16_t)(e[18] << 8 | e[19]);
+        reference(c, toff, entries * 8);
+        uint64_t per = c->csz / 8;
+        for (uint64_t k = 0; ret == 0 && k < entries; k += per) {
+            uint64_t n = entries - k < per ? entries - k : per;
+            ret = qcow2_read_meta(c->img, table, n * 8, toff + k * 8, "unreadable bitmap "
+                                  "table", c->err);
+            for (uint64_t j = 0; ret == 0 && j < n; j++) {
+                uint64_t be = qcow2_be64(&table[j]);
+                if (!qcow2_bitmap_table_entry_ok(be, c->csz)) {
+                    c->r->corruptions++;
+                    ret = stop(c, EINVAL);
+                } else if (be & BME_OFFSET_MASK) {
+                    reference(c, be & BME_OFFSET_MASK, c->csz);
+                }
+            }
+        }
+        pos += (24ull + name_size + 7) / 8 * 8;
+    }
+    free(dir);
+    free(table);
+    return ret;
+}
+
+/* check_refblocks: each refcount block is referenced once. */
+static void check_refblocks(struct ck *c)
+{
+    for (uint64_t i = 0; i < c->reftable_entries; i++) {
+        uint64_t e = c->reftable[i], off = e & REFT_OFFSET_MASK;
+        if (e & REFT_RESERVED) {
+            MSG(c, "ERROR refcount table entry %" PRIu64 " has reserved bits set\n", i);
+            c->r->corruptions++;
+            continue;
+        }
+        if (off % c->csz) {
+            MSG(c, "ERROR refcount block %" PRIu64 " is not cluster aligned; refcount table "
+                   "entry corrupted\n", i);
+            c->r->corruptions++;
+            continue;
+        }
+        if (off / c->csz >= c->nb_clusters) {
+            MSG(c, "ERROR refcount block %" PRIu64 " is outside image\n", i);
+            c->r->corruptions++;
+            continue;
+        }
+        if (off) {
+            reference(c, off, c->csz);
+            uint64_t n = c->counts[off / c->csz];
+            if (n != 1) {
+                MSG(c, "ERROR refcount block %" PRIu64 " refcount=%" PRIu64 "\n", i, n);
+                c->r->corruptions++;
+            }
+        }
+    }
+}
+
+/* compare_refcounts: the stored refcount of every host cluster against the
+ * references found; returns the highest cluster in use. */
+static uint64_t compare(struct ck *c)
+{
+    uint64_t highest = 0;
+    for (uint64_t i = 0; i < c->nb_clusters; i++) {
+        uint64_t r1, r2 = c->counts[i];
+        int ret = stored_refcount(c, i, &r1);
+        if (ret < 0) {
+            MSG(c, "Can't get refcount for cluster %" PRIu64 ": %s\n", i, strerror(-ret));
+            c->r->check_errors++;
+            continue;
+        }
+        if (r1 || r2)
+            highest = i;
+        if (r1 != r2) {
+            MSG(c, "%s cluster %" PRIu64 " refcount=%" PRIu64 " reference=%" PRIu64 "\n",
+                r1 < r2 ? "ERROR" : "Leaked", i, r1, r2);
+            if (r1 < r2)
+                c->r->corruptions++;
+            else
+                c->r->leaks++;
+        }
+    }
+    return highest;
+}
+
+/* check_oflag_copied: the COPIED flag of active L1 and L2 entries says
+ * whether the stored refcount is exactly 1. */
+static int check_copied(struct ck *c)
+{
+    struct qcow2_state *s = c->s;
+    for (uint64_t i = 0; i < s->h.l1_size; i++) {
+        uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
+        if (!l2_offset)
+            continue;
+        if (stored_refcount(c, l2_offset / c->csz, &rc) < 0)
+            continue; /* reported by compare() */
+        if ((rc == 1) != ((e & QCOW2_OFLAG_COPIED) != 0)) {
+            c->r->corruptions++;
+            MSG(c, "ERROR OFLAG_COPIED L2 cluster: l1_index=%d l1_entry=%" PRIx64
+                   " refcount=%" PRIu64 "\n", (int)i, e, rc);
+        }
+        /* a table seen before: the same findings */
+        struct copied_slot *cs = &c->copied[slot_index(l2_offset)];
+        if (cs->offset == l2_offset) {
+            if (ic_check_repeat(c->r, cs->text_from, cs->text_to) < 0)
+                c->nomem = 1;
+            c->r->corruptions += cs->found;
+            continue;
+        }
+        c->l2_at = UINT64_MAX;
+        if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
+            qcow2_read_meta(c->img, c->l2, c->csz, l2_offset, "unreadable L2 table",
+                            c->err) < 0) {
+            MSG(c, "ERROR: Could not read L2 table: %s\n", strerror(EIO));
+            return stop(c, EIO);
+        }
+        uint64_t corruptions = c->r->corruptions;
+        int signaled = c->signaled;
+        size_t text_from = c->r->messages_len;
+        for (uint64_t j = 0; j < s->l2_entries; j++) {
+            uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
+            if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
+                continue;
+            if (stored_refcount(c, off / c->csz, &rc) < 0)
+                continue;
+            if ((rc == 1) != ((l2e & QCOW2_OFLAG_COPIED) != 0)) {
+                c->r->corruptions++;
+                MSG(c, "ERROR OFLAG_COPIED data cluster: l2_entry=%" PRIx64 " refcount=%" PRIu64
+                       "\n", l2e, rc);
+            }
+        }
+        if (signaled == c->signaled) { /* qemu's one-time message is not repeated */
+            *cs = (struct copied_slot){l2_offset, text_from, c->r->messages_len,
+                                       c->r->corruptions - corruptions};
+        }
+    }
+    return 0;
+}
+
+static int load_reftable(struct ck *c)
+{
+    const struct qcow2_header *h = &c->s->h;
+    uint64_t bytes = (uint64_t)h->refcount_table_clusters * c->csz; /* <= 8 MiB: open */
+    c->reftable_entries = bytes / 8;
+    c->reftable = malloc(bytes ? bytes : 1);
+    c->block = malloc(c->csz);
+    if (!c->reftable || !c->block)
+        return ic_error_nomem(c->err);
+    if (qcow2_read_meta(c->img, c->reftable, bytes, h->refcount_table_offset,
+                        "unreadable refcount table", c->err) < 0)
+        return -1;
+    for (uint64_t i = 0; i < c->reftable_entries; i++)
+        c->reftable[i] = qcow2_be64(&c->reftable[i]);
+    return 0;
+}
+
+static int run(struct ck *c)
+{
+    const struct qcow2_header *h = &c->s->h;
+    /* header */
+    reference(c, 0, c->csz);
+    if (check_l1(c, h->l1_table_offset, h->l1_size, 1) < 0 || check_snapshots(c) < 0)
+        return -1;
+    reference(c, h->refcount_table_offset, c->reftable_entries * 8);
+    if (check_bitmaps(c) < 0)
+        return -1;
+    check_refblocks(c);
+    uint64_t highest = compare(c);
+    if (check_copied(c) < 0)
+        return -1;
+    c->r->image_end_offset = (highest + 1) * c->csz;
+    return 0;
+}
+
+int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    struct ck c = {.img = img, .s = s, .r = out, .err = err, .csz = s->h.cluster_size,
+                   .l2_at = UINT64_MAX};
+    c.file_len = ic_image_size(s->file);
+    c.nb_clusters = (c.file_len + c.csz - 1) / c.csz;
+    out->total_clusters = (img->size + c.csz - 1) / c.csz;
+    if (c.nb_clusters > INT32_MAX) { /* qemu's limit: EFBIG */
+        out->check_errors++;
+        out->failed_errno = EFBIG;
+        return 0;
+    }
+    c.bits = 1u << s->h.refcount_order;
+    c.per_block = c.csz * 8 / c.bits;
+    c.count_max = c.bits >= 32 ? UINT32_MAX : (1ull << c.bits) - 1;
+    /* references reach at most one cluster past the end of the file */
+    c.ncounts = c.nb_clusters + 1;
+    if (c.ncounts > COUNTS_MAX_BYTES / sizeof *c.counts)
+        return ic_error_format(err, img->path, "the host file has %llu clusters: more than "
+                               "imgcopy checks (%llu MiB of reference counts)",
+                               (unsigned long long)c.nb_clusters, COUNTS_MAX_BYTES >> 20);
+    c.counts = calloc(c.ncounts, sizeof *c.counts);
+    c.l2 = malloc(c.csz);
+    c.slots = malloc(REPLAY_SLOTS * sizeof *c.slots);
+    c.copied = malloc(REPLAY_SLOTS * sizeof *c.copied);
+    int ret = c.counts && c.l2 && c.slots && c.copied ? 0 : ic_error_nomem(err);
+    for (unsigned i = 0; ret == 0 && i < REPLAY_SLOTS; i++) {
+        c.slots[i].offset = UINT64_MAX;
+        c.copied[i].offset = UINT64_MAX;
+    }
+    if (ret == 0)
+        ret = load_reftable(&c);
+    if (ret == 0 && run(&c) < 0 && !out->failed_errno)
+        ret = -1; /* not qemu's way to stop: a hostile image or no memory */
+    if (ret == 0 && c.nomem)
+        ret = ic_error_nomem(err);
+    free(c.counts);
+    free(c.l2);
+    free(c.slots);
+    free(c.copied);
+    free(c.reftable);
+    free(c.block);
+    return ret;
+}
