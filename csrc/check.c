@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
+#include "check_messages.h"
 #include "image.h"
 
 static size_t capacity(size_t used)

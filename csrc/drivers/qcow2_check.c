@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../check.h"
+#include "../check_messages.h"
 #include "qcow2_internal.h"
 
 /* qemu's masks of reserved bits and offsets */

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "check.h"            /* the tests' CHECK (tests/c/check.h) */
-#include "../../csrc/check.h" /* the check's messages */
+#include "../../csrc/check_messages.h" /* the check's messages */
 
 int main(void)
 {

@@ -1,7 +1,7 @@
 /* For format drivers' check op (driver.h): the detail lines qemu-img check
  * prints on stderr, collected in the result. */
-#ifndef IMGCOPY_CHECK_H
-#define IMGCOPY_CHECK_H
+#ifndef IMGCOPY_CHECK_MESSAGES_H
+#define IMGCOPY_CHECK_MESSAGES_H
 
 #include "imgcopy.h"
 
