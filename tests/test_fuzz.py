@@ -22,7 +22,7 @@ FUZZ_DIR = os.path.join(HERE, "fuzz")
 FORMATS = sorted(f[len("fuzz_"):-len(".c")] for f in os.listdir(FUZZ_DIR)
                  if f.startswith("fuzz_") and f.endswith(".c"))
 # per format
-FUZZ_SECONDS = int(os.environ.get("IMGCOPY_FUZZ_SECONDS", "10"))
+FUZZ_SECONDS = int(os.environ.get("IMGCOPY_FUZZ_SECONDS", "8"))
 ARTIFACT_PREFIXES = ("crash-", "leak-", "timeout-", "oom-", "slow-unit-")
 
 

@@ -27,7 +27,7 @@ STRICTER = {
         "zstd clusters cannot be read without libzstd",
 }
 # qemu takes minutes on these (deliberate work amplification)
-SLOW_FOR_QEMU = ("hostile-amplify-",)
+SLOW_FOR_QEMU = ("hostile-amplify-", "hostile-check-amplify-")
 
 
 def inputs():
