@@ -485,7 +485,6 @@ def test_image_in_use(sources, tmp_path, capsys):
     measured with -U."""
     import shutil
     import subprocess
-    import time
 
     from .oracles import QEMU_IO
 
@@ -497,17 +496,17 @@ def test_image_in_use(sources, tmp_path, capsys):
         if name == "chain":
             for f in ("mid.qcow2", "ends.raw"):
                 shutil.copy(os.path.join(d, f), str(tmp_path / f))
-        writer = subprocess.Popen([QEMU_IO, "-f", fmt, "-c", "sleep 20000", busy],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # interactive qemu-io prints its prompt once the image is open (and
+        # locked); nothing may probe the image before that, or qemu-io
+        # itself would find it in use
+        writer = subprocess.Popen([QEMU_IO, "-f", fmt, busy], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
         try:
+            assert writer.stdout.read(9) == b"qemu-io> ", "qemu-io did not open the image"
             if fmt == "raw":  # qemu lets a raw file written elsewhere be read
-                time.sleep(0.5)
                 assert assert_twin(capsys, "-O", "qcow2", filename, cwd=tmp_path)[0] == 0
                 continue
-            deadline = time.monotonic() + 10
-            while qemu_measure(filename, cwd=tmp_path)[0] == 0:
-                assert time.monotonic() < deadline, "qemu-io did not lock the image"
-                time.sleep(0.05)
+            assert qemu_measure(filename, cwd=tmp_path)[0] != 0, "qemu-io holds no lock"
             rc, out, err = assert_twin(capsys, "-O", "qcow2", filename, cwd=tmp_path)
             assert rc == 1 and "lock" in err
             rc, out, err = assert_twin(capsys, "-U", "-O", "qcow2", filename, cwd=tmp_path)
@@ -515,3 +514,5 @@ def test_image_in_use(sources, tmp_path, capsys):
         finally:
             writer.kill()
             writer.wait()
+            writer.stdin.close()
+            writer.stdout.close()
