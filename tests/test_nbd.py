@@ -418,8 +418,10 @@ def test_captive_nbdkit_runs_the_command_line(source, imgcopy_env, tmp_path):
     """nbdkit --run: the server lives as long as the command it runs, which
     gets the export's URI as $uri (how v2v pipelines chain them)."""
     out = tmp_path / "out.raw"
+    # under make test-sanitize, imgcopy needs the ASan preload nbdkit's shim took away
+    python = 'LD_PRELOAD="${IMGCOPY_ASAN_PRELOAD:-}" %s' % sys.executable
     command = "%s -m imgcopy convert -n %s \"$uri\" && %s -m imgcopy convert \"$uri\" %s" % (
-        sys.executable, source, sys.executable, out)
+        python, source, python, out)
     p = subprocess.run(["nbdkit", "-U", "-", "memory", str(SIZE), "--run", command],
                        env=imgcopy_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True, timeout=120)
