@@ -34,9 +34,12 @@ define apt
 	fi
 endef
 
-# What building and the demo need: a compiler, zlib, qemu-img (the anchor
-# and oracle) and strace (counts qemu-img's requests).
-DEMO_PACKAGES := cc:gcc /usr/include/zlib.h:zlib1g-dev qemu-img:qemu-utils strace:strace
+# What building and the demo need: a compiler, zlib, libdeflate and libzstd
+# (faster deflate and zstd qcow2 compression; the build goes without them
+# when they are missing), qemu-img (the anchor and oracle) and strace
+# (counts qemu-img's requests).
+DEMO_PACKAGES := cc:gcc /usr/include/zlib.h:zlib1g-dev /usr/include/libdeflate.h:libdeflate-dev \
+	/usr/include/zstd.h:libzstd-dev qemu-img:qemu-utils strace:strace
 # The suite adds nbdkit and nbdcopy (servers and anchors), and clang with
 # its libFuzzer runtime (the header fuzzers).
 TEST_PACKAGES := $(DEMO_PACKAGES) nbdkit:nbdkit nbdcopy:libnbd-bin clang:clang \

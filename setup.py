@@ -5,10 +5,20 @@ AddressSanitizer and UndefinedBehaviorSanitizer (run Python with the ASan
 runtime preloaded: `make test-sanitize` does it).
 
 `pip install -e .` builds the extension in place (imgcopy/_core*.so), so
-that the checkout itself imports what was built, from anywhere."""
+that the checkout itself imports what was built, from anywhere.
+
+Optional libraries, used when their headers are found (Debian packages in
+brackets): libdeflate [libdeflate-dev] compresses and inflates qcow2's
+deflate clusters faster than zlib; libzstd [libzstd-dev] reads and writes
+zstd-compressed qcow2.  IMGCOPY_WITHOUT=libdeflate,zstd builds without
+them even where they are installed."""
 import glob
 import hashlib
 import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 from setuptools import Extension, setup
@@ -30,6 +40,49 @@ if os.environ.get("IMGCOPY_SANITIZE") == "1":
     san = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
     cflags = [f for f in cflags if f != "-O2"] + ["-O1", "-g"] + san
     ldflags += san
+
+
+# name: (header, library, the macro the core tests)
+OPTIONAL_LIBRARIES = {
+    "libdeflate": ("libdeflate.h", "deflate", "IMGCOPY_HAVE_LIBDEFLATE"),
+    "zstd": ("zstd.h", "zstd", "IMGCOPY_HAVE_ZSTD"),
+}
+
+
+def links(header: str, library: str) -> bool:
+    """Whether a program that includes `header` links with -l`library`."""
+    cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as f:
+            f.write(f"#include <{header}>\nint main(void) {{ return 0; }}\n")
+        result = subprocess.run(cc + [source, "-o", os.path.join(tmp, "probe"), "-l" + library],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return result.returncode == 0
+
+
+def optional_libraries():
+    """(macros, libraries) of the optional libraries this build uses."""
+    without = set(filter(None, os.environ.get("IMGCOPY_WITHOUT", "").split(",")))
+    unknown = without - set(OPTIONAL_LIBRARIES)
+    if unknown:
+        sys.exit(f"IMGCOPY_WITHOUT: unknown {', '.join(sorted(unknown))} "
+                 f"(known: {', '.join(OPTIONAL_LIBRARIES)})")
+    macros, libraries = [], []
+    for name, (header, library, macro) in OPTIONAL_LIBRARIES.items():
+        if name in without:
+            continue
+        if links(header, library):
+            macros.append((macro, "1"))
+            libraries.append(library)
+        else:
+            print(f"imgcopy: building without {name} ({header} or -l{library} not found)",
+                  file=sys.stderr)
+    return macros, libraries
+
+
+OPTIONAL_MACROS, OPTIONAL_LINKS = optional_libraries()
+cflags += [f"-D{name}={value}" for name, value in OPTIONAL_MACROS]
 
 
 class BuildExt(build_ext):
@@ -81,7 +134,7 @@ setup(
             include_dirs=["csrc"],
             extra_compile_args=cflags,
             extra_link_args=ldflags,
-            libraries=["z"],
+            libraries=["z"] + OPTIONAL_LINKS,
         )
     ],
 )

@@ -28,12 +28,19 @@ static int choose_preallocation(void *s, const char *name, struct ic_error *err)
     return ic_create_options_set_preallocation(s, name, err);
 }
 
-/* compat and preallocation are qemu's names of the choices they set */
+static int choose_compression_type(void *s, const char *name, struct ic_error *err)
+{
+    return ic_create_options_set_compression_type(s, name, err);
+}
+
+/* compat, preallocation and compression_type are qemu's names of the choices they set */
 const struct ic_field ic_create_option_fields[] = {
     FIELD(struct ic_create_options, cluster_size, IC_FIELD_U64),
     {"compat", IC_FIELD_CHOICE, 0, choose_compat},
     {"preallocation", IC_FIELD_CHOICE, 0, choose_preallocation},
     FIELD(struct ic_create_options, compress, IC_FIELD_FLAG),
+    {"compression_type", IC_FIELD_CHOICE, 0, choose_compression_type},
+    FIELD(struct ic_create_options, compression_level, IC_FIELD_UNSIGNED),
     FIELD(struct ic_create_options, backing_file, IC_FIELD_TEXT),
     FIELD(struct ic_create_options, backing_format, IC_FIELD_TEXT),
     {NULL, IC_FIELD_U64, 0, NULL},

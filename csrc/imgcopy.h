@@ -98,7 +98,9 @@ struct ic_create_options {
     uint64_t cluster_size; /* 0: 64 KiB */
     int compat_v2;         /* qcow2 version 2 ("compat=0.10") */
     int prealloc_metadata; /* allocate every cluster up front, unwritten */
-    int compress;          /* store data clusters zlib-compressed */
+    int compress;          /* store data clusters compressed */
+    int compression_zstd;  /* qcow2 compression_type zstd, not zlib (deflate) */
+    unsigned compression_level; /* 0: the type's default (compression.h) */
     const char *backing_file;   /* qcow2 overlay: its backing file, as stored */
     const char *backing_format; /* NULL: probe it */
 };
@@ -109,6 +111,12 @@ int ic_create_options_set_compat(struct ic_create_options *o, const char *name,
                                  struct ic_error *err);
 int ic_create_options_set_preallocation(struct ic_create_options *o, const char *name,
                                         struct ic_error *err);
+/* qemu's names of the qcow2 compression types: "zlib" and "zstd". */
+int ic_create_options_set_compression_type(struct ic_create_options *o, const char *name,
+                                           struct ic_error *err);
+/* The library this build compresses compression type `name` with, and its
+ * version ("libdeflate 1.14", "libzstd 1.5.4"), or NULL: none. */
+const char *ic_compression_type_library(const char *name);
 /* Whether a new image of `format` (NULL: raw; "null": the null sink) can
  * be laid out as `opts` (NULL: the defaults) says; ic_image_create()
  * checks this before it touches anything. */

@@ -5,6 +5,7 @@
  * message wherever it comes from. */
 #include <string.h>
 
+#include "compression.h"
 #include "driver.h"
 
 
@@ -83,6 +84,24 @@ int ic_create_options_set_preallocation(struct ic_create_options *o, const char 
     return 0;
 }
 
+int ic_create_options_set_compression_type(struct ic_create_options *o, const char *name,
+                                           struct ic_error *err)
+{
+    if (strcmp(name, "zlib") != 0 && strcmp(name, "zstd") != 0)
+        return ic_error_value(err, "compression_type must be 'zlib' or 'zstd', not '%s'", name);
+    o->compression_zstd = strcmp(name, "zstd") == 0;
+    return 0;
+}
+
+const char *ic_compression_type_library(const char *name)
+{
+    if (strcmp(name, "zlib") == 0)
+        return ic_compression_library(IC_COMPRESSION_DEFLATE);
+    if (strcmp(name, "zstd") == 0)
+        return ic_compression_library(IC_COMPRESSION_ZSTD);
+    return NULL;
+}
+
 /* The format named as ic_image_create() names it: NULL is raw, and the
  * null destination lays nothing out (raw too). */
 static int creatable(const char *format, const struct ic_driver **drv, struct ic_error *err)
@@ -109,6 +128,20 @@ int ic_create_options_check(const char *format, const struct ic_create_options *
         return ic_error_value(err, "cluster_size must be a power of two from 512 to 2 MiB");
     if (o->compress && o->prealloc_metadata)
         return ic_error_value(err, "compression and preallocation exclude each other");
+    enum ic_compression_type type = o->compression_zstd ? IC_COMPRESSION_ZSTD
+                                                        : IC_COMPRESSION_DEFLATE;
+    if (o->compression_zstd && !ic_compression_available(IC_COMPRESSION_ZSTD))
+        return ic_error_value(err, "compression_type 'zstd' needs libzstd, which this build of "
+                              "imgcopy lacks (install libzstd-dev and rebuild)");
+    if (o->compression_zstd && o->compat_v2)
+        return ic_error_value(err, "compression_type 'zstd' needs compat 1.1 (qcow2 version 3)");
+    if (o->compression_level > (unsigned)ic_compression_max_level(type))
+        return ic_error_value(err, "compression_level must be from 1 to %d for %s (%s), or 0 "
+                              "for its default (%d)", ic_compression_max_level(type),
+                              o->compression_zstd ? "zstd" : "zlib",
+                              ic_compression_library(type), ic_compression_default_level(type));
+    if (o->compression_level && !o->compress)
+        return ic_error_value(err, "compression_level without compress: nothing is compressed");
     if (!drv && o->backing_file)
         return ic_error_value(err, "raw images have no backing file");
     if (o->backing_format && !ic_format_readable(o->backing_format))

@@ -8,7 +8,7 @@ from .checksum import ChecksumMismatch, checksum, checksum_algorithms
 from .extents import Extent, ExtentMap
 from .image import Image, map, open
 from .info import ImageInfo, info
-from .options import CopyOptions, CreateOptions, Qcow2Options
+from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
 from .plan import CopyPlan, Request, plan
 from .measure import MeasureResult, measure
 
@@ -17,4 +17,4 @@ __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
-           "CheckResult", "check"]
+           "CheckResult", "check", "compression_libraries"]

@@ -3,7 +3,7 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import Callable, List, Optional, Tuple, TypedDict, Union, final
+from typing import Callable, Dict, List, Optional, Tuple, TypedDict, Union, final
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -124,14 +124,19 @@ def writable_formats() -> Tuple[str, ...]:
 def create(path: _Path, format: Optional[str], size: int, *, direct: bool = ...,
            writeback: bool = ..., atomic: bool = ..., cluster_size: int = ...,
            compat: Optional[str] = ..., preallocation: Optional[str] = ...,
-           compress: bool = ..., backing_file: Optional[str] = ...,
+           compress: bool = ..., compression_type: Optional[str] = ...,
+           compression_level: int = ..., backing_file: Optional[str] = ...,
            backing_format: Optional[str] = ...) -> Tuple[Image, bool]:
     """A new writable image, and whether it reads as zeros."""
 def check_create_options(format: Optional[str], *, cluster_size: int = ...,
                          compat: Optional[str] = ..., preallocation: Optional[str] = ...,
-                         compress: bool = ..., backing_file: Optional[str] = ...,
+                         compress: bool = ..., compression_type: Optional[str] = ...,
+                         compression_level: int = ..., backing_file: Optional[str] = ...,
                          backing_format: Optional[str] = ...) -> None:
     """ValueError unless create() takes these options."""
+def compression_libraries() -> Dict[str, Optional[str]]:
+    """The library each qcow2 compression type ("zlib", "zstd") uses in this
+    build, with its version, or None where the build has none."""
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,

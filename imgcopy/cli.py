@@ -89,7 +89,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="compress the qcow2 destination's clusters")
     c.add_argument("-o", dest="options", action="append", default=[], metavar="OPTIONS",
                    help="qcow2 creation options: cluster_size=SIZE,compat=1.1|0.10,"
-                        "preallocation=off|metadata")
+                        "preallocation=off|metadata,compression_type=zlib|zstd,"
+                        "compression_level=N")
     c.add_argument("-B", dest="backing_file", default=None, metavar="FILE",
                    help="make the new qcow2 image an overlay of FILE (relative to the "
                         "destination's directory); ranges the source's backing chain holds "
@@ -163,11 +164,17 @@ def _creation_options(specs: List[str]) -> dict:
                     out["cluster_size"] = parse_size(value)
                 except argparse.ArgumentTypeError as exc:
                     raise ValueError(f"-o cluster_size: {exc}") from None
-            elif key in ("compat", "preallocation"):
+            elif key in ("compat", "preallocation", "compression_type"):
                 out[key] = value
+            elif key == "compression_level":
+                try:
+                    out[key] = int(value)
+                except ValueError:
+                    raise ValueError(f"-o compression_level: not an integer: {value!r}") \
+                        from None
             else:
                 raise ValueError(f"-o {key}: unknown option (cluster_size, compat, "
-                                 "preallocation)")
+                                 "preallocation, compression_type, compression_level)")
     return out
 
 

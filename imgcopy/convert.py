@@ -125,7 +125,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             connections: Optional[int] = None, requests_in_flight: Optional[int] = None,
             progress: Progress = None, cluster_size: Optional[Size] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
-            compress: Optional[bool] = None,
+            compress: Optional[bool] = None, compression_type: Optional[str] = None,
+            compression_level: Optional[int] = None,
             backing_file: Optional[Union[str, "os.PathLike[str]"]] = None,
             backing_format: Optional[str] = None,
             checksum: Union[bool, str, None] = None,
@@ -179,8 +180,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     New images: ``create_options``, a ``Qcow2Options`` for
     ``dst_format="qcow2"``, or its fields as keywords, shorthand as above:
     ``cluster_size`` [64k], ``compat`` "1.1" (v3) or "0.10" (v2),
-    ``preallocation`` "off" or "metadata", ``compress`` (zlib, per cluster,
-    in the worker threads; -c), ``backing_file`` (stored as given, relative
+    ``preallocation`` "off" or "metadata", ``compress`` (per cluster, in
+    the worker threads; -c), ``compression_type`` "zlib" or "zstd",
+    ``compression_level`` (None: as small as qemu's, faster), ``backing_file`` (stored as given, relative
     to dst's directory) and ``backing_format``: a qcow2 overlay in which what
     the source's own backing chain holds is left unwritten (-B/-F). Host
     clusters are allocated in guest order whatever the concurrency.
@@ -228,7 +230,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                             direct=direct, flush=flush, offload=offload,
                             connections=connections, requests_in_flight=requests_in_flight)
     layout = dict(cluster_size=cluster_size, compat=compat, preallocation=preallocation,
-                  compress=compress, backing_file=backing_file, backing_format=backing_format)
+                  compress=compress, compression_type=compression_type,
+                  compression_level=compression_level, backing_file=backing_file,
+                  backing_format=backing_format)
     if any(v is not None for v in layout.values()):
         create_options = with_keywords(
             create_options if create_options is not None else Qcow2Options(), **layout)

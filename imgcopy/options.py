@@ -136,8 +136,16 @@ class Qcow2Options(CreateOptions):
     ``compat`` ["1.1"]: "1.1" (or "v3") or "0.10" (or "v2", qcow2 version 2).
     ``preallocation`` ["off"]: "off" or "metadata" (every cluster allocated,
     unwritten).
-    ``compress`` [-c, False]: data clusters zlib-compressed, in the copy's
-    worker threads.
+    ``compress`` [-c, False]: data clusters compressed, each on its own, in
+    the copy's worker threads.
+    ``compression_type`` ["zlib"]: qemu's names: "zlib" (deflate; done by
+    libdeflate where imgcopy was built with it, else zlib) or "zstd" (qemu
+    5.1 and later read it; needs compat 1.1 and a build with libzstd).
+    ``compression_level`` [None]: 1 to 12 for zlib (libdeflate's scale,
+    zlib's up to 9), 1 to 19 for zstd; None picks the fastest level that
+    compresses no worse than qemu-img convert -c: 4 with libdeflate (6, as
+    qemu, with zlib), 3 for zstd.  ``compression_libraries()`` says which
+    library this build uses.
     ``backing_file`` [-B, None]: the new image is an overlay of this file
     (stored as given, relative to the image's directory); what the source's
     own backing chain holds is left unwritten.
@@ -151,6 +159,8 @@ class Qcow2Options(CreateOptions):
     compat: str = "1.1"
     preallocation: str = "off"
     compress: bool = False
+    compression_type: str = "zlib"
+    compression_level: Optional[int] = None
     backing_file: Optional[Union[str, "os.PathLike[str]"]] = None
     backing_format: Optional[str] = None
 
@@ -161,7 +171,19 @@ class Qcow2Options(CreateOptions):
         if self.backing_file is not None:
             object.__setattr__(self, "backing_file", os.fsdecode(self.backing_file))
         object.__setattr__(self, "compress", _flag(self.compress))
+        level = self.compression_level
+        if level is not None and (isinstance(level, bool) or not isinstance(level, int)
+                                  or level < 1):
+            raise ValueError(f"compression_level must be a positive integer or None, "
+                             f"not {level!r}")
         self._check()
+
+
+def compression_libraries() -> Dict[str, Optional[str]]:
+    """The library each qcow2 compression type uses in this build, with its
+    version (``{"zlib": "libdeflate 1.14", "zstd": "libzstd 1.5.4"}``), or
+    None for a type the build cannot write or read (zstd without libzstd)."""
+    return _core.compression_libraries()
 
 
 def with_keywords(options: _Options, **keywords: Any) -> _Options:

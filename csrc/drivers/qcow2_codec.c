@@ -1,9 +1,9 @@
-/* Compressed clusters: where an L2 entry says their bytes are, and zlib's
- * raw deflate both ways, as qemu writes and reads them (4 KiB window). */
-#include <pthread.h>
+/* Compressed clusters: where an L2 entry says their bytes are, and their
+ * data both ways (compression.c), as qemu reads them. */
+#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
-#include <zlib.h>
+
+#include "compression.h"
 
 #include "qcow2_internal.h"
 
@@ -37,7 +37,7 @@ int qcow2_inflate_cluster(struct ic_image *img, uint64_t entry, uint8_t *out,
     qcow2_compressed_decode(&s->h, entry, &host, &len);
     if (host < csz)
         return qcow2_corrupt(img, err, "compressed cluster overlaps the header", host);
-    /* a valid stream of one cluster never takes more than two */
+    /* valid data of one cluster never takes more than two */
     if (len > 2 * csz)
         len = 2 * csz;
     uint8_t *in = malloc(len);
@@ -47,74 +47,20 @@ int qcow2_inflate_cluster(struct ic_image *img, uint64_t entry, uint8_t *out,
         free(in);
         return -1;
     }
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    int ret = inflateInit2(&z, -12);
-    if (ret != Z_OK) {
-        free(in);
-        return ic_error_nomem(err);
-    }
-    z.next_in = in;
-    z.avail_in = (uInt)len;
-    z.next_out = out;
-    z.avail_out = (uInt)csz;
-    ret = inflate(&z, Z_FINISH);
-    int full = z.avail_out == 0;
-    inflateEnd(&z);
+    int ret = ic_decompress(qcow2_compression(&s->h), in, len, out, csz);
+    int saved = errno;
     free(in);
-    /* qemu accepts a stream that fills the cluster, ended or not */
-    if (!full || (ret != Z_STREAM_END && ret != Z_BUF_ERROR && ret != Z_OK))
-        return qcow2_corrupt(img, err, "compressed cluster does not inflate to a cluster", host);
-    return 0;
+    if (ret == 0)
+        return 0;
+    if (saved == ENOMEM)
+        return ic_error_nomem(err);
+    return qcow2_corrupt(img, err, s->h.compression_type == QCOW2_COMPRESSION_ZSTD
+                         ? "compressed cluster is not a zstd frame of one cluster"
+                         : "compressed cluster does not inflate to a cluster", host);
 }
 
-/* Each thread keeps one deflate stream: setting one up costs more than
- * compressing a small cluster.  Freed when the thread exits. */
-static pthread_key_t deflate_key;
-static pthread_once_t deflate_once = PTHREAD_ONCE_INIT;
-
-static void free_deflate(void *p)
+int qcow2_compress_cluster(const struct qcow2_writer *w, const uint8_t *in, size_t len,
+                           uint8_t *out, size_t cap, size_t *out_len)
 {
-    deflateEnd(p);
-    free(p);
-}
-
-static void make_deflate_key(void)
-{
-    (void)pthread_key_create(&deflate_key, free_deflate);
-}
-
-static z_stream *thread_deflate(void)
-{
-    pthread_once(&deflate_once, make_deflate_key);
-    z_stream *z = pthread_getspecific(deflate_key);
-    if (z)
-        return deflateReset(z) == Z_OK ? z : NULL;
-    z = calloc(1, sizeof *z);
-    if (!z)
-        return NULL;
-    if (deflateInit2(z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, -12, 9, Z_DEFAULT_STRATEGY) != Z_OK) {
-        free(z);
-        return NULL;
-    }
-    if (pthread_setspecific(deflate_key, z) != 0) {
-        free_deflate(z);
-        return NULL;
-    }
-    return z;
-}
-
-int qcow2_deflate_cluster(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
-                          size_t *out_len)
-{
-    z_stream *z = thread_deflate();
-    if (!z)
-        return -1;
-    z->next_in = (Bytef *)in;
-    z->avail_in = (uInt)len;
-    z->next_out = out;
-    z->avail_out = (uInt)cap;
-    int r = deflate(z, Z_FINISH);
-    *out_len = cap - z->avail_out;
-    return r == Z_STREAM_END ? 0 : 1;
+    return ic_compress(w->compression, w->compression_level, in, len, out, cap, out_len);
 }

@@ -79,6 +79,9 @@ int qcow2_create_new(struct ic_image *img, int *fresh, struct ic_error *err)
     uint64_t l1 = (clusters + s->l2_entries - 1) / s->l2_entries;
     h->l1_size = (uint32_t)l1;
     w->compress = o->compress;
+    h->compression_type = o->compression_zstd ? QCOW2_COMPRESSION_ZSTD : QCOW2_COMPRESSION_ZLIB;
+    w->compression = qcow2_compression(h);
+    w->compression_level = (int)o->compression_level;
     if (!(s->l1 = calloc(l1 ? l1 : 1, sizeof *s->l1)))
         return ic_error_nomem(err);
     if (qcow2_l2_init(img, err) < 0)
@@ -125,6 +128,7 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
     if (!w)
         return ic_error_nomem(err);
     w->existing = 1;
+    w->compression = qcow2_compression(h);
     if (ic_image_pread(s->file, w->header, sizeof w->header < fsize ? sizeof w->header : fsize,
                        0, err) < 0)
         return -1;

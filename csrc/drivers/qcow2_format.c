@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../compression.h"
+
 #define INT64_MAXU ((uint64_t)INT64_MAX)
 
 uint64_t qcow2_be64(const void *p)
@@ -250,12 +252,12 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
         return ic_error_format(err, path, "encrypted qcow2 images are not supported "
                                "(crypt_method %u)", h->crypt_method);
     uint64_t in = h->incompatible;
-    if (h->compression_type > 1)
+    if (h->compression_type > QCOW2_COMPRESSION_ZSTD)
         return bad(path, err, "unknown compression_type", h->compression_type);
-    if (h->compression_type == 0 && (in & QCOW2_INCOMPAT_COMPRESSION))
+    if (h->compression_type == QCOW2_COMPRESSION_ZLIB && (in & QCOW2_INCOMPAT_COMPRESSION))
         return bad(path, err, "compression_type is zlib but its incompatible feature bit 3 is "
                    "set", 0);
-    if (h->compression_type != 0 && !(in & QCOW2_INCOMPAT_COMPRESSION))
+    if (h->compression_type != QCOW2_COMPRESSION_ZLIB && !(in & QCOW2_INCOMPAT_COMPRESSION))
         return bad(path, err, "compression_type set without its incompatible feature bit 3",
                    h->compression_type);
     uint64_t known = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT | QCOW2_INCOMPAT_DATA_FILE |
@@ -291,9 +293,11 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
     if (in & QCOW2_INCOMPAT_EXTL2)
         return ic_error_format(err, path, "qcow2 extended L2 entries (subclusters) are not "
                                "supported");
-    if (in & QCOW2_INCOMPAT_COMPRESSION) /* compression_type 1 */
+    if (h->compression_type == QCOW2_COMPRESSION_ZSTD &&
+        !ic_compression_available(IC_COMPRESSION_ZSTD))
         return ic_error_format(err, path, "zstd-compressed qcow2 images are not supported "
-                               "(this build has no libzstd)");
+                               "(imgcopy was built without libzstd: install libzstd-dev "
+                               "and rebuild)");
     return 0;
 }
 
@@ -431,6 +435,10 @@ void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h,
         qcow2_put_be64(h + 72, complete ? 0 : QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT);
         qcow2_put_be32(h + 96, q->refcount_order);
         qcow2_put_be32(h + 100, QCOW2_HEADER_V3_LEN);
+        if (q->compression_type != QCOW2_COMPRESSION_ZLIB) {
+            h[79] |= QCOW2_INCOMPAT_COMPRESSION; /* the low byte of a big-endian 64 */
+            h[104] = q->compression_type;
+        }
     }
 }
 

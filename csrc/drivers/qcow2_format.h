@@ -46,6 +46,9 @@ enum {
 
 enum { QCOW2_COMPAT_LAZY_REFCOUNTS = 1u << 0 };
 
+/* the header's compression_type */
+enum { QCOW2_COMPRESSION_ZLIB = 0, QCOW2_COMPRESSION_ZSTD = 1 };
+
 enum {
     QCOW2_AUTOCLEAR_BITMAPS = 1u << 0,
     QCOW2_AUTOCLEAR_DATA_FILE_RAW = 1u << 1,

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "../compression.h"
 #include "../image.h"
 #include "qcow2_format.h"
 
@@ -51,6 +52,8 @@ struct qcow2_writer {
     int existing; /* opened, not created: its header is patched, not rewritten */
     uint8_t header[QCOW2_HEADER_READ]; /* existing: the header as found */
     int compress;
+    enum ic_compression_type compression; /* the header's compression_type */
+    int compression_level;                /* 0: the type's default */
     int marked; /* the header says incomplete: written to since finish() */
     /* host allocation (qcow2_alloc.c) */
     uint16_t *rc; /* refcount per host cluster */
@@ -119,11 +122,17 @@ uint64_t qcow2_compressed_encode(const struct qcow2_header *h, uint64_t host, ui
  * cluster). */
 int qcow2_inflate_cluster(struct ic_image *img, uint64_t entry, uint8_t *out,
                           struct ic_error *err);
-/* One cluster deflated as qemu does (raw deflate, 4 KiB window) into at
- * most `cap` bytes: 0, 1 when it does not fit (stored as it is), -1
- * without memory. */
-int qcow2_deflate_cluster(const uint8_t *in, size_t len, uint8_t *out, size_t cap,
-                          size_t *out_len);
+/* One cluster compressed as the writer's image says (its compression_type,
+ * the level asked for) into at most `cap` bytes: 0, 1 when it does not
+ * fit (stored as it is), -1 with errno (ic_compress). */
+int qcow2_compress_cluster(const struct qcow2_writer *w, const uint8_t *in, size_t len,
+                           uint8_t *out, size_t cap, size_t *out_len);
+/* The compression a header's compression_type names. */
+static inline enum ic_compression_type qcow2_compression(const struct qcow2_header *h)
+{
+    return h->compression_type == QCOW2_COMPRESSION_ZSTD ? IC_COMPRESSION_ZSTD
+                                                         : IC_COMPRESSION_DEFLATE;
+}
 
 /* qcow2_l2.c.  Needs s->l1 and s->h.  Without meta_lock held: */
 int qcow2_l2_init(struct ic_image *img, struct ic_error *err);

@@ -5,6 +5,7 @@
  * and refcounts are written once, by finish(), after the data: a copy
  * that fails leaves a header marked dirty and corrupt (v3) or without its
  * magic (v2), never an image that looks complete. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -191,12 +192,14 @@ int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_erro
         }
         uint8_t *out = st->arena + i * csz;
         size_t clen;
-        int r = qcow2_deflate_cluster(in, csz, out, csz - 1, &clen);
+        int r = qcow2_compress_cluster(s->w, in, csz, out, csz - 1, &clen);
         if (r < 0) {
+            int saved = errno;
             free(tail);
             free(st->arena);
             free(st);
-            return ic_error_nomem(err);
+            return saved == ENOMEM ? ic_error_nomem(err)
+                                   : ic_error_os(err, saved, img->path, "compressing a cluster");
         }
         st->b[i] = r == 0 ? (struct blob){.data = out, .len = clen}
                           : (struct blob){.data = sw->buf + i * csz, .len = inlen, .raw = 1};

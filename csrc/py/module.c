@@ -128,6 +128,14 @@ static PyObject *mod_copy_option_defaults(PyObject *m, PyObject *unused)
     return fields_dict(ic_copy_option_fields, &defaults);
 }
 
+static PyObject *mod_compression_libraries(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    const char *zlib = ic_compression_type_library("zlib");
+    const char *zstd = ic_compression_type_library("zstd");
+    return Py_BuildValue("{s:z,s:z}", "zlib", zlib, "zstd", zstd);
+}
+
 /* Slices the calling thread waits in, with the GIL released: short enough
  * for Ctrl-C and progress to feel immediate. */
 #define WAIT_SLICE_MS 100
@@ -287,6 +295,7 @@ static PyMethodDef module_methods[] = {
     {"copy", KEYWORDS(mod_copy), NULL},
     {"check_copy_options", KEYWORDS(mod_check_copy_options), NULL},
     {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
+    {"compression_libraries", mod_compression_libraries, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},

@@ -76,10 +76,17 @@ img -u -o cluster_size=4096 -b input.qcow2 -F qcow2 backing-self.qcow2 1M
 img -u -o compat=0.10,cluster_size=512 -b base.raw -F raw backing-noformat-v2.qcow2 64K
 dd if=/dev/zero of=backing-noformat-v2.qcow2 bs=1 seek=72 count=8 conv=notrunc status=none
 
-# features imgcopy refuses, by name: extended L2, zstd, dirty, external data
-img -o cluster_size=16384,extended_l2=on v3-extl2.qcow2 1M
+# zstd clusters (refused by a build without libzstd), 4 KiB and 512-byte
+# clusters, several sharing sectors
 img -o cluster_size=4096,compression_type=zstd v3-zstd.qcow2 256K 2>/dev/null || true
 [ -f v3-zstd.qcow2 ] && io v3-zstd.qcow2 "write -c -P 0xb1 0 4k" 2>/dev/null || true
+img -o cluster_size=512,compression_type=zstd v3-zstd-512.qcow2 64K 2>/dev/null || true
+[ -f v3-zstd-512.qcow2 ] && io v3-zstd-512.qcow2 "write -c -P 0xb2 0 512" \
+    "write -c -P 0xb3 512 512" "write -c -P 0xb4 4k 512" "write -P 0xb5 8k 1k" \
+    2>/dev/null || true
+
+# features imgcopy refuses, by name: extended L2, dirty, external data
+img -o cluster_size=16384,extended_l2=on v3-extl2.qcow2 1M
 img -o cluster_size=4096,lazy_refcounts=on v3-dirty.qcow2 256K
 qemu-io -f qcow2 -c "write -P 0xc1 0 4k" -c abort v3-dirty.qcow2 >/dev/null 2>&1 || true
 qemu-img create -q -f raw data.raw 256K
