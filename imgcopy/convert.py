@@ -251,6 +251,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                          f"dst_format={create_options.format!r}")
     if getattr(create_options, "backing_file", None) is not None and not create:
         raise ValueError("backing_file makes a new image: it needs create=True")
+    if create_options is not None and not create:
+        _check_existing_layout(create_options)
 
     try:
         source = Image(src, src_format, direct=options.source_direct, force=force,
@@ -325,6 +327,20 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         result.dst_checksum = _verify(dst, dst_format, result.checksum, algorithm, block_size,
                                       source_size)
     return result
+
+
+def _check_existing_layout(create_options: CreateOptions) -> None:
+    """An existing destination keeps its layout: options that would change
+    it (compression included: writing compressed clusters into an image
+    whose clusters may be allocated is not supported) are refused rather
+    than ignored."""
+    defaults = type(create_options)()
+    changed = [f.name for f in fields(create_options)
+               if getattr(create_options, f.name) != getattr(defaults, f.name)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} lay{'s' if len(changed) == 1 else ''} out a "
+                         f"new image: with an existing destination (create=False, -n) "
+                         f"the image keeps its own layout")
 
 
 def _checksum_algorithm(checksum: Union[bool, str, None], verify: bool) -> Optional[str]:

@@ -298,3 +298,16 @@ def test_cli_bad_level(source, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "compression_level" in p.stderr, p.stderr
     assert not os.path.exists(tmp_path / "x.qcow2")
+
+
+def test_existing_destination_keeps_its_layout(source, tmp_path):
+    """-n -c is refused, not ignored: the existing image is not written."""
+    src, size = source
+    dst = str(tmp_path / "existing.qcow2")
+    qemu_img("create", "-f", "qcow2", dst, str(size))
+    before = open(dst, "rb").read()
+    with pytest.raises(ValueError, match="compress lays out a new image"):
+        imgcopy.convert(src, dst, dst_format="qcow2", create=False, compress=True)
+    with pytest.raises(ValueError, match="compression_type"):
+        imgcopy.convert(src, dst, dst_format="qcow2", create=False, compression_type="zstd")
+    assert open(dst, "rb").read() == before
