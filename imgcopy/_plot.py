@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from ._html import COLORS, LABELS, STACKED
-from .extents import KINDS, human_size
+from ._html import COLORS, COMPRESSED_LABEL, STACKED
+from .extents import KINDS, LABELS, human_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extents import ExtentMap
@@ -40,26 +40,35 @@ def plot_strip(emap: "ExtentMap", ax: Any, runs: List[Tuple[str, int, int]]) -> 
 
     span = emap.end - emap.start
     div, unit = _unit(max(emap.end, 1))
-    totals: Dict[str, int] = {}
-    for kind, s, e in runs:
-        totals[kind] = totals.get(kind, 0) + e - s
+    # a run narrower than this still shows (a 4 KiB run in 2 GiB would be
+    # a fraction of a pixel): about one pixel of a 1000-pixel-wide strip
+    least = span / 1000 / div
     ax.set_facecolor(COLORS["hole"])
     for kind in STACKED:
-        bars = [(s / div, (e - s) / div) for k, s, e in runs if k == kind]
+        bars = [(s / div, max((e - s) / div, least)) for k, s, e in runs if k == kind]
         if bars:
-            # an edge as wide as a hairline keeps tiny runs visible
-            ax.broken_barh(bars, (0, 1), facecolors=COLORS[kind], edgecolors=COLORS[kind],
-                           linewidth=0.3)
+            # no antialiasing: a hairline run keeps its own colour instead
+            # of blending into its neighbours
+            ax.broken_barh(bars, (0, 1), facecolors=COLORS[kind], linewidth=0,
+                           antialiased=False)
+    compressed = [(s / div, max((e - s) / div, least)) for s, e in emap.compressed_ranges()]
+    if compressed:
+        ax.broken_barh(compressed, (0, 1), facecolors="none", edgecolors="white",
+                       hatch="////", linewidth=0, antialiased=False)
     ax.set_xlim(emap.start / div, (emap.end if span else emap.start + 1) / div)
     ax.set_ylim(0, 1)
     ax.set_yticks([])
     ax.set_xlabel(f"guest offset ({unit})")
-    handles = [Patch(facecolor=COLORS[k], edgecolor="#999",
-                     label=f"{LABELS[k]} {human_size(totals[k])}")
-               for k in KINDS if totals.get(k)]
+    handles = [Patch(facecolor=COLORS[r["kind"]], edgecolor="#777",
+                     label=f"{r['label']} {human_size(r['bytes'])} ({r['share_text']})")
+               for r in emap.breakdown()]
+    if compressed:
+        handles.append(Patch(facecolor=COLORS["data"], edgecolor="white", hatch="////",
+                             label=f"{COMPRESSED_LABEL} {human_size(emap.compressed_bytes)}"))
     if handles:
-        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
-                  frameon=False, fontsize="small", borderaxespad=0.2)
+        ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0),
+                  ncol=min(len(handles), 3), frameon=False, fontsize="small",
+                  borderaxespad=0.2)
 
 
 def plot_histogram(emap: "ExtentMap", ax: Any, bins: int) -> None:
@@ -98,9 +107,10 @@ def plot_extent_map(emap: "ExtentMap", ax: Any = None, *, bins: int = 40,
     runs = emap.runs()
     plot_strip(emap, strip_ax, runs)
     if title is None:
+        data = sum(r["bytes"] for r in emap.breakdown() if r["kind"] == "data")
         title = (f"{os.path.basename(emap.filename)} ({emap.format}, {human_size(emap.size)}): "
-                 f"{len(emap):,} extents, {human_size(emap.data_bytes)} data")
-    strip_ax.set_title(title, pad=20, fontsize="medium")
+                 f"{len(emap):,} extents, data {human_size(data)}")
+    strip_ax.set_title(title, pad=34, fontsize="medium")
     if hist_ax is None:
         return (strip_ax,)
     plot_histogram(emap, hist_ax, bins)

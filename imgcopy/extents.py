@@ -13,10 +13,21 @@ from .uris import qemu_filename
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
 
-# What a run of guest bytes is, for a copy: "data" is read from the image
-# itself, "backing" from a backing file, "zero" is storage known to read as
-# zeros (allocated zeros: never read), "hole" has no data at all (never read).
-KINDS = ("data", "backing", "zero", "hole")
+# What a run of guest bytes is: "data" is read from the image itself,
+# "backing" from a backing file, "zero" is storage known to read as zeros
+# (allocated zeros: never read), "zeroed" reads as zeros because a layer's
+# own metadata says so (a qcow2 zero cluster, a vmdk zero grain, a vhdx zero
+# block: it hides whatever the layers below hold), "hole" has no data at all.
+# A copy reads only "data" and "backing".
+KINDS = ("data", "backing", "zero", "zeroed", "hole")
+
+# The words every view uses for the kinds (repr, summary(), HTML, plot()).
+LABELS = {"data": "data", "backing": "backing data", "zero": "allocated zeros",
+          "zeroed": "zeroed", "hole": "holes"}
+
+# Formats whose "present, zero, no data" comes from the file system (a hole
+# in a plain file), not from the image's own metadata.
+_PLAIN_FORMATS = ("raw",)
 
 _SIZE_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
@@ -34,11 +45,26 @@ def human_size(n: int) -> str:
     return "%0.3g %sB" % (n / (1 << (i * 10)), _SIZE_UNITS[i])
 
 
-def extent_kind(depth: int, zero: bool, data: bool) -> str:
-    """One of KINDS for an extent's flags."""
+def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False) -> str:
+    """One of KINDS for an extent's flags (``zeroed``: see Extent)."""
     if data and not zero:
         return "data" if depth == 0 else "backing"
-    return "zero" if data else "hole"
+    if data:
+        return "zero"
+    return "zeroed" if zeroed else "hole"
+
+
+def share_text(n: int, span: int) -> str:
+    """n as a percentage of span, as the views print it: one decimal,
+    "<0.1%" for a share too small to show but not nothing."""
+    if not span:
+        return "0%"
+    pct = 100.0 * n / span
+    if n and pct < 0.05:
+        return "<0.1%"
+    if n != span and pct > 99.95:
+        return ">99.9%"
+    return f"{pct:.1f}%"
 
 
 # struct ic_extent, as the C core packs extents: start, length, host
@@ -56,7 +82,10 @@ class Extent(NamedTuple):
     ``present``: allocated at ``depth`` of the backing chain; ``zero``: reads
     as zeros; ``data``: read from the image's storage; ``host_offset``: where
     the run starts in the host file, or None where that means nothing
-    (qemu-img map's "offset")."""
+    (qemu-img map's "offset"); ``zeroed``: reads as zeros because the
+    layer at ``depth`` records it so (a qcow2 zero cluster, a vmdk zero
+    grain, a vhdx zero block), hiding what the layers below hold; a raw
+    file's holes, which qemu also calls present, are not zeroed."""
 
     start: int
     length: int
@@ -66,14 +95,20 @@ class Extent(NamedTuple):
     data: bool
     host_offset: Optional[int]
     compressed: bool = False
+    zeroed: bool = False
 
     @classmethod
-    def unpack(cls, packed: bytes, index: int = 0) -> "Extent":
-        """Extent ``index`` of extents packed by the C core."""
+    def unpack(cls, packed: bytes, index: int = 0,
+               plain_depths: Optional[Sequence[bool]] = None) -> "Extent":
+        """Extent ``index`` of extents packed by the C core.
+        ``plain_depths[d]``: the layer at depth d is a plain file (raw),
+        whose holes are not zeroed clusters (all plain when None)."""
         start, length, host, flags, depth = _EXTENT.unpack_from(packed, index * _EXTENT.size)
-        return cls(start, length, depth, bool(flags & _PRESENT), bool(flags & _ZERO),
-                   bool(flags & _DATA), host if flags & _OFFSET_VALID else None,
-                   bool(flags & _COMPRESSED))
+        present, zero, data = bool(flags & _PRESENT), bool(flags & _ZERO), bool(flags & _DATA)
+        zeroed = present and zero and not data and plain_depths is not None \
+            and depth < len(plain_depths) and not plain_depths[depth]
+        return cls(start, length, depth, present, zero, data,
+                   host if flags & _OFFSET_VALID else None, bool(flags & _COMPRESSED), zeroed)
 
     @property
     def end(self) -> int:
@@ -82,8 +117,9 @@ class Extent(NamedTuple):
     @property
     def kind(self) -> str:
         """"data" (stored in this image), "backing" (data of a backing file),
-        "zero" (stored but known to read as zeros) or "hole" (no data)."""
-        return extent_kind(self.depth, self.zero, self.data)
+        "zero" (stored but known to read as zeros), "zeroed" (a zero cluster
+        of a layer) or "hole" (no data)."""
+        return extent_kind(self.depth, self.zero, self.data, self.zeroed)
 
     def to_dict(self) -> dict:
         """qemu-img map --output=json's entry (its keys and order)."""
@@ -106,7 +142,8 @@ class ExtentMap(Sequence[Extent]):
 
     def __init__(self, packed: bytes, *, start: int, end: int, size: int,
                  filename: str = "", format: str = "raw",
-                 qemu_end: Optional[int] = None, chain: Optional[list] = None) -> None:
+                 qemu_end: Optional[int] = None, chain: Optional[list] = None,
+                 chain_formats: Optional[Sequence[str]] = None) -> None:
         self._packed = packed
         self._count = len(packed) // _core.EXTENT_SIZE
         self.start = start
@@ -115,11 +152,17 @@ class ExtentMap(Sequence[Extent]):
         self.filename = filename
         self.format = format
         self._totals: Optional[tuple] = None
+        self._runs: Optional[List[Tuple[str, int, int]]] = None
+        self._compressed: Optional[List[Tuple[int, int]]] = None
         # where qemu-img map would stop: past `end` only for a raw file
         # whose size is not a multiple of 512
         self._qemu_end = end if qemu_end is None else qemu_end
         # file names by depth, for the human format
         self._chain = list(chain) if chain else [filename]
+        # formats by depth: which layers' holes are zeroed clusters
+        formats = list(chain_formats) if chain_formats else [format]
+        self.chain_formats = formats
+        self._plain = [f in _PLAIN_FORMATS for f in formats]
 
     def __len__(self) -> int:
         return self._count
@@ -136,11 +179,12 @@ class ExtentMap(Sequence[Extent]):
             i += self._count
         if not 0 <= i < self._count:
             raise IndexError("extent index out of range")
-        return Extent.unpack(self._packed, i)
+        return Extent.unpack(self._packed, i, self._plain)
 
     def __iter__(self) -> Iterator[Extent]:
+        plain = self._plain
         for i in range(self._count):
-            yield Extent.unpack(self._packed, i)
+            yield Extent.unpack(self._packed, i, plain)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExtentMap):
@@ -151,18 +195,15 @@ class ExtentMap(Sequence[Extent]):
         return hash((self._packed, self.start, self.end))
 
     def __repr__(self) -> str:
-        span = self.end - self.start
         where = human_size(self.size)
         if (self.start, self.end) != (0, self.size):
             where = f"[{self.start}, {self.end}) of {where}"
-        data = self.data_bytes
-        text = f"<ExtentMap {self.filename!r} {self.format} {where}: {len(self)} extents, " \
-               f"data {human_size(data)}"
-        if span:
-            text += f" ({100.0 * data / span:.1f}%)"
+        parts = [f"{row['label']} {human_size(row['bytes'])} ({row['share_text']})"
+                 for row in self.breakdown()]
         if self.compressed_bytes:
-            text += f", compressed {human_size(self.compressed_bytes)}"
-        return text + f", holes {human_size(span - data)}>"
+            parts.append(f"compressed {human_size(self.compressed_bytes)}")
+        return f"<ExtentMap {self.filename!r} {self.format} {where}: {len(self)} extents; " \
+               + (", ".join(parts) or "empty range") + ">"
 
     def to_json(self) -> str:
         """Exactly what ``qemu-img map --output=json`` prints for this range,
@@ -187,7 +228,8 @@ class ExtentMap(Sequence[Extent]):
 
     @property
     def data_bytes(self) -> int:
-        """Bytes read from the image's storage (``data``)."""
+        """Bytes with qemu-img map's ``data`` flag: data of this image, of
+        its backing files and allocated zeros (see ``breakdown()``)."""
         return self._totals_cached()[0]
 
     @property
@@ -197,7 +239,9 @@ class ExtentMap(Sequence[Extent]):
 
     @property
     def allocated_bytes(self) -> int:
-        """Bytes allocated in the image itself (``present``)."""
+        """Bytes with qemu-img map's ``present`` flag: allocated at some
+        depth of the chain, a raw file's holes included (qemu counts them
+        so: a raw file has nothing below it)."""
         return self._totals_cached()[2]
 
     @property
@@ -207,51 +251,109 @@ class ExtentMap(Sequence[Extent]):
 
     @property
     def hole_bytes(self) -> int:
-        """Bytes with no data (``data`` false): a copy never reads them."""
+        """Bytes without qemu-img map's ``data`` flag (holes and zeroed
+        clusters): a copy never reads them."""
         return self.end - self.start - self.data_bytes
 
     # -- exploration ------------------------------------------------------
     def runs(self) -> List[Tuple[str, int, int]]:
         """[(kind, start, end), ...]: neighbouring extents of the same kind
         (see KINDS) merged, in guest order."""
-        out: List[Tuple[str, int, int]] = []
-        for e in self:
-            kind = e.kind
-            if out and out[-1][0] == kind and out[-1][2] == e.start:
-                out[-1] = (kind, out[-1][1], e.end)
+        if self._runs is None:
+            self._scan()
+        assert self._runs is not None
+        return list(self._runs)
+
+    def compressed_ranges(self) -> List[Tuple[int, int]]:
+        """[(start, end), ...] of the extents stored compressed, neighbours
+        merged, in guest order."""
+        if self._compressed is None:
+            self._scan()
+        assert self._compressed is not None
+        return list(self._compressed)
+
+    def _scan(self) -> None:
+        # one pass over the packed extents, without an Extent per extent:
+        # views of maps with 100,000s of extents stay interactive
+        runs: List[Tuple[str, int, int]] = []
+        compressed: List[Tuple[int, int]] = []
+        plain = self._plain
+        layers = len(plain)
+        last_kind, last_end = "", -1
+        for start, length, _, flags, depth in _EXTENT.iter_unpack(self._packed):
+            end = start + length
+            if flags & _DATA:
+                kind = "zero" if flags & _ZERO else "backing" if depth else "data"
+            elif flags & _ZERO and flags & _PRESENT and depth < layers and not plain[depth]:
+                kind = "zeroed"
             else:
-                out.append((kind, e.start, e.end))
-        return out
+                kind = "hole"
+            if kind == last_kind and start == last_end:
+                runs[-1] = (kind, runs[-1][1], end)
+            else:
+                runs.append((kind, start, end))
+            last_kind, last_end = kind, end
+            if flags & _COMPRESSED:
+                if compressed and compressed[-1][1] == start:
+                    compressed[-1] = (compressed[-1][0], end)
+                else:
+                    compressed.append((start, end))
+        self._runs, self._compressed = runs, compressed
+
+    def breakdown(self) -> List[Dict[str, Any]]:
+        """One row per kind present in the range (see KINDS), in drawing
+        order: ``kind``, ``label`` (the word repr, the HTML view and plot()
+        use), ``bytes``, ``share`` of the range (0..1) and ``share_text``
+        ("41.4%", "<0.1%").  The rows add up to the range's length."""
+        sizes = dict.fromkeys(KINDS, 0)
+        for kind, s, e in self.runs():
+            sizes[kind] += e - s
+        return self._rows(sizes)
+
+    def _rows(self, sizes: Dict[str, int]) -> List[Dict[str, Any]]:
+        span = self.end - self.start
+        return [{"kind": k, "label": LABELS[k], "bytes": n,
+                 "share": n / span if span else 0.0, "share_text": share_text(n, span)}
+                for k, n in sizes.items() if n]
 
     def summary(self) -> Dict[str, Any]:
         """Sizes and counts of the range (bytes unless named otherwise).
 
-        ``data_bytes`` + ``hole_bytes`` is the range's length; ``zero_bytes``
-        (reads as zeros) overlaps both.  A *run* is a longest range of
-        extents that all have data (``data_runs``) or all have none
-        (``hole_runs``); medians are the lower median of the run lengths."""
+        ``kind_bytes`` maps every kind (see KINDS) to its bytes, and
+        ``breakdown`` is ``breakdown()``: what the views draw.
+        ``data_bytes``, ``zero_bytes``, ``allocated_bytes`` and
+        ``hole_bytes`` keep qemu-img map's flags (``data``, ``zero``,
+        ``present``, no ``data``): ``data_bytes`` + ``hole_bytes`` is the
+        range's length; ``zero_bytes`` overlaps both.  A *run* is a
+        longest range of extents that all have data (``data_runs``) or all
+        have none (``hole_runs``); medians are the lower median of the run
+        lengths."""
         data_extents = zero_extents = compressed_extents = 0
         backing_bytes = zero_data_bytes = 0
+        sizes = dict.fromkeys(KINDS, 0)
+        for kind, start, end in self.runs():
+            sizes[kind] += end - start
         data_runs: List[int] = []
         hole_runs: List[int] = []
         last: Optional[bool] = None
-        for e in self:
-            if e.data:
+        for _, length, _, flags, depth in _EXTENT.iter_unpack(self._packed):
+            data = bool(flags & _DATA)
+            if data:
                 data_extents += 1
-                if e.depth:
-                    backing_bytes += e.length
-                if e.zero:
-                    zero_data_bytes += e.length
-            if e.zero:
+                if depth:
+                    backing_bytes += length
+                if flags & _ZERO:
+                    zero_data_bytes += length
+            if flags & _ZERO:
                 zero_extents += 1
-            if e.compressed:
+            if flags & _COMPRESSED:
                 compressed_extents += 1
-            runs = data_runs if e.data else hole_runs
-            if last is e.data:
-                runs[-1] += e.length
+            runs = data_runs if data else hole_runs
+            if last is data:
+                runs[-1] += length
             else:
-                runs.append(e.length)
-            last = e.data
+                runs.append(length)
+            last = data
         return {
             "filename": self.filename,
             "format": self.format,
@@ -259,6 +361,8 @@ class ExtentMap(Sequence[Extent]):
             "start": self.start,
             "end": self.end,
             "extents": len(self),
+            "kind_bytes": dict(sizes),
+            "breakdown": self._rows(sizes),
             "data_extents": data_extents,
             "data_bytes": self.data_bytes,
             "zero_bytes": self.zero_bytes,
@@ -281,36 +385,37 @@ class ExtentMap(Sequence[Extent]):
     def to_numpy(self) -> Any:  # -> numpy structured array
         """A structured array, one row per extent: start, end, length,
         depth, present, zero, data, host_offset (-1 where there is none),
-        compressed (needs numpy)."""
+        compressed, zeroed (needs numpy)."""
         import numpy as np  # lazy: numpy is an optional extra
 
         rows = [(e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                 -1 if e.host_offset is None else e.host_offset, e.compressed) for e in self]
+                 -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed)
+                for e in self]
         return np.array(rows, dtype=_numpy_dtype())
 
     def to_pandas(self) -> Any:  # -> pandas.DataFrame
         """A DataFrame, one row per extent: start, end, length, depth,
         present, zero, data, host_offset (nullable: <NA> where there is
-        none), compressed, kind (see KINDS); ``df.attrs`` holds filename,
+        none), compressed, zeroed, kind (see KINDS); ``df.attrs`` holds filename,
         format, virtual_size (needs pandas)."""
         import pandas as pd  # lazy: pandas is an optional extra
 
         a = self.to_numpy()
         df = pd.DataFrame({name: a[name] for name in a.dtype.names
-                           if name not in ("host_offset", "compressed")})
+                           if name not in ("host_offset", "compressed", "zeroed")})
         host = a["host_offset"]
         df["host_offset"] = pd.arrays.IntegerArray(host.copy(), host < 0)
         df["compressed"] = a["compressed"]
-        df["kind"] = [extent_kind(d, z, x) for d, z, x in zip(a["depth"].tolist(),
-                                                             a["zero"].tolist(),
-                                                             a["data"].tolist())]
+        df["zeroed"] = a["zeroed"]
+        df["kind"] = [extent_kind(d, z, x, zd) for d, z, x, zd in zip(
+            a["depth"].tolist(), a["zero"].tolist(), a["data"].tolist(), a["zeroed"].tolist())]
         df.attrs.update(filename=self.filename, format=self.format, virtual_size=self.size)
         return df
 
     def plot(self, ax: Any = None, *, bins: int = 40, title: Optional[str] = None) -> Any:
         """Draw the map with matplotlib: an allocation strip over the range
-        (data, backing data, allocated zeros; holes are left blank) and a
-        histogram of extent lengths by kind.  ``ax``: None (a new figure),
+        (one colour per kind, holes are the background, compressed ranges
+        hatched) and a histogram of extent lengths by kind.  ``ax``: None (a new figure),
         one Axes (the strip only) or a pair of Axes (strip, histogram).
         Returns the tuple of Axes drawn on."""
         from ._plot import plot_extent_map  # lazy: matplotlib is an optional extra
@@ -328,5 +433,5 @@ def _numpy_dtype() -> Any:
 
     return np.dtype([("start", "<i8"), ("end", "<i8"), ("length", "<i8"), ("depth", "<i4"),
                      ("present", "?"), ("zero", "?"), ("data", "?"), ("host_offset", "<i8"),
-                     ("compressed", "?")])
+                     ("compressed", "?"), ("zeroed", "?")])
 

@@ -108,9 +108,11 @@ class Image:
             packed, end = b"", start
         else:
             packed = self._img.map(start, end)
-        chain = [self.filename] + [path for path, _ in self._img.chain()[1:]]
+        layers = self._img.chain()
+        chain = [self.filename] + [path for path, _ in layers[1:]]
         return ExtentMap(packed, start=start, end=end, size=size, filename=self.filename,
-                         format=self.format, qemu_end=self._qemu_end(want_end), chain=chain)
+                         format=self.format, qemu_end=self._qemu_end(want_end), chain=chain,
+                         chain_formats=[fmt for _, fmt in layers])
 
     def _qemu_end(self, want_end: Optional[int]) -> int:
         """qemu sees a raw file's size rounded up to whole 512-byte sectors."""

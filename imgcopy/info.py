@@ -193,12 +193,9 @@ class ImageInfo:
         return "\n".join(lines) + "\n"
 
     def _repr_html_(self) -> str:
-        from html import escape
+        from ._html import image_info_html
 
-        rows = "".join(f'<tr><th style="text-align:left;padding-right:1em">{escape(k)}</th>'
-                       f'<td style="text-align:left">{escape(str(v))}</td></tr>'
-                       for k, v in self.to_dict().items() if k != "format-specific")
-        return f"<table>{rows}</table>"
+        return image_info_html(self)
 
 
 def _dump_specific(data: Dict[str, Any], depth: int) -> List[str]:

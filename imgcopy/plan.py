@@ -7,6 +7,7 @@ from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .convert import NULL_TARGET
+from .extents import human_size
 from .image import Image, PathArg
 from .options import CopyOptions, with_keywords
 from .sizes import Size
@@ -54,9 +55,15 @@ class CopyPlan:
 
     def __repr__(self) -> str:
         t = self._counters
-        return (f"<CopyPlan {len(self)} requests: {t['write_requests']} writes "
-                f"({t['bytes_written']} B), {t['zero_requests']} zeroes, "
-                f"{t['bytes_skipped']} B skipped>")
+        return (f"<CopyPlan {human_size(self.size)}, {len(self)} requests: "
+                f"{t['write_requests']} writes ({human_size(t['bytes_written'])}), "
+                f"{t['zero_requests']} zeroes ({human_size(t['bytes_zeroed'])}), "
+                f"{human_size(t['bytes_skipped'])} skipped>")
+
+    def _repr_html_(self) -> str:
+        from ._html import copy_plan_html
+
+        return copy_plan_html(self)
 
     def requests(self, kind: Optional[str] = None) -> List[Request]:
         return [r for r in self if kind is None or r.kind == kind]

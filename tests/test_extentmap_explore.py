@@ -42,9 +42,11 @@ def test_extent_kinds():
     assert extent_kind(2, False, True) == "backing"
     assert extent_kind(0, True, True) == "zero"
     assert extent_kind(0, True, False) == "hole"
+    assert extent_kind(0, True, False, True) == "zeroed"
     assert extent_kind(1, False, False) == "hole"
     assert Extent(0, 512, 0, True, False, True, 0).kind == "data"
-    assert set(KINDS) == {"data", "backing", "zero", "hole"}
+    assert Extent(0, 512, 0, True, True, False, None, zeroed=True).kind == "zeroed"
+    assert set(KINDS) == {"data", "backing", "zero", "zeroed", "hole"}
 
 
 def test_runs_and_summary_of_a_known_layout(known):
@@ -102,7 +104,7 @@ def test_empty_image(tmp_path):
     assert s["extents"] == 0 and s["data_runs"] == s["hole_runs"] == 0
     assert s["largest_data_run"] == s["median_data_run"] == s["median_hole_run"] == 0
     assert m.runs() == []
-    assert "(empty range)" in m._repr_html_()
+    assert "(empty range" in m._repr_html_() and "<svg" not in m._repr_html_()
     assert "0 extents" in repr(m)
 
 
@@ -117,10 +119,10 @@ def test_to_numpy(known):
     m = imgcopy.map(known)
     a = m.to_numpy()
     assert isinstance(a, np.ndarray) and len(a) == len(m)
-    assert list(a.dtype.names) == COLUMNS + ["compressed"]
+    assert list(a.dtype.names) == COLUMNS + ["compressed", "zeroed"]
     for row, e in zip(a.tolist(), m):
         assert row == (e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                       -1 if e.host_offset is None else e.host_offset, e.compressed)
+                       -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed)
     assert int(a["length"].sum()) == 8 * MiB
     assert int(a["length"][a["data"]].sum()) == m.data_bytes
 
@@ -131,7 +133,7 @@ def test_to_pandas_known_layout(known):
     df = m.to_pandas()
     assert isinstance(df, pd.DataFrame)
     assert list(df.columns)[:8] == COLUMNS
-    assert list(df.columns) == COLUMNS + ["compressed", "kind"]
+    assert list(df.columns) == COLUMNS + ["compressed", "zeroed", "kind"]
     assert len(df) == 6
     data = df[df["data"]]
     assert list(zip(data["start"], data["end"])) == LAYOUT_DATA
@@ -162,7 +164,7 @@ def test_to_pandas_empty(tmp_path):
     p = str(tmp_path / "e.raw")
     make_sparse(p, 0)
     df = imgcopy.map(p).to_pandas()
-    assert len(df) == 0 and list(df.columns) == COLUMNS + ["compressed", "kind"]
+    assert len(df) == 0 and list(df.columns) == COLUMNS + ["compressed", "zeroed", "kind"]
 
 
 # --------------------------------------------------------------------------
@@ -175,7 +177,7 @@ def svg_of(html: str) -> ET.Element:
 
 
 def rects(svg: ET.Element, kind: str):
-    return [(int(r.attrib["x"]), int(r.attrib["width"]), int(r.attrib["y"]),
+    return [(float(r.attrib["x"]), float(r.attrib["width"]), int(r.attrib["y"]),
              int(r.attrib["height"])) for r in svg.iter(SVG + "rect") if r.get("class") == kind]
 
 
@@ -183,21 +185,21 @@ def test_repr_html_known_layout(known):
     m = imgcopy.map(known)
     html = m._repr_html_()
     svg = svg_of(html)
-    assert svg.get("viewBox") == "0 0 600 24"
+    assert svg.get("viewBox") == "0 0 600 50"          # the bar (32) and its axis (18)
     data = rects(svg, "data")
     # 8 MiB in 600 columns: [0, 1M) is columns 0-74, [4M, 4M+64K) fills columns 300-303
-    assert data[0] == (0, 75, 0, 24)
-    assert (300, 4, 0, 24) in data
-    # [2M, 2M+256K): columns 150-167 full, 168 partly
-    assert (150, 18, 0, 24) in data
-    full = [r for r in data if r[3] == 24]
+    assert data[0] == (0, 75, 0, 32)
+    assert (300, 4, 0, 32) in data
+    # [2M, 2M+256K): columns 150-167 full, 168 three quarters
+    assert (150, 18, 0, 32) in data and (168, 1, 8, 24) in data
+    full = [r for r in data if r[3] == 32]
     assert sum(w for _, w, _, _ in full) == 75 + 18 + 4
-    assert rects(svg, "hole") == [(0, 600, 0, 24)]          # the background
+    assert rects(svg, "hole") == [(0, 600, 0, 32)]          # the background
     assert not rects(svg, "zero") and not rects(svg, "backing")
-    for text in ("virtual size", "8 MiB", "(8,388,608 B)", "1.31 MiB", "16.4%", "data runs",
-                 "3: largest 1 MiB, median 256 KiB", "holes"):
+    for text in ("8 MiB virtual", "(8,388,608 B)", "1.31 MiB", "16.4%", "83.6%", "data runs",
+                 "3: largest 1 MiB, median 256 KiB", "holes", "guest offset"):
         assert text in html, text
-    assert "backing" not in html and "compressed" not in html
+    assert "swatch backing" not in html and "compressed" not in html
 
 
 def test_repr_html_escapes_the_name(tmp_path):
@@ -215,7 +217,7 @@ def test_repr_html_qcow2_kinds(qcow2_store):
     svg = svg_of(html)
     for kind in ("data", "backing", "zero"):
         assert rects(svg, kind), kind
-    for text in ("from backing files", "allocated zeros", "compressed"):
+    for text in ("backing data", "allocated zeros", "compressed"):
         assert text in html
 
 
@@ -224,11 +226,12 @@ def test_svg_stays_small_on_many_extents(tmp_path):
     make_sparse(p, 4096 * 4800, [(i * 8192, b"\x01" * 4096) for i in range(2400)])
     m = imgcopy.map(p)
     assert len(m) == 4800
-    svg = svg_strip(m)
+    svg = svg_strip(m.runs(), m.start, m.end)
     n = svg.count("<rect")
-    assert n <= 1 + 3 * 600
+    assert n <= 2 + 4 * 600
     # every column (8 blocks) is half data: one merged rectangle
-    assert rects(ET.fromstring(svg), "data") == [(0, 600, 12, 12)]
+    assert rects(ET.fromstring(svg), "data") == [(0, 600, 16, 16)]
+    assert len(svg) < 4000
 
 
 def test_strip_columns_add_up():
@@ -252,7 +255,7 @@ def test_strip_columns_add_up():
 
 
 def test_stacking_order():
-    assert STACKED == ("data", "backing", "zero")
+    assert STACKED == ("data", "backing", "zero", "zeroed")
 
 
 # --------------------------------------------------------------------------
@@ -260,8 +263,8 @@ def test_stacking_order():
 
 def test_repr(known, qcow2_store):
     r = repr(imgcopy.map(known))
-    assert r == ("<ExtentMap %r raw 8 MiB: 6 extents, data 1.31 MiB (16.4%%), holes 6.69 MiB>"
-                 % known)
+    assert r == ("<ExtentMap %r raw 8 MiB: 6 extents; data 1.31 MiB (16.4%%), "
+                 "holes 6.69 MiB (83.6%%)>" % known)
     w = repr(imgcopy.map(known, start=MiB, length=MiB))
     assert "[1048576, 2097152) of 8 MiB" in w and "1 extents" in w
     require_qemu()
@@ -295,7 +298,7 @@ def test_plot_new_figure(known, plt):
                    for p in paths)
     assert spans == [(s / MiB, e / MiB) for s, e in LAYOUT_DATA]
     labels = [t.get_text() for t in strip.get_legend().get_texts()]
-    assert labels == ["data 1.31 MiB", "holes 6.69 MiB"]
+    assert labels == ["data 1.31 MiB (16.4%)", "holes 6.69 MiB (83.6%)"]
     assert "known.raw" in strip.get_title()
     assert hist.get_xlabel() == "extent length" and hist.get_xscale() == "log"
     heights = sum(p.get_height() for p in hist.patches)
@@ -320,7 +323,7 @@ def test_plot_kinds_and_edge_cases(qcow2_store, tmp_path, plt):
     require_qemu()
     axes = imgcopy.map(qcow2_store.get("chain-top").path).plot()
     labels = [t.get_text().split(" ")[0] for t in axes[0].get_legend().get_texts()]
-    assert labels == ["data", "backing", "allocated", "holes"]
+    assert labels == ["data", "backing", "allocated", "zeroed", "holes", "compressed"]
     p = str(tmp_path / "e.raw")
     make_sparse(p, 0)
     imgcopy.map(p).plot()

@@ -253,4 +253,5 @@ def test_notebook_view(tmp_path):
     p = str(tmp_path / "n.raw")
     make_sparse(p, 3 * MiB, [(0, b"x" * 4096)])
     html = imgcopy.info(p)._repr_html_()
-    assert html.startswith("<table>") and "virtual-size" in html and "3145728" in html
+    assert 'class="imgcopy-view imgcopy-image-info"' in html and "<table" in html
+    assert "virtual size" in html and "3 MiB" in html and "(3,145,728 B)" in html

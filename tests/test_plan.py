@@ -9,6 +9,7 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 
 import imgcopy
+from imgcopy.extents import human_size
 from .gen import qcow2_images
 from .gen.raw_kinds import make_image
 from .gen.raw_layouts import odd_1000001, zeros_around_thresholds
@@ -197,7 +198,7 @@ def test_plan_requests_and_pandas(sources):
     assert sums.get("write", 0) == t["bytes_written"]
     assert sums.get("skip", 0) == t["bytes_skipped"]
     assert (df["end"] - df["offset"] == df["length"]).all()
-    assert repr(p).startswith("<CopyPlan %d requests" % len(p))
+    assert repr(p).startswith("<CopyPlan %s, %d requests" % (human_size(p.size), len(p)))
 
 
 def test_plan_option_errors(sources):
