@@ -17,7 +17,7 @@ QEMU_SECTOR = 512
 # "backing" from a backing file, "zero" is storage known to read as zeros
 # (allocated zeros: never read), "zeroed" reads as zeros because a layer's
 # own metadata says so (a qcow2 zero cluster, a vmdk zero grain, a vhdx zero
-# block: it hides whatever the layers below hold), "hole" has no data at all.
+# block) over layers whose data it hides, "hole" has no data at all.
 # A copy reads only "data" and "backing".
 KINDS = ("data", "backing", "zero", "zeroed", "hole")
 
@@ -84,8 +84,10 @@ class Extent(NamedTuple):
     the run starts in the host file, or None where that means nothing
     (qemu-img map's "offset"); ``zeroed``: reads as zeros because the
     layer at ``depth`` records it so (a qcow2 zero cluster, a vmdk zero
-    grain, a vhdx zero block), hiding what the layers below hold; a raw
-    file's holes, which qemu also calls present, are not zeroed."""
+    grain, a vhdx zero block) and hides what the layers below it hold.
+    A raw file's holes, which qemu calls present, are not zeroed, nor are
+    the zeros of the last layer of a chain (nothing is below them to hide:
+    to a reader they are holes, whatever the format calls them)."""
 
     start: int
     length: int
@@ -99,14 +101,14 @@ class Extent(NamedTuple):
 
     @classmethod
     def unpack(cls, packed: bytes, index: int = 0,
-               plain_depths: Optional[Sequence[bool]] = None) -> "Extent":
+               hiding_depths: Optional[Sequence[bool]] = None) -> "Extent":
         """Extent ``index`` of extents packed by the C core.
-        ``plain_depths[d]``: the layer at depth d is a plain file (raw),
-        whose holes are not zeroed clusters (all plain when None)."""
+        ``hiding_depths[d]``: the zeros the layer at depth d records hide
+        layers below it (see ``zeroed``; none when None)."""
         start, length, host, flags, depth = _EXTENT.unpack_from(packed, index * _EXTENT.size)
         present, zero, data = bool(flags & _PRESENT), bool(flags & _ZERO), bool(flags & _DATA)
-        zeroed = present and zero and not data and plain_depths is not None \
-            and depth < len(plain_depths) and not plain_depths[depth]
+        zeroed = present and zero and not data and hiding_depths is not None \
+            and depth < len(hiding_depths) and hiding_depths[depth]
         return cls(start, length, depth, present, zero, data,
                    host if flags & _OFFSET_VALID else None, bool(flags & _COMPRESSED), zeroed)
 
@@ -159,10 +161,11 @@ class ExtentMap(Sequence[Extent]):
         self._qemu_end = end if qemu_end is None else qemu_end
         # file names by depth, for the human format
         self._chain = list(chain) if chain else [filename]
-        # formats by depth: which layers' holes are zeroed clusters
+        # formats by depth: which layers' zeros hide the layers below
         formats = list(chain_formats) if chain_formats else [format]
         self.chain_formats = formats
-        self._plain = [f in _PLAIN_FORMATS for f in formats]
+        self._hiding = [f not in _PLAIN_FORMATS and d + 1 < len(formats)
+                        for d, f in enumerate(formats)]
 
     def __len__(self) -> int:
         return self._count
@@ -179,12 +182,12 @@ class ExtentMap(Sequence[Extent]):
             i += self._count
         if not 0 <= i < self._count:
             raise IndexError("extent index out of range")
-        return Extent.unpack(self._packed, i, self._plain)
+        return Extent.unpack(self._packed, i, self._hiding)
 
     def __iter__(self) -> Iterator[Extent]:
-        plain = self._plain
+        hiding = self._hiding
         for i in range(self._count):
-            yield Extent.unpack(self._packed, i, plain)
+            yield Extent.unpack(self._packed, i, hiding)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExtentMap):
@@ -277,14 +280,14 @@ class ExtentMap(Sequence[Extent]):
         # views of maps with 100,000s of extents stay interactive
         runs: List[Tuple[str, int, int]] = []
         compressed: List[Tuple[int, int]] = []
-        plain = self._plain
-        layers = len(plain)
+        hiding = self._hiding
+        layers = len(hiding)
         last_kind, last_end = "", -1
         for start, length, _, flags, depth in _EXTENT.iter_unpack(self._packed):
             end = start + length
             if flags & _DATA:
                 kind = "zero" if flags & _ZERO else "backing" if depth else "data"
-            elif flags & _ZERO and flags & _PRESENT and depth < layers and not plain[depth]:
+            elif flags & _ZERO and flags & _PRESENT and depth < layers and hiding[depth]:
                 kind = "zeroed"
             else:
                 kind = "hole"

@@ -101,6 +101,38 @@ def test_raw_holes_are_holes_not_zeroed(tmp_path):
     assert any(q["present"] and not q["data"] for q in qemu_map(top, "qcow2").extents)
 
 
+@pytest.mark.parametrize("fmt, options", [("qcow2", "cluster_size=65536"),
+                                          ("vhdx", "subformat=dynamic,block_size=1M"),
+                                          ("vpc", "subformat=dynamic")])
+def test_zeros_with_nothing_below_are_holes(tmp_path, fmt, options):
+    """A zero cluster (or a vhdx ZERO block, qemu's choice for every new
+    block) in an image without a backing file hides nothing: a hole."""
+    require_qemu()
+    p = str(tmp_path / f"alone.{fmt}")
+    qemu_img("create", "-q", "-f", fmt, "-o", options, p, "8M")
+    qemu_io(p, ["write -P 0x77 0 1M", "write -z 4M 1M"], fmt=fmt)
+    m = imgcopy.map(p)
+    assert {e.kind for e in m} == {"data", "hole"}
+    assert not any(e.zeroed for e in m)
+    assert [r["kind"] for r in m.breakdown()] == ["data", "hole"]
+
+
+def test_zeroed_in_a_middle_layer(tmp_path):
+    """A zero cluster of the middle of three layers hides the base's data;
+    the top shows it at depth 1."""
+    require_qemu()
+    base, mid, top = (str(tmp_path / n) for n in ("b.qcow2", "m.qcow2", "t.qcow2"))
+    qemu_img("create", "-q", "-f", "qcow2", base, "4M")
+    qemu_io(base, ["write -P 0x01 0 4M"], fmt="qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", base, "-F", "qcow2", mid)
+    qemu_io(mid, ["write -z 1M 1M"], fmt="qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", mid, "-F", "qcow2", top)
+    m = imgcopy.map(top)
+    assert m.runs() == [("backing", 0, MiB), ("zeroed", MiB, 2 * MiB),
+                        ("backing", 2 * MiB, 4 * MiB)]
+    assert [e.depth for e in m if e.zeroed] == [1]
+
+
 def test_metadata_preallocation_is_not_data(tmp_path):
     """51 MiB written in a 256 MiB metadata-preallocated image: 51 MiB of
     data, the rest allocated zeros; qemu's data flag covers it all."""
