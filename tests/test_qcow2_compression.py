@@ -311,3 +311,61 @@ def test_existing_destination_keeps_its_layout(source, tmp_path):
     with pytest.raises(ValueError, match="compression_type"):
         imgcopy.convert(src, dst, dst_format="qcow2", create=False, compression_type="zstd")
     assert open(dst, "rb").read() == before
+
+
+# --------------------------------------------------------------------------
+# built without the optional libraries: zlib alone, zstd refused clearly
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_WITHOUT_LIBRARIES_CHECK = r"""
+import os, subprocess, sys
+import imgcopy
+from imgcopy.errors import ImageFormatError
+src, zstd_image, out = sys.argv[1:4]
+libs = imgcopy.compression_libraries()
+assert libs["zlib"].startswith("zlib ") and libs["zstd"] is None, libs
+try:
+    imgcopy.convert(src, out, dst_format="qcow2", compress=True, compression_type="zstd")
+except ValueError as e:
+    assert "libzstd" in str(e), e
+else:
+    raise AssertionError("zstd compression without libzstd was accepted")
+assert not os.path.exists(out)
+try:
+    imgcopy.map(zstd_image)
+except ImageFormatError as e:
+    assert "zstd" in str(e) and "libzstd" in str(e) and e.filename == zstd_image, e
+else:
+    raise AssertionError("a zstd image opened without libzstd")
+imgcopy.convert(src, out, dst_format="qcow2", compress=True)
+print("ok")
+"""
+
+
+@needs_qemu
+def test_built_without_optional_libraries(tmp_path, source):
+    source, size = source
+    """The extension built with IMGCOPY_WITHOUT=libdeflate,zstd: deflate by
+    zlib (qemu checks and compares its output), zstd refused by name."""
+    build = tmp_path / "build"
+    env = dict(os.environ, IMGCOPY_WITHOUT="libdeflate,zstd")
+    p = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
+                        str(build / "lib"), "--build-temp", str(build / "tmp")],
+                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:]
+    package = build / "lib" / "imgcopy"
+    for name in os.listdir(os.path.join(REPO, "imgcopy")):
+        if name.endswith((".py", ".pyi", ".typed")):
+            (package / name).write_bytes(open(os.path.join(REPO, "imgcopy", name), "rb").read())
+    zstd_image = str(tmp_path / "z.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", "-o", "compression_type=zstd", zstd_image, "1M")
+    out = str(tmp_path / "out.qcow2")
+    env = dict(os.environ, PYTHONPATH=str(build / "lib"))
+    p = subprocess.run([sys.executable, "-c", _WITHOUT_LIBRARIES_CHECK, source, zstd_image, out],
+                       cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout == "ok\n", p.stderr[-3000:]
+    verify_qcow2(source, out, virtual_size=size, tmpdir=str(tmp_path), compressed=True)
+    assert compressed_clusters(out) > 0
