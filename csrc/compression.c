@@ -49,6 +49,7 @@ struct contexts {
     z_stream *zdeflate; /* zlib: deflate stream at zdeflate_level */
     int zdeflate_level;
     z_stream *zinflate;
+    z_stream *zstream_inflate; /* RFC 1950 streams */
 #ifdef IMGCOPY_HAVE_LIBDEFLATE
     struct libdeflate_compressor *ldc; /* at ldc_level */
     int ldc_level;
@@ -80,6 +81,10 @@ static void free_contexts(void *p)
     if (c->zinflate) {
         inflateEnd(c->zinflate);
         free(c->zinflate);
+    }
+    if (c->zstream_inflate) {
+        inflateEnd(c->zstream_inflate);
+        free(c->zstream_inflate);
     }
 #ifdef IMGCOPY_HAVE_LIBDEFLATE
     libdeflate_free_compressor(c->ldc);
@@ -418,4 +423,57 @@ int ic_decompress(enum ic_compression_type type, const void *in, size_t len, voi
 #endif
     }
     return deflate_decompress(c, in, len, out, out_len);
+}
+
+/* ---- zlib streams (RFC 1950) -------------------------------------------- */
+
+static int zlib_stream_inflate(struct contexts *c, const void *in, size_t len, void *out,
+                               size_t cap, size_t *made)
+{
+    if (len > UINT_MAX || cap > UINT_MAX) {
+        errno = EIO;
+        return -1;
+    }
+    if (!c->zstream_inflate) {
+        if (!(c->zstream_inflate = calloc(1, sizeof *c->zstream_inflate)))
+            return -1;
+        if (inflateInit(c->zstream_inflate) != Z_OK) {
+            free(c->zstream_inflate);
+            c->zstream_inflate = NULL;
+            errno = ENOMEM;
+            return -1;
+        }
+    } else if (inflateReset(c->zstream_inflate) != Z_OK) {
+        errno = EIO;
+        return -1;
+    }
+    z_stream *z = c->zstream_inflate;
+    z->next_in = (Bytef *)in;
+    z->avail_in = (uInt)len;
+    z->next_out = out;
+    z->avail_out = (uInt)cap;
+    if (inflate(z, Z_FINISH) != Z_STREAM_END) {
+        errno = EIO;
+        return -1;
+    }
+    *made = cap - z->avail_out;
+    return 0;
+}
+
+int ic_zlib_inflate(const void *in, size_t len, void *out, size_t cap, size_t *made)
+{
+    struct contexts *c = thread_contexts();
+    if (!c)
+        return -1;
+#ifdef IMGCOPY_HAVE_LIBDEFLATE
+    if (!c->ldd && !(c->ldd = libdeflate_alloc_decompressor())) {
+        errno = ENOMEM;
+        return -1;
+    }
+    size_t used;
+    if (libdeflate_zlib_decompress_ex(c->ldd, in, len, out, cap, &used, made) ==
+            LIBDEFLATE_SUCCESS)
+        return 0;
+#endif
+    return zlib_stream_inflate(c, in, len, out, cap, made);
 }

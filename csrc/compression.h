@@ -45,4 +45,12 @@ int ic_compress(enum ic_compression_type type, int level, const void *in, size_t
 int ic_decompress(enum ic_compression_type type, const void *in, size_t len, void *out,
                   size_t out_len);
 
+/* A zlib stream (RFC 1950: header, deflate data, Adler-32; a vmdk grain)
+ * from the start of `in`, which may hold bytes past its end, into at most
+ * `cap` bytes of `out`: 0 and the bytes made in *made when the stream ends,
+ * checksum right, within `cap` bytes; -1 with errno EIO when it does not,
+ * or ENOMEM.  libdeflate where the build has it, zlib deciding wherever
+ * libdeflate refuses. */
+int ic_zlib_inflate(const void *in, size_t len, void *out, size_t cap, size_t *made);
+
 #endif

@@ -5,10 +5,11 @@
  * grain's LBA and size, then a zlib stream).  Every field is hostile: the
  * bounds are qemu's, and what lies past the end of a file reads as zeros,
  * as qemu reads it. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
+#include "../compression.h"
 #include "vmdk_internal.h"
 
 void vmdk_sparse_decode(const uint8_t *b, struct vmdk_sparse_header *h)
@@ -236,21 +237,13 @@ int vmdk_sparse_inflate(struct ic_image *img, const struct vmdk_extent *e, uint3
         free(in);
         return -1;
     }
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (inflateInit(&z) != Z_OK) {
-        free(in);
-        return ic_error_nomem(err);
-    }
-    z.next_in = in;
-    z.avail_in = (uInt)len;
-    z.next_out = out;
-    z.avail_out = (uInt)e->grain;
-    int r = inflate(&z, Z_FINISH);
-    uint64_t made = e->grain - z.avail_out;
-    inflateEnd(&z);
+    size_t made;
+    int r = ic_zlib_inflate(in, (size_t)len, out, (size_t)e->grain, &made);
+    int saved = errno;
     free(in);
-    if (r != Z_STREAM_END || made < need)
+    if (r < 0 && saved == ENOMEM)
+        return ic_error_nomem(err);
+    if (r < 0 || made < need)
         return vmdk_error(err, img->path, "compressed grain at offset %llu does not "
                           "inflate to a grain", (unsigned long long)off);
     if (made < e->grain)

@@ -148,6 +148,39 @@ static void check_deflate_edges(void)
           "garbage is refused");
 }
 
+/* zlib streams (RFC 1950) as vmdk grains hold them: shorter output is
+ * fine, the stream must end within the buffer with its checksum right. */
+static void check_zlib_streams(void)
+{
+    static uint8_t in[CLUSTER], out[2 * CLUSTER], back[CLUSTER];
+    fill_text(in, sizeof in);
+    uLongf n = sizeof out;
+    CHECK(compress2(out, &n, in, CLUSTER, 6) == Z_OK, "compress2");
+    size_t made = 0;
+    memset(out + n, 0xa5, 512); /* what follows a grain in the file */
+    CHECK(ic_zlib_inflate(out, n + 512, back, CLUSTER, &made) == 0 && made == CLUSTER &&
+              memcmp(back, in, CLUSTER) == 0, "a grain inflates (made %zu)", made);
+    n = sizeof out;
+    CHECK(compress2(out, &n, in, 1000, 9) == Z_OK, "compress2 short");
+    CHECK(ic_zlib_inflate(out, n, back, CLUSTER, &made) == 0 && made == 1000 &&
+              memcmp(back, in, 1000) == 0, "a short grain says how much it made");
+    errno = 0;
+    CHECK(ic_zlib_inflate(out, n, back, 999, &made) == -1 && errno == EIO,
+          "more than the buffer holds is refused");
+    errno = 0;
+    CHECK(ic_zlib_inflate(out, n / 2, back, CLUSTER, &made) == -1 && errno == EIO,
+          "a truncated stream is refused");
+    out[n - 1] ^= 0x01; /* the Adler-32 */
+    errno = 0;
+    CHECK(ic_zlib_inflate(out, n, back, CLUSTER, &made) == -1 && errno == EIO,
+          "a wrong checksum is refused");
+    /* a raw deflate stream (no zlib header) is not a zlib stream */
+    size_t raw = zlib_deflate(in, 1000, out, sizeof out);
+    errno = 0;
+    CHECK(ic_zlib_inflate(out, raw, back, CLUSTER, &made) == -1 && errno == EIO,
+          "a raw deflate stream is refused");
+}
+
 static void check_zstd_edges(void)
 {
     if (!ic_compression_available(IC_COMPRESSION_ZSTD)) {
@@ -243,6 +276,7 @@ int main(void)
     check_round_trips();
     check_incompressible();
     check_deflate_edges();
+    check_zlib_streams();
     check_zstd_edges();
     check_threads();
     printf("test_compression (%s%s%s): %lu checks passed\n",
