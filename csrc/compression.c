@@ -254,33 +254,45 @@ static int zlib_compress(struct contexts *c, int level, const void *in, size_t l
 }
 #endif
 
+/* The thread's inflate stream in *zp, made (with window_bits: raw or
+ * zlib-wrapped) or reset, set to read `len` bytes of `in` into `cap` bytes
+ * of `out`; NULL with errno. */
+static z_stream *inflate_stream(z_stream **zp, int window_bits, const void *in, size_t len,
+                                void *out, size_t cap)
+{
+    if (len > UINT_MAX || cap > UINT_MAX) {
+        errno = EIO;
+        return NULL;
+    }
+    if (!*zp) {
+        if (!(*zp = calloc(1, sizeof **zp)))
+            return NULL;
+        if (inflateInit2(*zp, window_bits) != Z_OK) {
+            free(*zp);
+            *zp = NULL;
+            errno = ENOMEM;
+            return NULL;
+        }
+    } else if (inflateReset(*zp) != Z_OK) {
+        errno = EIO;
+        return NULL;
+    }
+    z_stream *z = *zp;
+    z->next_in = (Bytef *)in;
+    z->avail_in = (uInt)len;
+    z->next_out = out;
+    z->avail_out = (uInt)cap;
+    return z;
+}
+
 /* qemu's reading: the output filled, the stream ended there or not; the
  * input may hold bytes past the stream's end. */
 static int zlib_inflate(struct contexts *c, const void *in, size_t len, void *out,
                         size_t out_len)
 {
-    if (len > UINT_MAX || out_len > UINT_MAX) {
-        errno = EIO;
+    z_stream *z = inflate_stream(&c->zinflate, QEMU_ZLIB_WINDOW_BITS, in, len, out, out_len);
+    if (!z)
         return -1;
-    }
-    if (!c->zinflate) {
-        if (!(c->zinflate = calloc(1, sizeof *c->zinflate)))
-            return -1;
-        if (inflateInit2(c->zinflate, QEMU_ZLIB_WINDOW_BITS) != Z_OK) {
-            free(c->zinflate);
-            c->zinflate = NULL;
-            errno = ENOMEM;
-            return -1;
-        }
-    } else if (inflateReset(c->zinflate) != Z_OK) {
-        errno = EIO;
-        return -1;
-    }
-    z_stream *z = c->zinflate;
-    z->next_in = (Bytef *)in;
-    z->avail_in = (uInt)len;
-    z->next_out = out;
-    z->avail_out = (uInt)out_len;
     int r = inflate(z, Z_FINISH);
     if (z->avail_out == 0 && (r == Z_STREAM_END || r == Z_BUF_ERROR || r == Z_OK))
         return 0;
@@ -430,28 +442,9 @@ int ic_decompress(enum ic_compression_type type, const void *in, size_t len, voi
 static int zlib_stream_inflate(struct contexts *c, const void *in, size_t len, void *out,
                                size_t cap, size_t *made)
 {
-    if (len > UINT_MAX || cap > UINT_MAX) {
-        errno = EIO;
+    z_stream *z = inflate_stream(&c->zstream_inflate, MAX_WBITS, in, len, out, cap);
+    if (!z)
         return -1;
-    }
-    if (!c->zstream_inflate) {
-        if (!(c->zstream_inflate = calloc(1, sizeof *c->zstream_inflate)))
-            return -1;
-        if (inflateInit(c->zstream_inflate) != Z_OK) {
-            free(c->zstream_inflate);
-            c->zstream_inflate = NULL;
-            errno = ENOMEM;
-            return -1;
-        }
-    } else if (inflateReset(c->zstream_inflate) != Z_OK) {
-        errno = EIO;
-        return -1;
-    }
-    z_stream *z = c->zstream_inflate;
-    z->next_in = (Bytef *)in;
-    z->avail_in = (uInt)len;
-    z->next_out = out;
-    z->avail_out = (uInt)cap;
     if (inflate(z, Z_FINISH) != Z_STREAM_END) {
         errno = EIO;
         return -1;

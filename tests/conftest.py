@@ -189,3 +189,18 @@ def loop_device():
     yield _attach
     for dev in reversed(attached):
         run(["losetup", "-d", dev], check=False)
+
+
+# --------------------------------------------------------------------------
+# plots
+
+@pytest.fixture
+def plt():
+    """matplotlib.pyplot on the Agg backend (skips without matplotlib);
+    every figure closed after the test."""
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    yield plt
+    plt.close("all")

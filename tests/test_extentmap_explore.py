@@ -275,16 +275,6 @@ def test_repr(known, qcow2_store):
 # --------------------------------------------------------------------------
 # plot (matplotlib, Agg)
 
-@pytest.fixture
-def plt():
-    mpl = pytest.importorskip("matplotlib")
-    mpl.use("Agg")
-    import matplotlib.pyplot as plt
-
-    yield plt
-    plt.close("all")
-
-
 def test_plot_new_figure(known, plt):
     m = imgcopy.map(known)
     axes = m.plot()

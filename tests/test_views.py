@@ -362,16 +362,6 @@ def test_image_info_view(chain):
 # --------------------------------------------------------------------------
 # plot()
 
-@pytest.fixture
-def plt():
-    mpl = pytest.importorskip("matplotlib")
-    mpl.use("Agg")
-    import matplotlib.pyplot as plt
-
-    yield plt
-    plt.close("all")
-
-
 def test_plot_legend_is_the_table(chain, plt):
     m = imgcopy.map(chain)
     strip, _ = m.plot()
