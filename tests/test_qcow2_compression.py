@@ -133,19 +133,25 @@ def test_imgcopy_reads_what_qemu_compresses(source, tmp_path, ctype, cluster_siz
 def test_no_larger_than_qemu(tmp_path, ctype):
     """The default level compresses text-like data (the case where levels
     differ most) no worse than qemu-img convert -c: zlib's output is
-    smaller than qemu's, zstd's within 2% (the same library and level)."""
+    smaller than qemu's, zstd's the same to 0.5% (the same library and
+    level).  A third of the clusters are incompressible, stored whole
+    between compressed ones: compressed clusters go on filling the host
+    cluster the last one left partly free, as qemu packs them."""
     rng = random.Random(7)
     src = str(tmp_path / "text.raw")
     with open(src, "wb") as f:
-        f.write(text_like(rng, 8 * MiB))
+        for _ in range(128):
+            f.write(rng.randbytes(64 * KiB) if rng.random() < 0.33 else
+                    text_like(rng, 64 * KiB))
     q = str(tmp_path / "q.qcow2")
     qemu_img("convert", "-f", "raw", "-O", "qcow2", "-c", "-o", "compression_type=" + ctype,
              src, q)
     mine = tmp_path / "m.qcow2"
     convert(src, mine, compression_type=ctype)
-    limit = 1.0 if ctype == "zlib" else 1.02
+    limit = 1.0 if ctype == "zlib" else 1.005
     assert os.path.getsize(mine) <= os.path.getsize(q) * limit, \
         (os.path.getsize(mine), os.path.getsize(q))
+    qemu_img("compare", "-f", "raw", "-F", "qcow2", src, str(mine))
 
 
 def test_compression_level_trades_size(tmp_path):

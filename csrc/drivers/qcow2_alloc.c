@@ -114,19 +114,27 @@ int qcow2_alloc_clusters(struct ic_image *img, uint64_t n, uint64_t *host, struc
     for (uint64_t i = 0; i < n; i++)
         w->rc[w->host_end / csz + i] = 1;
     w->host_end += n * csz;
-    w->comp_cursor = 0;
     return 0;
 }
 
-/* Packed after the previous compressed cluster, and free to run on into
- * fresh clusters (qemu's alloc_bytes). */
+/* Packed after the previous compressed cluster (qemu's alloc_bytes): in
+ * the rest of its host cluster when it fits there, even after whole
+ * clusters were allocated since, and running on into fresh clusters only
+ * when they follow that one; else from a fresh cluster. */
 int qcow2_alloc_bytes(struct ic_image *img, uint64_t len, uint64_t *host, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     struct qcow2_writer *w = s->w;
     uint64_t csz = s->h.cluster_size;
     uint64_t start = w->comp_cursor;
-    if (!start || w->rc[start / csz] == QCOW2_REFCOUNT_MAX)
+    if (start && w->rc[start / csz] == QCOW2_REFCOUNT_MAX)
+        start = 0;
+    if (start) {
+        uint64_t cluster_end = (start / csz + 1) * csz;
+        if (len > cluster_end - start && cluster_end != w->host_end)
+            start = 0;
+    }
+    if (!start)
         start = w->host_end;
     uint64_t end = start + len;
     uint64_t new_end = (end + csz - 1) / csz * csz;
