@@ -4,6 +4,7 @@ theme); only the strip's fills are fixed colours."""
 from __future__ import annotations
 
 import os
+from bisect import bisect_left, bisect_right
 from html import escape
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Sequence, Tuple
 
@@ -185,9 +186,13 @@ def svg_strip(runs: Sequence[Tuple[str, int, int]], start: int, end: int, *,
     if marks:
         marked = [c for c, col in enumerate(strip_columns(
             [("m", s, e) for s, e in marks], start, end, width)[1]) if col]
+        starts = [s for s, _ in marks]
+        ends = [e for _, e in marks]
         for c0, c1 in _spans(marked):
-            inside = [(max(s, bounds[c0]), min(e, bounds[c1])) for s, e in marks
-                      if s < bounds[c1] and e > bounds[c0]]
+            # marks are sorted and apart: those ending after the span's
+            # start and starting before its end
+            first, last = bisect_right(ends, bounds[c0]), bisect_left(starts, bounds[c1])
+            inside = [(max(s, bounds[c0]), min(e, bounds[c1])) for s, e in marks[first:last]]
             n = sum(e - s for s, e in inside)
             tip = _tooltip(COMPRESSED_LABEL, n, inside[0][0], inside[-1][1])
             x, w = _visible(c0 * scale, (c1 - c0) * scale, width)
