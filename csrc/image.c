@@ -9,6 +9,7 @@
 #include "image.h"
 #include "lock.h"
 #include "probe.h"
+#include "drivers/file.h"
 #include "drivers/tar.h"
 
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
@@ -266,6 +267,39 @@ static int sibling_member(const struct ic_image *img, const char *name, const ch
     return 0;
 }
 
+/* Whether two protocol images are the same bytes: one file, or one
+ * member of one archive. */
+static int same_bytes(struct ic_image *a, struct ic_image *b)
+{
+    struct ic_file_id x = {0}, y = {0};
+    if (!a->drv->identity || !b->drv->identity || !a->drv->identity(a, &x.dev, &x.ino, &x.rdev) ||
+        !b->drv->identity(b, &y.dev, &y.ino, &y.rdev))
+        return 0;
+    return same_file(&x, &y) && ic_tar_member_offset(a) == ic_tar_member_offset(b);
+}
+
+/* A name the image holds, opened beneath the image's directory. */
+static int open_beneath(struct ic_image *img, const char *name, const char *path,
+                        unsigned flags, struct ic_image **out, struct ic_error *err)
+{
+    char dir[IC_ERROR_PATH_MAX];
+    const char *slash = strrchr(img->path, '/');
+    int n = !slash ? snprintf(dir, sizeof dir, ".")
+                   : snprintf(dir, sizeof dir, "%.*s", slash == img->path ? 1
+                                                       : (int)(slash - img->path), img->path);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return ic_error_format(err, img->path, "image path too long");
+    struct ic_image *p = ic_image_new(path, &ic_protocol_file, flags, 0);
+    if (!p)
+        return ic_error_nomem(err);
+    if (ic_file_open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
+        ic_image_close(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
 int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
                               struct ic_error *err)
 {
@@ -273,11 +307,12 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
     if (!name[0])
         return ic_error_format(err, img->path, "an extent file with an empty name");
     const char *member = NULL;
+    int external = (img->open_flags & IC_OPEN_EXTERNAL_FILES) != 0;
     if (img->member) {
         if (sibling_member(img, name, "extent file", path, sizeof path, err) < 0)
             return -1;
         member = path;
-    } else if (!inside_directory(name) && !(img->open_flags & IC_OPEN_EXTERNAL_FILES))
+    } else if (!inside_directory(name) && !external)
         return ic_error_format(err, img->path,
                                "extent file '%s' is outside the image's directory (allow it "
                                "with external_files=True)", name);
@@ -287,8 +322,17 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
         return ic_error_format(err, img->path, "extent file '%s' is not a file", name);
     unsigned flags = img->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE_SHARE);
     struct ic_image *p;
-    if (open_protocol(member ? img->path : path, member, flags, &p, err) < 0)
+    /* confined, the name is resolved beneath the directory, links and all:
+     * a link out of it (or a device node in it) is refused as ".." is */
+    int r = member || external ? open_protocol(member ? img->path : path, member, flags, &p, err)
+                               : open_beneath(img, name, path, flags, &p, err);
+    if (r < 0)
         return -1;
+    if (img->file && same_bytes(p, img->file)) {
+        ic_image_close(p);
+        return ic_error_format(err, img->path, "extent file '%s' is this image's own file",
+                               name);
+    }
     if (lock_protocol(p, NULL, flags, img->lock_perm & CR, img->lock_shared, err) < 0) {
         ic_image_close(p);
         return -1;

@@ -71,8 +71,10 @@ int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len);
 /* For format drivers whose guest data lives in several files (a vmdk's
  * extents): open `name`, as the image's own file names it (relative to its
  * directory), as a read-only protocol image locked as img->file is.  A
- * name that leaves the image's directory (absolute, or with "..") is a
- * format error unless the image was opened with IC_OPEN_EXTERNAL_FILES.
+ * name that leaves the image's directory (absolute, with "..", or through
+ * a symbolic link), or a device node, is a format error unless the image
+ * was opened with IC_OPEN_EXTERNAL_FILES; so, always, is the image's own
+ * file.
  * An image that is a tar member finds its extent files as other members
  * of the same archive (relative names only, whatever the flags say).
  * The caller owns *out (ic_image_close). */
