@@ -69,6 +69,17 @@ static int probe_protocol(struct ic_image *p, const char **format, struct ic_err
     return 0;
 }
 
+/* Whether a protocol image starts with a tar header (read errors: no,
+ * the format's own open then says what fails). */
+static int looks_like_tar(struct ic_image *p)
+{
+    uint8_t head[IC_PROBE_HEAD];
+    if (p->size < sizeof head || ic_image_reads_as_hole(p, 0, sizeof head) ||
+        ic_image_pread(p, head, sizeof head, 0, NULL) < 0)
+        return 0;
+    return ic_probe_is_tar(head, sizeof head);
+}
+
 static int open_protocol(const char *path, const char *member, unsigned flags,
                          struct ic_image **out, struct ic_error *err);
 
@@ -365,7 +376,8 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
     if (open_link(member ? img->path : path, member, format, flags, img, &img->backing, err) ==
         0)
         return 0;
-    if (err && err->remedy == IC_REMEDY_AS_RAW) /* no caller option changes a backing file */
+    /* no caller option changes a backing file */
+    if (err && (err->remedy == IC_REMEDY_AS_RAW || err->remedy == IC_REMEDY_MEMBER))
         err->remedy = IC_REMEDY_NONE;
     if (err && err->kind == IC_ERR_VALUE) {
         /* "PATH: reason" says PATH once, in our own words */
@@ -391,6 +403,12 @@ static int open_link(const char *path, const char *member, const char *format, u
     const char *name = format;
     if (!name && probe_protocol(p, &name, err) < 0)
         goto fail;
+    /* a tar archive (an OVA) is no disk, probed or named as one: its disks
+     * are members (raw reads its bytes, on purpose) */
+    if (strcmp(name, "tar") == 0 || (strcmp(name, "raw") != 0 && looks_like_tar(p))) {
+        ic_tar_refuse_as_disk(p, path, member, err);
+        goto fail;
+    }
     if (!ic_format_readable(name)) {
         /* "qcow" is qcow2's magic with version 1: say so */
         ic_error_format(err, path, "this is a %s image%s, a format imgcopy cannot read yet", name,
