@@ -116,7 +116,8 @@ class Image:
     def describe(self) -> ImageDescription: ...
 
 def probe(path: _Path, /) -> str:
-    """The format the file looks like ("raw" when nothing else matches)."""
+    """The format the file looks like ("raw" when nothing else matches, "tar" for a
+    tar archive)."""
 def formats() -> Tuple[str, ...]:
     """The formats imgcopy reads."""
 def writable_formats() -> Tuple[str, ...]:
