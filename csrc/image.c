@@ -352,6 +352,18 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
     return 0;
 }
 
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member)
+{
+    const char *name = img->backing_name;
+    if (!name[0])
+        return 0;
+    *is_member = img->member != NULL;
+    if (img->member)
+        return sibling_member(img, name, "backing file", out, cap, NULL) == 0;
+    return backing_path(img, name, out, cap, NULL) == 0 && ic_protocol_for(out) == &ic_protocol_file;
+}
+
 /* Open what `img` names as its backing file, read-only, below it.  What an
  * image names is part of its (possibly hostile) content: an unusable
  * backing file is a format error of the overlay; I/O errors stay I/O. */
@@ -379,6 +391,16 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
     /* no caller option changes a backing file */
     if (err && (err->remedy == IC_REMEDY_AS_RAW || err->remedy == IC_REMEDY_MEMBER))
         err->remedy = IC_REMEDY_NONE;
+    if (err && (err->kind == IC_ERR_OS || err->kind == IC_ERR_FORMAT) &&
+        strcmp(err->path, member ? img->path : path) == 0) {
+        /* whose backing file it is ("PATH: No such file or directory
+         * (open, the backing file of TOP)") */
+        char msg[sizeof err->msg];
+        if (snprintf(msg, sizeof msg, err->kind == IC_ERR_OS ? "%s, the backing file of %s"
+                                                              : "%s (the backing file of %s)",
+                     err->msg, img->member ? img->member : img->path) > 0)
+            memcpy(err->msg, msg, sizeof msg); /* cut if need be */
+    }
     if (err && err->kind == IC_ERR_VALUE) {
         /* "PATH: reason" says PATH once, in our own words */
         const char *reason = err->msg;
@@ -438,7 +460,7 @@ static int open_link(const char *path, const char *member, const char *format, u
     img->lock_shared = shared;
     if (join_chain(img, img->file ? img->file : img, above, err) < 0 ||
         (drv && drv->open(img, err) < 0) ||
-        (img->backing_name[0] &&
+        (img->backing_name[0] && !(flags & IC_OPEN_NO_BACKING) &&
          open_backing(img, img->backing_name, img->backing_format[0] ? img->backing_format
                                                                      : NULL, err) < 0))
         goto fail;
@@ -467,6 +489,9 @@ int ic_image_open_member(const char *path, const char *member, const char *forma
     if (member && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "%s: member '%s' of a tar archive can only be read: it "
                               "cannot be opened for writing or be a destination", path, member);
+    if ((flags & IC_OPEN_NO_BACKING) && (flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "an image opened without its backing file can only be "
+                              "read");
     if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "force_share reads an image others may write: it cannot "
                               "open one for writing");

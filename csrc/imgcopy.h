@@ -57,6 +57,10 @@ enum {
      * descriptor's extents with absolute paths or ".."): off by default, as
      * an untrusted image must not make imgcopy read arbitrary files */
     IC_OPEN_EXTERNAL_FILES = 1u << 7,
+    /* Open the image alone, not the backing file it names (qemu-img info
+     * without --backing-chain): for describing it only, as what it does
+     * not hold then reads as zeros; read-only */
+    IC_OPEN_NO_BACKING = 1u << 8,
 };
 
 struct ic_image;
@@ -142,6 +146,12 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+/* Where the image's backing file is (opened or not): the path the image
+ * layer opens, or (*is_member set) the member of the image's own archive.
+ * 0 without a backing file, or one that cannot be a file (too long a
+ * name, another protocol, a member's name leaving its directory). */
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member);
 /* The file of this image or of its backing chain that `path` names (the
  * same inode, or the same block device), or NULL: a destination must
  * never be a file its source reads. */

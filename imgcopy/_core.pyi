@@ -29,6 +29,8 @@ class ImageDescription(TypedDict):
     dirty: bool  # not cleanly shut down
     backing_name: Optional[str]  # as the image stores it
     backing_format: Optional[str]  # None: not stored
+    # where the backing file is, opened or not: (path, member or None)
+    backing_location: Optional[Tuple[str, Optional[str]]]
     format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
 
 class CacheStats(TypedDict):
@@ -86,10 +88,11 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
-        name extent files outside its directory."""
+        name extent files outside its directory; ``no_backing``: the image
+        alone, to describe it (what it does not hold reads as zeros)."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""
