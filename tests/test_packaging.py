@@ -52,6 +52,50 @@ def test_checkout_imports_its_build_from_anywhere(tmp_path):
         assert os.path.dirname(p.stdout.strip()) == os.path.join(REPO, "imgcopy")
 
 
+def _clone(dest):
+    """A git clone of this checkout at `dest`, with its uncommitted edits
+    to tracked files applied; skips where the checkout is no git work tree."""
+    git = shutil.which("git")
+    if git is None or run([git, "-C", REPO, "rev-parse", "--git-dir"]).returncode != 0:
+        pytest.skip("needs git and a git checkout")
+    p = run([git, "clone", "-q", REPO, str(dest)])
+    assert p.returncode == 0, p.stderr
+    diff = run([git, "-C", REPO, "diff", "HEAD", "--binary"]).stdout
+    if diff.strip():
+        p = run([git, "-C", str(dest), "apply", "--whitespace=nowarn"], input=diff)
+        assert p.returncode == 0, p.stderr
+    return dest
+
+
+def test_clone_named_imgcopy_imports_from_its_parent(tmp_path):
+    """A clone named imgcopy, built with `make build`: a script, `python
+    -c` and a pytest file in the clone's parent import the checkout's
+    package, not the clone's folder as an empty namespace package (which
+    setuptools' editable import hook, running after the path search, lets
+    win)."""
+    clone = _clone(tmp_path / "imgcopy")
+    p = run(["make", "-C", str(clone), "build", "PYTHON=" + sys.executable], timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    vpy = str(clone / ".venv" / "bin" / "python")
+    expected = str(clone / "imgcopy" / "__init__.py")
+    check = ("import imgcopy, imgcopy._core\n"
+             "assert imgcopy.__file__ == %r, imgcopy\n"
+             "assert callable(imgcopy.convert)\n" % expected)
+    (tmp_path / "beside.py").write_text(check + "print('ok')\n")
+    for args in (["-c", check + "print('ok')"], ["beside.py"]):
+        p = run([vpy] + args, cwd=str(tmp_path))
+        assert p.returncode == 0 and p.stdout == "ok\n", (args, p.stdout + p.stderr)
+
+    p = run([vpy, "-m", "pip", "install", "-q", "pytest"], timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (tmp_path / "test_beside.py").write_text(
+        "def test_beside():\n"
+        "    exec(%r)\n" % check)
+    p = run([vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_beside.py"],
+            cwd=str(tmp_path), timeout=300)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
+
+
 def test_version_has_one_source():
     from imgcopy._version import __version__
 
