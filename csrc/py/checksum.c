@@ -44,8 +44,19 @@ PyObject *mod_checksum_check(PyObject *m, PyObject *args)
     return Py_NewRef(Py_None);
 }
 
+/* progress(done, total), then Ctrl-C: 0, or -1 with Python's error set */
+static int report(PyObject *progress, uint64_t done, uint64_t total)
+{
+    PyObject *r = progress == Py_None
+                      ? Py_NewRef(Py_None)
+                      : PyObject_CallFunction(progress, "KK", (unsigned long long)done,
+                                              (unsigned long long)total);
+    Py_XDECREF(r);
+    return !r || PyErr_CheckSignals() < 0 ? -1 : 0;
+}
+
 /* Progress and Ctrl-C while the job runs; a Python error cancels it and
- * stays set: 1. */
+ * stays set: 1.  The last report, (total, total), waits for the outcome. */
 static int watch(struct ic_checksum *job, PyObject *progress)
 {
     int python_error = 0, done;
@@ -58,12 +69,7 @@ static int watch(struct ic_checksum *job, PyObject *progress)
         if (!python_error) {
             uint64_t now, total;
             ic_checksum_progress(job, &now, &total);
-            PyObject *r = progress == Py_None
-                              ? Py_NewRef(Py_None)
-                              : PyObject_CallFunction(progress, "KK", (unsigned long long)now,
-                                                      (unsigned long long)total);
-            Py_XDECREF(r);
-            python_error = !r || PyErr_CheckSignals() < 0;
+            python_error = report(progress, now, total) < 0;
         }
         if (python_error)
             ic_checksum_cancel(job);
@@ -106,12 +112,19 @@ PyObject *mod_checksum(PyObject *m, PyObject *args, PyObject *kwds)
     ret = ic_checksum_start(img, &opt, &job, &err);
     Py_END_ALLOW_THREADS
     if (ret == 0) {
+        uint64_t now, total;
         int python_error = watch(job, progress);
+        ic_checksum_progress(job, &now, &total); /* the job is freed by finish */
         Py_BEGIN_ALLOW_THREADS
         ret = ic_checksum_finish(job, hex, &err);
         Py_END_ALLOW_THREADS
         if (python_error)
             ret = -2; /* Python's error (set) wins */
+        /* Every byte hashed: 100% is reported once, however short the job
+         * was (it may end within the first wait slice), and an error there
+         * still fails the call. */
+        else if (ret == 0 && report(progress, total, total) < 0)
+            ret = -2;
     }
     image_leave(image);
     if (ret == -1)
