@@ -6,8 +6,9 @@
 #   make test-sanitize - the suite with the core built under ASan/UBSan
 #
 # The package is installed editable: the extension is built in place
-# (imgcopy/_core*.so), so Python started anywhere, the checkout's root
-# included, imports exactly what was built.
+# (imgcopy/_core*.so) and the checkout's root goes on sys.path (a .pth:
+# pyproject.toml says why), so Python started anywhere, the checkout's root
+# or beside a clone named imgcopy included, imports exactly what was built.
 PYTHON ?= python3
 VENV ?= .venv
 VPY := $(VENV)/bin/python

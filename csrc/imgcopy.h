@@ -11,6 +11,9 @@
 
 #include "error.h"
 
+struct ic_pool; /* job.h: worker threads and a budget that jobs share */
+struct ic_job;  /* job.h: a planner and items the pool runs */
+
 /* Extent flags, qemu-img map's vocabulary. */
 enum {
     IC_EXT_DATA = 1u << 0,         /* reads come from this image's storage  */
@@ -315,7 +318,7 @@ const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
-    unsigned concurrency;      /* worker threads                           */
+    unsigned concurrency;      /* work items in flight (a private pool's threads) */
     int out_of_order;          /* writes may complete in any order         */
     int target_is_zero;        /* skip zero ranges instead of zeroing them */
     int offload;               /* copy_file_range for data                 */
@@ -330,6 +333,9 @@ struct ic_copy_options {
      * front ends pass them on their own (Python: convert's checksum=). */
     const char *checksum;
     uint64_t checksum_block_size;
+    /* optional: run on this pool (job.h), shared with other jobs, under its
+     * budget of bytes in flight; NULL: threads of the copy's own */
+    struct ic_pool *pool;
 };
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
@@ -356,15 +362,14 @@ struct ic_copy_stats {
 
 struct ic_copy;
 
-/* Start copying src [0, src size) to dst; threads run until the copy is
- * done, fails or is cancelled.  src and dst must outlive the copy. */
+/* Start copying src [0, src size) to dst as a job (job.h) that runs until
+ * the copy is done, fails or is cancelled.  src and dst must outlive it. */
 int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
                   struct ic_copy **out, struct ic_error *err);
-/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
-int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms);
+/* The job, to wait for, watch and cancel with job.h's calls. */
+struct ic_job *ic_copy_job(struct ic_copy *c);
 void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out);
-void ic_copy_cancel(struct ic_copy *c);
-/* Join every thread and free the copy: 0 on success, -1 with the first
+/* Wait for the end and free the copy: 0 on success, -1 with the first
  * error (or cancellation, errnum ECANCELED) in err. */
 int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err);
 
@@ -390,10 +395,10 @@ struct ic_compare_progress {
 };
 
 struct ic_compare_options {
-    unsigned concurrency; /* threads reading (the caller's is one of them) */
+    unsigned concurrency; /* steps read at once */
     int strict;           /* qemu-img compare -s: sizes and block status too */
     int progress;         /* record the reports qemu-img compare -p prints */
-    _Atomic int *cancel;  /* optional: set non-zero, the call fails soon (ECANCELED) */
+    struct ic_pool *pool; /* optional: run on this pool (job.h) */
     /* optional, with progress: each report as it becomes final (every step
      * before it done without an outcome), in order; called from the
      * comparison's threads with its lock held: it must be quick */
@@ -427,6 +432,14 @@ void ic_compare_result_free(struct ic_compare_result *r);
  * no memory). */
 int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
                struct ic_compare_result *out, struct ic_error *err);
+/* The same as a job (job.h) to watch and cancel (ECANCELED) while it runs:
+ * start, then finish (which waits, frees it and gives what ic_compare()
+ * gives).  ic_compare_job() is NULL when the outcome was known at once. */
+struct ic_compare;
+int ic_compare_start(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
+                     struct ic_compare **out, struct ic_error *err);
+struct ic_job *ic_compare_job(struct ic_compare *c);
+int ic_compare_finish(struct ic_compare *c, struct ic_compare_result *out, struct ic_error *err);
 
 /* ---- the structs front ends fill in and show, by name (fields.c) ------ */
 
@@ -468,6 +481,7 @@ struct ic_checksum_options {
     unsigned threads;      /* 0: 4 */
     uint64_t request_size; /* bytes per read; 0: 2 MiB */
     uint64_t length;       /* hash [0, length); 0: the whole image */
+    struct ic_pool *pool;  /* optional: run on this pool (job.h), threads its slots */
 };
 
 /* The names of the algorithms libcrypto provides (static strings): how
@@ -478,13 +492,11 @@ int ic_checksum_algorithms(const char **names, size_t cap, struct ic_error *err)
 int ic_checksum_check(const char *algorithm, uint64_t block_size, struct ic_error *err);
 
 struct ic_checksum;
-/* Start hashing `img` (which must outlive the job) in threads. */
+/* Start hashing `img` (which must outlive the job) as a job (job.h). */
 int ic_checksum_start(struct ic_image *img, const struct ic_checksum_options *opt,
                       struct ic_checksum **out, struct ic_error *err);
-/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
-int ic_checksum_wait(struct ic_checksum *job, unsigned timeout_ms);
-void ic_checksum_progress(struct ic_checksum *job, uint64_t *done, uint64_t *total);
-void ic_checksum_cancel(struct ic_checksum *job);
+/* The job, to wait for, watch and cancel with job.h's calls. */
+struct ic_job *ic_checksum_job(struct ic_checksum *c);
 /* Join the threads and free the job: the digest as hex into `hex`
  * (IC_CHECKSUM_HEX_MAX bytes), or -1 with the first error (ECANCELED when
  * cancelled). */

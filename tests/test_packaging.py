@@ -4,6 +4,7 @@ flags, only the module's init function is exported, and the `test` extra
 lists what the tests import."""
 import ast
 import glob
+import json
 import os
 import re
 import shutil
@@ -50,6 +51,50 @@ def test_checkout_imports_its_build_from_anywhere(tmp_path):
                 cwd=cwd)
         assert p.returncode == 0, p.stderr
         assert os.path.dirname(p.stdout.strip()) == os.path.join(REPO, "imgcopy")
+
+
+def _clone(dest):
+    """A git clone of this checkout at `dest`, with its uncommitted edits
+    to tracked files applied; skips where the checkout is no git work tree."""
+    git = shutil.which("git")
+    if git is None or run([git, "-C", REPO, "rev-parse", "--git-dir"]).returncode != 0:
+        pytest.skip("needs git and a git checkout")
+    p = run([git, "clone", "-q", REPO, str(dest)])
+    assert p.returncode == 0, p.stderr
+    diff = run([git, "-C", REPO, "diff", "HEAD", "--binary"]).stdout
+    if diff.strip():
+        p = run([git, "-C", str(dest), "apply", "--whitespace=nowarn"], input=diff)
+        assert p.returncode == 0, p.stderr
+    return dest
+
+
+def test_clone_named_imgcopy_imports_from_its_parent(tmp_path):
+    """A clone named imgcopy, built with `make build`: a script, `python
+    -c` and a pytest file in the clone's parent import the checkout's
+    package, not the clone's folder as an empty namespace package (which
+    setuptools' editable import hook, running after the path search, lets
+    win)."""
+    clone = _clone(tmp_path / "imgcopy")
+    p = run(["make", "-C", str(clone), "build", "PYTHON=" + sys.executable], timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    vpy = str(clone / ".venv" / "bin" / "python")
+    expected = str(clone / "imgcopy" / "__init__.py")
+    check = ("import imgcopy, imgcopy._core\n"
+             "assert imgcopy.__file__ == %r, imgcopy\n"
+             "assert callable(imgcopy.convert)\n" % expected)
+    (tmp_path / "beside.py").write_text(check + "print('ok')\n")
+    for args in (["-c", check + "print('ok')"], ["beside.py"]):
+        p = run([vpy] + args, cwd=str(tmp_path))
+        assert p.returncode == 0 and p.stdout == "ok\n", (args, p.stdout + p.stderr)
+
+    p = run([vpy, "-m", "pip", "install", "-q", "pytest"], timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (tmp_path / "test_beside.py").write_text(
+        "def test_beside():\n"
+        "    exec(%r)\n" % check)
+    p = run([vpy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_beside.py"],
+            cwd=str(tmp_path), timeout=300)
+    assert p.returncode == 0 and "1 passed" in p.stdout, p.stdout + p.stderr
 
 
 def test_version_has_one_source():
@@ -148,33 +193,58 @@ def test_sdist_builds_alone_and_converts_on_the_oldest_python(tmp_path):
 
 # Distributions of the `test` extra that tests run rather than import.
 RUN_NOT_IMPORTED = {
-    "ipykernel": "the kernel that tests/test_notebooks.py runs the notebooks in",
     "build": "python -m build, in test_sdist_builds_alone_and_converts_on_the_oldest_python",
 }
 
 
-def _test_extra():
+def _extra(name):
+    """The distributions an extra of pyproject.toml lists, lower case."""
     text = open(os.path.join(REPO, "pyproject.toml")).read()
-    block = re.search(r'^test\s*=\s*\[(.*?)\]', text, re.M | re.S)
-    assert block, "no test extra in pyproject.toml"
+    block = re.search(r'^%s\s*=\s*\[(.*?)\]' % name, text, re.M | re.S)
+    assert block, f"no {name} extra in pyproject.toml"
     return {re.split(r"[<>=!~ \[;]", req, maxsplit=1)[0].lower()
             for req in re.findall(r'"([^"]+)"', block.group(1))}
+
+
+def _test_extra():
+    return _extra("test")
+
+
+def _imports(source, filename):
+    """The top-level modules a Python source imports (importorskip too),
+    but the standard library's and imgcopy's own."""
+    top = set()
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            top.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            top.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            top.add(str(node.args[0].value).split(".")[0])
+        elif (isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+              and isinstance(node.iter, (ast.Tuple, ast.List))
+              and any(isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "importorskip"
+                      and n.args and isinstance(n.args[0], ast.Name)
+                      and n.args[0].id == node.target.id for n in ast.walk(node))):
+            # for name in ("a", "b"): pytest.importorskip(name)
+            top.update(str(e.value).split(".")[0] for e in node.iter.elts
+                       if isinstance(e, ast.Constant))
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names)
+    return {m for m in top if m not in stdlib and m not in ("imgcopy", "tests", "__future__")}
 
 
 def _imported_modules():
     top = set()
     for path in glob.glob(os.path.join(REPO, "tests", "**", "*.py"), recursive=True):
-        tree = ast.parse(open(path).read(), path)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                top.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                top.add(node.module.split(".")[0])
-            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "importorskip"
-                  and node.args and isinstance(node.args[0], ast.Constant)):
-                top.add(str(node.args[0].value).split(".")[0])
-    stdlib = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names)
-    return {m for m in top if m not in stdlib and m not in ("imgcopy", "tests", "__future__")}
+        top |= _imports(open(path).read(), path)
+    return top
+
+
+def _distributions(module, providers):
+    dists = {d.lower() for d in providers.get(module, [])}
+    assert dists, f"{module!r} is imported, but no installed distribution provides it"
+    return dists
 
 
 @pytest.mark.skipif(sys.version_info < (3, 10), reason="needs packages_distributions()")
@@ -185,9 +255,44 @@ def test_test_extra_matches_what_the_tests_import():
     providers = packages_distributions()
     imported = set()
     for module in _imported_modules():
-        dists = {d.lower() for d in providers.get(module, [])}
-        assert dists, f"tests import {module!r}, which no installed distribution provides"
+        dists = _distributions(module, providers)
         assert dists & extra, f"tests import {module!r} ({sorted(dists)}), not in the test extra"
         imported |= dists & extra
     unused = extra - imported - set(RUN_NOT_IMPORTED)
     assert not unused, f"the test extra lists {sorted(unused)}, which no test imports"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="needs packages_distributions()")
+def test_notebook_extra_runs_the_notebooks():
+    """The `notebook` extra is what running the notebooks takes: what
+    tests/test_notebooks.py runs them with (nbclient, nbformat, ipykernel:
+    `jupyter execute`), what their cells import, and what imgcopy imports
+    for its notebook views and progress bars; nothing else; README says
+    the same."""
+    from importlib.metadata import packages_distributions
+
+    runner = os.path.join(REPO, "tests", "test_notebooks.py")
+    needed = {m: runner for m in _imports(open(runner).read(), runner) if m != "pytest"}
+    for path in glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")):
+        cells = json.load(open(path))["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        code = "\n".join(line for line in code.splitlines() if not line.startswith(("%", "!")))
+        needed.update({m: path for m in _imports(code, path)})
+    for path in glob.glob(os.path.join(REPO, "imgcopy", "*.py")):
+        needed.update({m: path for m in _imports(open(path).read(), path)})
+
+    extra = _extra("notebook")
+    providers = packages_distributions()
+    used = set()
+    for module, where in sorted(needed.items()):
+        dists = _distributions(module, providers)
+        assert dists & extra, (f"{os.path.relpath(where, REPO)} imports {module!r} "
+                               f"({sorted(dists)}), not in the notebook extra {sorted(extra)}")
+        used |= dists & extra
+    assert not extra - used, f"the notebook extra lists {sorted(extra - used)}, which nothing uses"
+
+    readme = open(os.path.join(REPO, "README.md")).read()
+    said = re.search(r"`pip install \.\[notebook\]`: ([^;]*);", readme)
+    assert said, "README no longer lists the notebook extra"
+    listed = {w.strip().lower() for w in re.split(r",|\band\b", said.group(1)) if w.strip()}
+    assert listed == extra, (sorted(listed), sorted(extra))

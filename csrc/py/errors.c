@@ -1,4 +1,4 @@
-/* How a call of the core runs from Python, and how its error is raised. */
+/* How the core's errors are raised in Python. */
 #include <string.h>
 
 #include "glue.h"
@@ -73,16 +73,4 @@ void raise_error(core_state *st, const struct ic_error *err)
     }
     Py_XDECREF(reason);
     Py_XDECREF(path);
-}
-
-int glue_run(core_state *st, struct glue_call *call)
-{
-    struct ic_error err = {0};
-    int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = glue_call_run(call, &err);
-    Py_END_ALLOW_THREADS
-    if (ret < 0)
-        raise_error(st, &err);
-    return ret < 0 ? -1 : 0;
 }

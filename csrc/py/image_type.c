@@ -1,7 +1,6 @@
 /* imgcopy._core.Image: an open image, closed once no call of another
  * thread is running on it. */
 #include <string.h>
-#include <time.h>
 
 #include "glue.h"
 
@@ -118,12 +117,8 @@ static PyObject *image_close(ImageObject *self, PyObject *args, PyObject *kwds)
     if (!st)
         return NULL;
     self->closing = 1;
-    while (self->busy) {
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec nap = {0, 1000000};
-        nanosleep(&nap, NULL);
-        Py_END_ALLOW_THREADS
-    }
+    while (self->busy)
+        glue_nap();
     struct glue_call call = {.op = GLUE_FINISH, .img = self->img, .flags = 0 /* no sync */};
     int ret = finish ? glue_run(st, &call) : 0;
     image_release(self);
