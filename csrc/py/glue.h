@@ -42,8 +42,11 @@ static inline core_state *type_state(PyTypeObject *type)
 
 /* errors.c */
 void raise_error(core_state *st, const struct ic_error *err);
-/* Every blocking call of the core goes through here: run with the GIL
- * released, its failure raised (-1). */
+/* A struct glue_call (calls.h: the image's calls, a copy's start and
+ * finish, ...) run with the GIL released, its failure raised (-1).  The
+ * calls that wait for threads of their own wait in slices instead, with
+ * the GIL released, answering progress and Ctrl-C between them: the copy
+ * (module.c), checksum.c and compare.c; check.c runs its check directly. */
 int glue_run(core_state *st, struct glue_call *call);
 
 /* args.c: converters for PyArg_Parse* "O&" */
