@@ -144,14 +144,16 @@ def compression_libraries() -> Dict[str, Optional[str]]:
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
-         offload: bool = ..., flush: bool = ..., checksum: Optional[str] = ...,
+         offload: bool = ..., flush: bool = ..., connections: int = ...,
+         requests_in_flight: int = ..., checksum: Optional[str] = ...,
          checksum_block_size: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
-                       flush: bool = ...) -> None:
+                       flush: bool = ..., connections: int = ...,
+                       requests_in_flight: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,

@@ -135,12 +135,13 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
-      ``src``: a path (str, bytes or os.PathLike) of a raw or qcow2 image,
-      a block device included, or an NBD URI (``nbd://host[:port]/export``,
-      ``nbd+unix:///export?socket=PATH``, ``nbds://...``); qcow2 backing
-      chains are followed.
-      ``src_format``: "raw" or "qcow2"; None probes (an image of another
-      format is refused, not read as raw). ``force``: read a qcow2 source
+      ``src``: a path (str, bytes or os.PathLike) of an image in any
+      format ``imgcopy.open()`` reads (raw, qcow2, vmdk, vhdx, vpc:
+      ``imgcopy.image.FORMATS``), a block device included, or an NBD URI
+      (``nbd://host[:port]/export``, ``nbd+unix:///export?socket=PATH``,
+      ``nbds://...``); backing chains are followed.
+      ``src_format``: one of those formats; None probes (an image of a
+      format imgcopy does not read is refused, not read as raw). ``force``: read a qcow2 source
       marked dirty or corrupt. ``src_member``: the source is this member of
       the tar archive ``src`` (an OVA's disk), read in place; its backing
       file is another member. ``src_external_files``: a vmdk source's
@@ -152,7 +153,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     Destination:
       ``dst``: a path, a block device, an NBD URI (the export as it is:
       ``create`` does not apply, its size is the server's, a smaller one is
-      refused), or ``"null:"`` (discard everything; for measuring). ``dst_format``: "raw", "qcow2" or "null"; None means
+      refused), or ``"null:"`` (discard everything; for measuring).
+      ``dst_format``: "raw", "qcow2" or "null" (the formats imgcopy
+      writes); None means
       "raw" for a new file, and for an existing one (``create=False``) the
       format it has if that is raw (another format must be named).
       ``create``: True makes a new image: a regular file is written under a
@@ -312,7 +315,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                 raise
             finally:
                 core.close()
-            assert report is not None and cache is not None  # a copy ran to its end
+            if report is None or cache is None:  # cannot be: the copy ran to its end
+                raise RuntimeError("the copy ended without its report")
             result = _completed(report, time.monotonic() - t0, cache, options)
     except KeyboardInterrupt:
         # a Ctrl-C after the destination was committed (closing the images,
@@ -323,7 +327,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         _uninterrupted(source.close)
         return _completed(report, time.monotonic() - t0, cache, options)
     if verify:
-        assert algorithm is not None and result.checksum is not None
+        if algorithm is None or result.checksum is None:  # cannot be: verify hashes
+            raise RuntimeError("verify=True: the copy made no checksum")
         result.dst_checksum = _verify(dst, dst_format, result.checksum, algorithm, block_size,
                                       source_size)
     return result

@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
-from .extents import QEMU_SECTOR, human_size
+from .extents import QEMU_SECTOR, human_size, packed_struct
 from .image import Image, PathArg, open as open_image
 from .uris import is_nbd_uri, qemu_filename
 
@@ -74,8 +73,7 @@ SNAPSHOT_HEADER = "%-10s%-17s%8s%20s%13s%11s" % ("ID", "TAG", "VM SIZE", "DATE",
 
 
 # struct ic_snapshot, as the C core packs snapshots
-_SNAPSHOT = struct.Struct("=128s256sQQIIq")
-assert _SNAPSHOT.size == _core.SNAPSHOT_SIZE
+_SNAPSHOT = packed_struct("=128s256sQQIIq", _core.SNAPSHOT_SIZE, "struct ic_snapshot")
 
 
 def _snapshots(packed: bytes) -> List[Snapshot]:

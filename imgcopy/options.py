@@ -5,10 +5,16 @@ before they touch anything: there is one definition of what is valid),
 and shared by ``convert()`` and ``plan()``, whose keyword arguments are
 shorthand for their fields.
 
-A new option is a field here with its default, a field of the C struct
-it fills (``struct ic_copy_options`` or ``struct ic_create_options``), a
-row in that struct's table (csrc/fields.c) and its check (csrc/options.c);
-nothing between them spells it out again."""
+A new option is a field here with its default and its line in the
+docstring, a field of the C struct it fills (``struct ic_copy_options`` or
+``struct ic_create_options``), a row in that struct's table (csrc/fields.c:
+the glue reads and writes the struct through it, naming no field) and its
+check (csrc/options.c).  The interfaces spell it out again: a keyword of
+``convert()`` (and of ``plan()`` when it changes the requests), a flag of
+the command line (imgcopy/cli.py), and the typed keywords of ``_core.copy()``
+and ``_core.check_copy_options()`` (or ``_core.create()``) in
+imgcopy/_core.pyi; tests/test_options.py checks convert()'s and the stubs'
+against the fields."""
 from __future__ import annotations
 
 import os

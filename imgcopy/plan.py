@@ -1,19 +1,19 @@
 """Planning a copy: the exact requests convert() would make, without writing."""
 from __future__ import annotations
 
-import struct
 from dataclasses import replace
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .convert import NULL_TARGET
-from .extents import human_size
+from .extents import human_size, packed_struct
 from .image import Image, PathArg
 from .options import CopyOptions, with_keywords
 from .sizes import Size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
-_REQUEST = struct.Struct("=QQII")
+# struct ic_request, as the C core packs requests: offset, length, kind
+_REQUEST = packed_struct("=QQII", _core.REQUEST_SIZE, "struct ic_request")
 
 
 class Request(NamedTuple):

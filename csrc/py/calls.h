@@ -1,6 +1,8 @@
-/* The core's blocking calls as data: the Python glue (module.c) fills in a
- * struct glue_call and runs it with the GIL released through one function,
- * which raises its error; the calls themselves need no Python. */
+/* The core's blocking calls as data: the Python glue (module.c,
+ * image_type.c) fills in a struct glue_call and runs it with the GIL
+ * released through glue_run() (errors.c), which raises its error; the calls
+ * themselves need no Python.  The jobs that report progress (checksum,
+ * compare) and check run their own calls (glue.h says how). */
 #ifndef IMGCOPY_GLUE_CALLS_H
 #define IMGCOPY_GLUE_CALLS_H
 
