@@ -341,6 +341,26 @@ def test_cli_convert_into_export(source, imgcopy_env, tmp_path, extra):
         assert srv.count("Zero") == 0
 
 
+def test_target_is_zero_into_export_needs_no_n(source, imgcopy_env, tmp_path):
+    """An NBD export is always an existing destination (-n implied):
+    --target-is-zero needs no -n there, and neither the CLI nor convert()
+    zeroes anything in an export that cannot say it reads zeros."""
+    for how in ("cli", "python"):
+        with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+            if how == "cli":
+                p = subprocess.run([sys.executable, "-m", "imgcopy", "convert",
+                                    "--target-is-zero", "--stats=json", source, srv.uri],
+                                   env=imgcopy_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+                assert p.returncode == 0, p.stderr
+                res = json.loads(p.stdout)
+            else:
+                res = imgcopy.convert(source, srv.uri, target_is_zero=True).to_dict()
+            assert_same_content(source, srv.uri, "raw", "raw")
+            assert srv.count("Zero") == 0 and res["zero_requests"] == 0, (how, res)
+            assert res["bytes_skipped"] > 0, (how, res)
+
+
 @pytest.mark.parametrize("connections,requests", [(1, 1), (2, 4), (None, 64)])
 def test_connections_and_requests_in_flight(source, connections, requests):
     """The knobs: connections to a multi-conn server (default 4) and
