@@ -406,6 +406,28 @@ def test_server_preferred_block_size_raises_threshold_and_requests(corpus_raw):
     assert writes <= qemu_writes, (writes, qemu_writes)
 
 
+def test_options_reported_are_the_ones_used(source):
+    """An export preferring 64 KiB requests: the copy's holes and requests
+    are raised to that, and CopyResult.options says so (not the 4 KiB
+    asked); the same options asked for, into an export without a
+    preference, make exactly the same requests."""
+    def writes(srv):
+        return sorted((r.offset, r.count) for r in srv.requests("Write"))
+
+    with nbdkit("memory", str(SIZE), "blocksize-preferred=64K", "blocksize-minimum=512",
+                "blocksize-maximum=4M", filters=["blocksize-policy", "noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri, request_size="4k", sparse_threshold="4k")
+        assert_same_content(source, srv.uri, "raw", "raw")
+        raised = writes(srv)
+    used = res.options
+    assert (used.sparse_threshold, used.request_size) == (64 * KiB, 64 * KiB), used
+    assert used.target_is_zero is False  # an export: decided, not None
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        again = imgcopy.convert(source, srv.uri, options=used)
+        assert writes(srv) == raised
+    assert again.options == used
+
+
 def test_tls_with_a_pre_shared_key(source, tmp_path):
     """nbds+unix:// with tls-psk-file: the copy and the map go through TLS;
     the same server refuses a plain connection."""
