@@ -458,11 +458,33 @@ static struct worker *new_worker(struct ic_copy *c)
     return w;
 }
 
-int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out)
+{
+    (void)src; /* no rule reads the source yet */
+    *out = (struct ic_copy_facts){
+        .dst_preferred = ic_image_preferred_size(dst),
+        .dst_write_align = ic_image_write_alignment(dst),
+        .dst_places_in_order = ic_image_places_in_order(dst),
+        .dst_fresh = ic_image_fresh(dst),
+        .dst_discards = strcmp(ic_image_format(dst), "null") == 0,
+    };
+}
+
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out)
+{
+    *out = c->opt;
+}
+
+int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *asked,
                   struct ic_copy **out, struct ic_error *err)
 {
-    if (ic_copy_options_check(opt, err) < 0)
+    struct ic_copy_facts facts;
+    ic_copy_facts_of(src, dst, &facts);
+    struct ic_copy_options effective;
+    if (ic_copy_options_effective(asked, &facts, &effective, err) < 0)
         return -1;
+    const struct ic_copy_options *opt = &effective;
     if (!ic_image_writable(dst))
         return ic_error_readonly(err, ic_image_path(dst));
     if (ic_image_size(dst) < ic_image_size(src))
@@ -478,33 +500,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->src = src;
     c->dst = dst;
     c->opt = *opt;
-    c->write_align = ic_image_write_alignment(dst);
+    c->write_align = facts.dst_write_align;
     c->zero_limit = ic_image_zero_limit(dst);
-    /* requests and holes at least as long as the destination handles well
-     * (an NBD server's preferred block size), as the NBD spec asks */
-    uint64_t preferred = ic_image_preferred_size(dst);
-    if (preferred > IC_MAX_SPARSE_THRESHOLD)
-        preferred = IC_MAX_SPARSE_THRESHOLD;
-    if (c->opt.sparse_threshold && c->opt.sparse_threshold < preferred)
-        c->opt.sparse_threshold = preferred;
-    if (c->opt.request_size < preferred)
-        c->opt.request_size = preferred;
-    if (c->write_align > 1) {
-        /* whole units only: a hole is a unit of zeros, nothing less (as
-         * qemu-img aligns -S up to the destination's request alignment); a
-         * format that writes whole clusters (compression) judges each
-         * cluster on its own, as qemu-img -c does */
-        if (c->opt.request_size % c->write_align)
-            c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
-        if (c->opt.sparse_threshold &&
-            (c->opt.sparse_threshold < c->write_align || ic_image_places_in_order(dst)))
-            c->opt.sparse_threshold = c->write_align;
-    }
-    /* blocks tile the requests, so that none straddles two work items and
-     * the output never depends on the request size */
-    uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
-    if (c->opt.request_size % g)
-        c->opt.request_size = (c->opt.request_size / g + 1) * g;
+    ic_image_written(dst); /* no longer known to read as zeros */
     size_t queue_depth = 4 * (size_t)opt->concurrency;
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
     if (opt->sparse_threshold == 0)
@@ -538,7 +536,6 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
             free_copy(c);
             return -1;
         }
-        c->opt.offload = 0; /* the kernel's copy shows us no data */
     }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);

@@ -560,6 +560,8 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         if (r < 0)
             goto fail;
     }
+    /* what the copy into it may skip (calloc'ed: 0 for opened images) */
+    atomic_store(&img->fresh, *fresh);
     *out = img;
     return 0;
 fail:

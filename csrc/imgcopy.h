@@ -312,6 +312,9 @@ void ic_request_log_free(struct ic_request_log *log);
  * recorded or memory ran out (*count says which: 0 or how many). */
 const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count);
 
+/* An option the copy decides from its images (ic_copy_options_effective) */
+#define IC_AUTO (-1)
+
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
@@ -320,7 +323,9 @@ struct ic_copy_options {
     uint64_t request_size;     /* bytes per read/write request             */
     unsigned concurrency;      /* work items in flight (a private pool's threads) */
     int out_of_order;          /* writes may complete in any order         */
-    int target_is_zero;        /* skip zero ranges instead of zeroing them */
+    /* skip zero ranges instead of zeroing them; IC_AUTO: when the
+     * destination is one ic_image_create() made reading as zeros */
+    int target_is_zero;
     int offload;               /* copy_file_range for data                 */
     int flush;                 /* make the destination durable at the end  */
     /* remote endpoints (NBD) */
@@ -342,6 +347,23 @@ struct ic_copy_options {
  * checks them before it touches the destination. */
 void ic_copy_options_init(struct ic_copy_options *o);
 int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
+/* What the rules of the options read of a copy's images (ic_copy_facts_of). */
+struct ic_copy_facts {
+    uint64_t dst_preferred;   /* the smallest request it handles well (0: any) */
+    uint64_t dst_write_align; /* writes cover whole units of this (1: any range) */
+    int dst_places_in_order;  /* allocates host space in guest order (qcow2) */
+    int dst_fresh;            /* ic_image_create() made it, reading as zeros */
+    int dst_discards;         /* the null sink: nothing to make durable */
+};
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out);
+/* The options a copy runs with, from those asked for and the facts of its
+ * images: the one place their rules live (options.c), pure.  -1 with
+ * `err` when the options asked for are invalid (ic_copy_options_check). */
+int ic_copy_options_effective(const struct ic_copy_options *asked,
+                              const struct ic_copy_facts *facts,
+                              struct ic_copy_options *out, struct ic_error *err);
 
 #define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex, NUL */
 
@@ -368,6 +390,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
                   struct ic_copy **out, struct ic_error *err);
 /* The job, to wait for, watch and cancel with job.h's calls. */
 struct ic_job *ic_copy_job(struct ic_copy *c);
+/* The options it runs with (ic_copy_options_effective), `log` and
+ * `checksum` as asked. */
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);
 void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out);
 /* Wait for the end and free the copy: 0 on success, -1 with the first
  * error (or cancellation, errnum ECANCELED) in err. */
@@ -450,6 +475,7 @@ enum ic_field_kind {
     IC_FIELD_U64,      /* uint64_t                                  */
     IC_FIELD_UNSIGNED, /* unsigned                                  */
     IC_FIELD_FLAG,     /* int, 0 or 1                               */
+    IC_FIELD_AUTO_FLAG, /* int, 0, 1 or IC_AUTO (Python: None)      */
     IC_FIELD_TEXT,     /* const char *, NULL for none               */
     IC_FIELD_CHOICE,   /* one of the names `choose` takes           */
 };

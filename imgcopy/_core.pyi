@@ -55,22 +55,26 @@ class CopyCounters(TypedDict):
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
 
-class CopyReport(CopyCounters, _CopyChecksum):
-    """copy()'s result: the counters, and the requests made (packed struct
-    ic_request, sorted by offset) when copy() was asked to log them."""
-    requests: Optional[bytes]
-
 class CopyOptionDefaults(TypedDict):
-    """copy_option_defaults(): struct ic_copy_options as the core fills it."""
+    """copy_option_defaults(): struct ic_copy_options as the core fills it
+    (target_is_zero None: decided per copy)."""
     sparse_threshold: int
     request_size: int
     concurrency: int
     out_of_order: bool
-    target_is_zero: bool
+    target_is_zero: Optional[bool]
     offload: bool
     flush: bool
     connections: int
     requests_in_flight: int
+
+class CopyReport(CopyCounters, _CopyChecksum):
+    """copy()'s result: the counters, the options the copy ran with (as the
+    core decided them: ic_copy_options_effective) and the requests made
+    (packed struct ic_request, sorted by offset) when copy() was asked to
+    log them."""
+    requests: Optional[bytes]
+    options: CopyOptionDefaults
 
 @final
 class Image:

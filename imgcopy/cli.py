@@ -18,6 +18,7 @@ from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
 from .options import CopyOptions, Qcow2Options
 from .progress import QemuProgress
+from .uris import is_nbd_uri
 
 DEFAULTS = CopyOptions()
 
@@ -119,7 +120,8 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("-C", dest="offload", action="store_true",
                    help="copy data in the kernel (copy_file_range)")
     c.add_argument("--target-is-zero", action="store_true",
-                   help="the destination already reads as zeros: skip zero ranges")
+                   help="the destination already reads as zeros: skip zero ranges (needs -n, "
+                        "implied for an NBD URI)")
     c.add_argument("-p", dest="progress", action="store_true",
                    help="show progress as qemu-img does (a bar too on a terminal)")
     c.add_argument("-t", dest="dst_cache", choices=("none", "writeback", "unsafe"),
@@ -180,7 +182,8 @@ def _creation_options(specs: List[str]) -> dict:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    if args.target_is_zero and args.create:
+    # an NBD export always exists: -n is implied there
+    if args.target_is_zero and args.create and not is_nbd_uri(args.destination):
         raise ValueError("--target-is-zero needs -n (an existing destination)")
     # qemu-img's reports on stdout, unless stdout is the JSON of --stats
     bar = QemuProgress(stream=sys.stderr if args.stats == "json" else sys.stdout) \

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 from . import _core
@@ -208,7 +208,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
-    ``CopyOptions`` the copy ran with (``target_is_zero`` decided).
+    ``CopyOptions`` the copy ran with, as the C core decided them from the
+    ones asked for and the destination (``target_is_zero`` None decided, a
+    server's preferred block size raising ``sparse_threshold`` and
+    ``request_size``, a qcow2 cluster size rounding them).
 
     Raises: ``ImageFormatError`` for a corrupt or unsupported source or
     destination image (its message says which option would help);
@@ -274,16 +277,15 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             if not is_null:
                 _check_not_read(source, dst_name)
             if is_null:
-                core, fresh = _core.create(NULL_TARGET, "null", source.size)
+                core, _ = _core.create(NULL_TARGET, "null", source.size)
             elif create:
                 laid_out = create_options.create_keywords() if create_options else {}
-                core, fresh = _core.create(dst, dst_format, source.size,
-                                           direct=options.destination_direct,
-                                           writeback=options.flush, atomic=True, **laid_out)
+                core, _ = _core.create(dst, dst_format, source.size,
+                                       direct=options.destination_direct,
+                                       writeback=options.flush, atomic=True, **laid_out)
             else:
                 core = _core.Image(dst, dst_format, writable=True,
                                    direct=options.destination_direct)
-                fresh = False
                 dst_size = core.size
                 if dst_size < source.size:
                     core.close()
@@ -299,13 +301,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             t0 = time.monotonic()
             try:
                 bar = make_progress(progress, source.size, os.path.basename(source.filename))
-                if options.target_is_zero is None:
-                    options = replace(options, target_is_zero=fresh)
                 report = _core.copy(source._img, core, progress=_progress_adapter(bar),
                                     checksum=algorithm, checksum_block_size=block_size,
-                                    **options.engine_options(flush=options.flush and not is_null))
+                                    **options.engine_options())
+                options = options.ran_with(report["options"])
                 cache = source.cache_stats()
-                core.finish(sync=options.flush and not is_null)
+                core.finish(sync=options.flush)
             except KeyboardInterrupt:
                 if not core.finished:
                     close_progress(bar, progress)

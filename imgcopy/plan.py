@@ -1,7 +1,6 @@
 """Planning a copy: the exact requests convert() would make, without writing."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
@@ -93,14 +92,13 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
     ``target_is_zero`` None is True, as for a new file.  The plan is of a
     copy without ``offload`` (the kernel would copy whole data extents);
     ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
-    the options planned with.  ``src_member`` and ``src_external_files``:
+    the options the plan's engine ran with (``offload`` and ``flush`` off,
+    None decided).  ``src_member`` and ``src_external_files``:
     ``open()``'s ``member`` and ``external_files`` for the source."""
     options = with_keywords(options if options is not None else CopyOptions(),
                             sparse_threshold=sparse_threshold,
                             request_size=request_size, concurrency=concurrency,
                             target_is_zero=target_is_zero)
-    if options.target_is_zero is None:
-        options = replace(options, target_is_zero=True)
     with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
         sink, _ = _core.create(NULL_TARGET, "null", source.size)
         try:
@@ -109,4 +107,5 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
         finally:
             sink.close()
         counters = {k: v for k, v in report.items() if isinstance(v, int)}
-        return CopyPlan(report["requests"] or b"", counters, size=source.size, options=options)
+        return CopyPlan(report["requests"] or b"", counters, size=source.size,
+                        options=options.ran_with(report["options"]))
