@@ -123,8 +123,8 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
             return -1;
         if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
             out->items[out->count - 1].length += e.length;
-        else if (ic_extent_list_push(out, &e) < 0)
-            return ic_error_nomem(err);
+        else if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
         pos += e.length;
     }
     return 0;

@@ -38,6 +38,9 @@ struct ic_extent_list {
 };
 
 int ic_extent_list_push(struct ic_extent_list *list, const struct ic_extent *e);
+/* The same, the failure (out of memory) in `err`. */
+int ic_extent_list_add(struct ic_extent_list *list, const struct ic_extent *e,
+                       struct ic_error *err);
 void ic_extent_list_free(struct ic_extent_list *list);
 
 /* Open flags. */

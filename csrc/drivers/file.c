@@ -576,9 +576,7 @@ static int push(struct ic_extent_list *out, uint64_t start, uint64_t end, int da
         .host_offset = start,
         .flags = (data ? IC_EXT_DATA : IC_EXT_ZERO) | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID,
     };
-    if (ic_extent_list_push(out, &e) < 0)
-        return ic_error_nomem(err);
-    return 0;
+    return ic_extent_list_add(out, &e, err);
 }
 
 /* One lseek; ENXIO (no data/hole after pos) answers `end_of_file`. */
