@@ -215,6 +215,8 @@ class CheckCounters(TypedDict):
     messages: bytes    # the detail lines qemu prints on stderr
     format: str
 def check(path: Union[str, bytes, os.PathLike], format: Optional[str] = ..., *,
-          force_share: bool = ...) -> CheckCounters:
+          force_share: bool = ..., member: Optional[str] = ...,
+          external_files: bool = ...) -> CheckCounters:
     """qemu-img check of the image, read-only; OSError(ENOTSUP) for
-    formats without a checker."""
+    formats without a checker.  ``member`` and ``external_files`` as
+    Image's."""

@@ -39,7 +39,8 @@ def checksum_algorithms() -> Tuple[str, ...]:
 def checksum(path: PathArg, algorithm: str = DEFAULT_ALGORITHM,
              block_size: Size = DEFAULT_BLOCK_SIZE, *, format: Optional[str] = None,
              threads: Optional[int] = None, progress: Any = None, force_share: bool = False,
-             force: bool = False) -> str:
+             force: bool = False, member: Optional[str] = None,
+             external_files: bool = False) -> str:
     """The blkhash checksum of an image's guest content, as lowercase hex:
     the value ``blksum`` (blkhash >= 0.10) and ``nbdcopy --blkhash`` print
     for the same content, whatever the format that holds it.
@@ -53,13 +54,17 @@ def checksum(path: PathArg, algorithm: str = DEFAULT_ALGORITHM,
     ``threads``: hashing threads (default 4; it never changes the value).
     ``progress``: as ``convert()``'s (True: a bar). ``force_share``: read
     an image another process writes (qemu-img -U); ``force``: a qcow2 image
-    marked dirty or corrupt.
+    marked dirty or corrupt.  ``member``: the image is this member of the
+    tar archive at ``path`` (an OVA's disk), read in place;
+    ``external_files``: a vmdk descriptor may name extent files outside
+    its directory (both as for ``open()``).
 
     Raises ``ValueError`` for an unknown algorithm or a bad block size,
     ``OSError`` ENOSYS without OpenSSL's libcrypto, and what opening and
     reading the image raise."""
     block = parse_size(block_size, "block_size")
-    with Image(path, format, force=force, force_share=force_share) as img:
+    with Image(path, format, force=force, force_share=force_share, member=member,
+               external_files=external_files) as img:
         return image_checksum(img, algorithm, block, threads=threads, progress=progress)
 
 

@@ -6,11 +6,12 @@ import sys
 from typing import Any
 
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, checksum, checksum_algorithms
-from .image import FORMATS
+from .image import FORMATS, display_name
 from .progress import QemuProgress
 
 
 def add_parser(sub: Any, parse_size: Any) -> None:
+    from .cli import _source_arguments
     p = sub.add_parser("checksum", help="print the blkhash checksum of images (like blksum)")
     p.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
                    help="image format (default: probe)")
@@ -27,13 +28,15 @@ def add_parser(sub: Any, parse_size: Any) -> None:
                    help="show progress as qemu-img does (a bar too on a terminal)")
     p.add_argument("-l", "--list-digests", action="store_true",
                    help="list the algorithms and exit")
+    _source_arguments(p, "each image", "FILE")
     p.add_argument("filenames", nargs="*", metavar="FILE")
     p.set_defaults(func=run, parser=p)
 
 
 def run(args: argparse.Namespace) -> int:
-    """One line per file, `<hex>  <file>`, as blksum prints; a file that
-    fails gets a message on stderr and the exit status 1."""
+    """One line per file, `<hex>  <file>`, as blksum prints (with --member,
+    `<hex>  <archive>/<member>`); a file that fails gets a message on stderr
+    and the exit status 1."""
     from .cli import _describe, _write
     if args.list_digests:
         _write("".join(name + "\n" for name in checksum_algorithms()))
@@ -48,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.start()
             digest = checksum(name, args.algorithm, args.block_size, format=args.format,
                               threads=args.threads, progress=bar,
-                              force_share=args.force_share)
+                              force_share=args.force_share, member=args.member,
+                              external_files=args.external_files)
             if bar is not None:
                 bar.finish()
         except (OSError, ValueError) as exc:
@@ -60,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         finally:
             if bar is not None:
                 bar.close()
-        _write(f"{digest}  {name}\n")
+        _write(f"{digest}  {display_name(name, args.member)}\n")
     return status
 
 
@@ -82,7 +86,8 @@ def convert_keywords(args: argparse.Namespace) -> dict:
 
 
 def print_convert_checksum(args: argparse.Namespace, result: Any) -> None:
-    """`<hex>  <source>` as `imgcopy checksum SOURCE` prints it."""
+    """`<hex>  <source>` as `imgcopy checksum SOURCE` prints it (with
+    --member, `<hex>  <archive>/<member>`: what was hashed)."""
     from .cli import _write
     if result is not None and result.checksum is not None:
-        _write(f"{result.checksum}  {args.source}\n")
+        _write(f"{result.checksum}  {display_name(args.source, args.member)}\n")

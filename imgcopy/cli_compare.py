@@ -13,12 +13,14 @@ from typing import List, Optional, Tuple
 
 from .compare import CompareResult, compare_images
 from .errors import ImageFormatError
-from .image import FORMATS, Image
+from .image import FORMATS, Image, display_name
 from .progress import QemuProgress
 
 PROG = "imgcopy"
 USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s] [-U] "
-         "[-m N] FILE1 FILE2\n\n"
+         "[-m N]\n"
+         "                       [--a-member NAME] [--b-member NAME] [--external-files] "
+         "FILE1 FILE2\n\n"
          "Compare the guest content of two images as qemu-img compare does.\n"
          "  -f FMT   format of FILE1 (default: probe)\n"
          "  -F FMT   format of FILE2 (default: probe)\n"
@@ -27,12 +29,17 @@ USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s]
          "  -q       print nothing (the exit code says it)\n"
          "  -s       strict: sizes and allocation must match too\n"
          "  -U       read images others are writing (force share)\n"
-         "  -m N     threads (default 4; an imgcopy extension)\n\n"
+         "  -m N     threads (default 4; an imgcopy extension)\n"
+         "  --a-member NAME  FILE1 is a tar archive (an OVA): compare its member NAME\n"
+         "  --b-member NAME  FILE2 is a tar archive: compare its member NAME\n"
+         "  --external-files a vmdk descriptor may name extent files outside its\n"
+         "                   directory\n\n"
          "Exit codes: 0 identical, 1 different (or a usage error), 2 an image could not\n"
          "be opened, 3 block status failed, 4 a read failed.\n")
 
 SHORT = "hf:F:T:pqsUm:"
-LONG = {"help": False, "object": True, "image-opts": False, "force-share": False}
+LONG = {"help": False, "object": True, "image-opts": False, "force-share": False,
+        "a-member": True, "b-member": True, "external-files": False}
 CACHE_MODES = ("none", "writeback", "writethrough", "directsync", "unsafe")
 
 
@@ -138,6 +145,8 @@ def run(argv: List[str]) -> int:
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
     fmts: List[Optional[str]] = [None, None]
+    members: List[Optional[str]] = [None, None]
+    external_files = False
     cache = "writeback"
     progress = quiet = strict = force_share = False
     threads = 4
@@ -159,6 +168,12 @@ def run(argv: List[str]) -> int:
             strict = True
         elif opt in ("-U", "--force-share"):
             force_share = True
+        elif opt == "--a-member":
+            members[0] = value
+        elif opt == "--b-member":
+            members[1] = value
+        elif opt == "--external-files":
+            external_files = True
         elif opt == "-m":
             try:
                 threads = int(value or "")
@@ -185,7 +200,8 @@ def run(argv: List[str]) -> int:
         if cache not in CACHE_MODES:
             _err(f"Invalid source cache option: {cache}")
             return 2
-        return _compare(names, fmts, direct, force_share, strict, threads, quiet, bar)
+        return _compare(names, fmts, members, external_files, direct, force_share, strict,
+                        threads, quiet, bar)
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
@@ -194,14 +210,18 @@ def run(argv: List[str]) -> int:
             bar.close()
 
 
-def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Optional[Image]:
+def _open(path: str, fmt: Optional[str], member: Optional[str], external_files: bool,
+          direct: bool, force_share: bool) -> Optional[Image]:
+    name = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:
         _err(f"Could not open '{name}': Unknown driver '{fmt}'")
         return None
     try:
-        return Image(name, fmt, direct=direct, force_share=force_share)
+        return Image(path, fmt, direct=direct, force_share=force_share, member=member,
+                     external_files=external_files)
     except (OSError, ImageFormatError, ValueError) as exc:
-        if fmt is None and isinstance(exc, OSError) and exc.errno and _opens_as_raw(name):
+        if fmt is None and isinstance(exc, OSError) and exc.errno and \
+                _opens_as_raw(path, member):
             # the file opens: reading it to probe its format failed
             _err(f"Could not open '{name}': Could not read image for determining its "
                  f"format: {os.strerror(exc.errno)}")
@@ -210,21 +230,24 @@ def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Opt
         return None
 
 
-def _opens_as_raw(name: str) -> bool:
+def _opens_as_raw(name: str, member: Optional[str]) -> bool:
     try:
-        Image(name, "raw").close()
+        Image(name, "raw", member=member).close()
     except (OSError, ValueError):
         return False
     return True
 
 
-def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_share: bool,
-             strict: bool, threads: int, quiet: bool, bar: Optional[QemuProgress]) -> int:
-    a = _open(names[0], fmts[0], direct, force_share)
+def _compare(paths: List[str], fmts: List[Optional[str]], members: List[Optional[str]],
+             external_files: bool, direct: bool, force_share: bool, strict: bool, threads: int,
+             quiet: bool, bar: Optional[QemuProgress]) -> int:
+    # messages name a member as archive/member
+    names = [display_name(p, m) for p, m in zip(paths, members)]
+    a = _open(paths[0], fmts[0], members[0], external_files, direct, force_share)
     if a is None:
         return 2
     with a:
-        b = _open(names[1], fmts[1], direct, force_share)
+        b = _open(paths[1], fmts[1], members[1], external_files, direct, force_share)
         if b is None:
             return 2
         with b:

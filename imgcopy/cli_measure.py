@@ -18,7 +18,8 @@ from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_form
                       valid_option_list)
 
 USAGE = ("usage: imgcopy measure [--output=human|json] [-O OUTPUT_FMT] [-o OPTIONS]\n"
-         "                       [--size N | [-f FMT] [-U] FILENAME]\n")
+         "                       [--size N | [-f FMT] [-U] [--member NAME] [--external-files]\n"
+         "                       FILENAME]\n")
 
 HELP = USAGE + """
 How large a new image would be (like qemu-img measure): the bytes a new
@@ -34,11 +35,16 @@ from FILENAME's extent map; or for an empty image of N bytes (--size N).
   --size N          an empty image of N bytes (k, M, G, T, P, E suffixes)
   --output FMT      human (default) or json
   -U, --force-share read FILENAME even if another process writes it
+  --member NAME     FILENAME is a tar archive (an OVA): measure its member NAME,
+                    read in place
+  --external-files  a vmdk descriptor may name extent files outside its
+                    directory
   -h, --help        show this help
 """
 
 _SHORT = "hf:O:o:l:U"
-_LONG = ["help", "image-opts", "object=", "output=", "size=", "force-share"]
+_LONG = ["help", "image-opts", "object=", "output=", "size=", "force-share", "member=",
+         "external-files"]
 
 
 def register(sub: Any) -> None:
@@ -78,6 +84,8 @@ def _run(argv: List[str]) -> int:
     size: Optional[int] = None
     snapshot = False
     force_share = False
+    member: Optional[str] = None
+    external_files = False
     warnings: List[str] = []
     for flag, value in opts:
         if flag in ("-h", "--help"):
@@ -95,6 +103,10 @@ def _run(argv: List[str]) -> int:
             snapshot = True
         elif flag in ("-U", "--force-share"):
             force_share = True
+        elif flag == "--member":
+            member = value
+        elif flag == "--external-files":
+            external_files = True
         elif flag == "--output":
             if value not in ("json", "human"):
                 raise MeasureError("--output must be used with human or json as argument.")
@@ -110,6 +122,8 @@ def _run(argv: List[str]) -> int:
     filename = rest[0] if rest else None
     if filename is None and (fmt is not None or snapshot):
         raise MeasureError("--image-opts, -f, and -l require a filename argument.")
+    if filename is None and member is not None:
+        raise MeasureError("--member requires a filename argument.")
     if filename is not None and size is not None:
         raise MeasureError("--size N cannot be used together with a filename.")
     if filename is None and size is None:
@@ -117,7 +131,8 @@ def _run(argv: List[str]) -> int:
     if snapshot:
         raise MeasureError("-l: measuring an internal snapshot is not supported by imgcopy")
 
-    img = _open(filename, fmt, force_share) if filename is not None else None
+    img = _open(filename, fmt, force_share, member, external_files) \
+        if filename is not None else None
     try:
         check_output_format(out_fmt)
         typed = typed_options(out_fmt, split_options(options)) if options else {}
@@ -145,24 +160,29 @@ def _getopt_message(exc: getopt.GetoptError) -> str:
     return f"unrecognized option '--{opt}'"
 
 
-def _open(filename: str, fmt: Optional[str], force_share: bool) -> Image:
-    """The source, or qemu-img's "Could not open" report."""
-    from .image import FORMATS
+def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional[str] = None,
+          external_files: bool = False) -> Image:
+    """The source, or qemu-img's "Could not open" report (a member named
+    ``archive/member``)."""
+    from .image import FORMATS, display_name
 
+    path = filename
+    filename = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:
         if fmt in QEMU_FORMATS:
             raise MeasureError(f"Could not open '{filename}': imgcopy does not read {fmt} "
                                f"images (it reads {', '.join(FORMATS)})")
         raise MeasureError(f"Could not open '{filename}': Unknown driver '{fmt}'")
     try:
-        return Image(filename, fmt, force_share=force_share)
+        return Image(path, fmt, force_share=force_share, member=member,
+                     external_files=external_files)
     except BlockingIOError as exc:  # another process writes it (qemu's locks)
         locked = os.fsdecode(exc.filename) if exc.filename is not None else filename
         raise MeasureError(f"Could not open '{filename}': Failed to get shared \"write\" lock\n"
                            f"Is another process using the image [{locked}]?") from None
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
-        raise MeasureError(f"Could not open '{filename}': Could not open '{filename}': "
+        raise MeasureError(f"Could not open '{filename}': Could not open '{path}': "
                            f"{reason}") from None
-    except ImageFormatError as exc:
+    except (ImageFormatError, ValueError) as exc:  # a member that is not there
         raise MeasureError(f"Could not open '{filename}': {exc}") from None

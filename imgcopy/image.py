@@ -17,6 +17,22 @@ FORMATS = _core.formats()
 MODES = ("r", "r+")
 
 
+def display_name(path: PathArg, member: Optional[str] = None) -> str:
+    """How listings and messages name an image: its path, or for a member
+    of a tar archive ``archive/member`` (``vm.ova/disk1.vmdk``)."""
+    name = os.fsdecode(os.fspath(path))
+    return name if member is None else f"{name}/{member}"
+
+
+def source_member(function: str, member: Optional[str], src_member: Optional[str]) -> Optional[str]:
+    """The source's member of a call that takes both ``member`` and its long
+    name ``src_member`` (convert, plan, measure): one, or both the same."""
+    if member is not None and src_member is not None and member != src_member:
+        raise TypeError(f"{function}() got member={member!r} and src_member={src_member!r}: "
+                        "both name the source's member; give one")
+    return member if member is not None else src_member
+
+
 def _check_format(format: Optional[str]) -> None:
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown image format {format!r} (known: {', '.join(FORMATS)})")
