@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .info import _json_text, qemu_json
 
 __all__ = ["CheckResult", "check"]
@@ -134,6 +135,7 @@ class CheckFailed(OSError):
     result: CheckResult
 
 
+@suggest_keywords
 def check(path: Union[str, "os.PathLike[str]"], *, format: Optional[str] = None,
           force_share: bool = False, member: Optional[str] = None,
           external_files: bool = False) -> CheckResult:

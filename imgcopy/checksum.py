@@ -8,6 +8,7 @@ from typing import Any, Optional, Tuple
 
 from . import _core
 from .errors import Error
+from ._keywords import suggest_keywords
 from .image import Image, PathArg
 from .progress import close_progress, make_progress
 from .sizes import Size, parse_size
@@ -36,6 +37,7 @@ def checksum_algorithms() -> Tuple[str, ...]:
     return _core.checksum_algorithms()
 
 
+@suggest_keywords
 def checksum(path: PathArg, algorithm: str = DEFAULT_ALGORITHM,
              block_size: Size = DEFAULT_BLOCK_SIZE, *, format: Optional[str] = None,
              threads: Optional[int] = None, progress: Any = None, force_share: bool = False,

@@ -42,8 +42,19 @@ def cli_spelling(options: Dict[str, Any]) -> str:
                     for k, v in options.items())
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: ``--target-is`` is no ``--target-is-zero``
+    (an abbreviation that works today breaks when a flag sharing its prefix
+    is added).  Subparsers are made of the parser's class, so every command
+    gets it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="imgcopy", description=__doc__)
+    parser = _Parser(prog="imgcopy", description=__doc__)
     parser.add_argument("--version", action="version", version=f"imgcopy {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
+from ._keywords import suggest_keywords
 from .image import Image, PathArg
 
 IDENTICAL = "Images are identical."
@@ -81,6 +82,7 @@ def compare_images(a: Image, b: Image, *, strict: bool = False, concurrency: int
                          elapsed=time.monotonic() - start, progress=r["progress"])
 
 
+@suggest_keywords
 def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
             b_format: Optional[str] = None, a_member: Optional[str] = None,
             b_member: Optional[str] = None, strict: bool = False, force_share: bool = False,

@@ -10,7 +10,8 @@ from . import _core
 from .checksum import (DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch,
                        image_checksum)
 from .errors import ImageFormatError, Remedy
-from .image import Image, PathArg, _check_format
+from ._keywords import suggest_keywords
+from .image import Image, PathArg, _check_format, source_member
 from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
 from .progress import close_progress, make_progress
 from .sizes import Size, parse_size
@@ -112,8 +113,10 @@ def _existing_format(path: str) -> str:
                            "was given", filename=path, remedies=remedies)
 
 
+@suggest_keywords
 def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
-            src_member: Optional[str] = None, src_external_files: bool = False,
+            member: Optional[str] = None, src_member: Optional[str] = None,
+            src_external_files: bool = False,
             dst_format: Optional[str] = None, create: bool = True, force: bool = False,
             force_share: bool = False, options: Optional[CopyOptions] = None,
             create_options: Optional[CreateOptions] = None,
@@ -142,9 +145,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
       ``nbds://...``); backing chains are followed.
       ``src_format``: one of those formats; None probes (an image of a
       format imgcopy does not read is refused, not read as raw). ``force``: read a qcow2 source
-      marked dirty or corrupt. ``src_member``: the source is this member of
-      the tar archive ``src`` (an OVA's disk), read in place; its backing
-      file is another member. ``src_external_files``: a vmdk source's
+      marked dirty or corrupt. ``member`` (or its long name ``src_member``;
+      both given, they must agree): the source is this member of the tar
+      archive ``src`` (an OVA's disk), read in place; its backing file is
+      another member. ``src_external_files``: a vmdk source's
       descriptor may name extent files outside its directory (see
       ``open()``). The source's files are locked as qemu-img convert locks
       them (nobody may write them during the copy); ``force_share`` reads a
@@ -218,7 +222,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     ``ValueError`` / ``TypeError`` for invalid options, checked before the
     destination is touched; ``OSError`` (with ``errno`` and ``filename``) for
     I/O errors, e.g. ENOSPC; ``KeyboardInterrupt`` or the progress
-    callback's exception, which cancel the copy."""
+    callback's exception, which cancel the copy.
+
+    An unknown keyword raises TypeError naming the nearest valid one."""
+    src_member = source_member("convert", member, src_member)
     _check_format(src_format)
     algorithm = _checksum_algorithm(checksum, verify)
     block_size = parse_size(checksum_block_size, "checksum_block_size")

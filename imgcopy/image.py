@@ -5,6 +5,7 @@ import os
 from typing import TYPE_CHECKING, Optional, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ def _check_format(format: Optional[str]) -> None:
         raise ValueError(f"unknown image format {format!r} (known: {', '.join(FORMATS)})")
 
 
+@suggest_keywords
 class Image:
     """An open disk image.  Use as a context manager, or call close()."""
 
@@ -172,6 +174,7 @@ class Image:
         self._img.flush()
 
 
+@suggest_keywords
 def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
          force: bool = False, force_share: bool = False, member: Optional[str] = None,
          external_files: bool = False) -> Image:
@@ -198,6 +201,7 @@ def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
                  external_files=external_files)
 
 
+@suggest_keywords
 def map(path: PathArg, format: Optional[str] = None, start: int = 0,
         length: Optional[int] = None, *, force: bool = False,
         force_share: bool = False, member: Optional[str] = None,

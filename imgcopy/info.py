@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
 from .extents import QEMU_SECTOR, human_size, packed_struct
+from ._keywords import suggest_keywords
 from .image import Image, PathArg, open as open_image
 from .uris import is_nbd_uri, qemu_filename
 
@@ -228,6 +229,7 @@ def _compressed_clusters(emap: Any, cluster_size: int) -> int:
     return n
 
 
+@suggest_keywords
 def info(path: PathArg, format: Optional[str] = None, *,
          force_share: bool = False, member: Optional[str] = None,
          external_files: bool = False) -> ImageInfo:
@@ -291,6 +293,7 @@ def info(path: PathArg, format: Optional[str] = None, *,
     return result
 
 
+@suggest_keywords
 def info_chain(path: PathArg, format: Optional[str] = None, *,
                force_share: bool = False, member: Optional[str] = None,
                external_files: bool = False) -> List[ImageInfo]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
+from ._keywords import suggest_keywords
 from .image import Image, PathArg, source_member
 from .options import Qcow2Options
 
@@ -588,6 +589,7 @@ def qcow2_target(create_options: Optional[Qcow2Options] = None,
 Source = Union[PathArg, Image]
 
 
+@suggest_keywords
 def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = None,
             src_format: Optional[str] = None, dst_format: str = "raw",
             create_options: Optional[Qcow2Options] = None,

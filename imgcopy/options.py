@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .sizes import Size, parse_size
 
 # the engine's defaults are the C core's (csrc/options.c says why these)
@@ -38,6 +39,7 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class CopyOptions:
     """How a copy runs (qemu-img convert's flag, and the default, in brackets).
@@ -152,6 +154,7 @@ class CreateOptions:
         _core.check_create_options(self.format, **self.create_keywords())
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class Qcow2Options(CreateOptions):
     """How a new qcow2 image is laid out (qemu-img convert -O qcow2 -o ...).

@@ -6,7 +6,8 @@ from typing import Dict, Iterator, List, NamedTuple, Optional
 from . import _core
 from .convert import NULL_TARGET
 from .extents import human_size, packed_struct
-from .image import Image, PathArg
+from ._keywords import suggest_keywords
+from .image import Image, PathArg, source_member
 from .options import CopyOptions, with_keywords
 from .sizes import Size
 
@@ -80,7 +81,9 @@ class CopyPlan:
                              "end": [r.end for r in rows]})
 
 
-def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional[str] = None,
+@suggest_keywords
+def plan(src: PathArg, *, src_format: Optional[str] = None, member: Optional[str] = None,
+         src_member: Optional[str] = None,
          src_external_files: bool = False, options: Optional[CopyOptions] = None,
          sparse_threshold: Optional[Size] = None,
          request_size: Optional[Size] = None, concurrency: Optional[int] = None,
@@ -93,8 +96,10 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
     copy without ``offload`` (the kernel would copy whole data extents);
     ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
     the options the plan's engine ran with (``offload`` and ``flush`` off,
-    None decided).  ``src_member`` and ``src_external_files``:
-    ``open()``'s ``member`` and ``external_files`` for the source."""
+    None decided).  ``member`` (or its long name ``src_member``) and
+    ``src_external_files``: ``open()``'s ``member`` and ``external_files``
+    for the source."""
+    src_member = source_member("plan", member, src_member)
     options = with_keywords(options if options is not None else CopyOptions(),
                             sparse_threshold=sparse_threshold,
                             request_size=request_size, concurrency=concurrency,

@@ -171,6 +171,26 @@ def test_convert_and_plan(archive, extracted, tmp_path, dst_format):
         os.unlink(dst)
 
 
+def test_convert_and_plan_take_member(archive, extracted, tmp_path):
+    """member= is src_member='s short name, as open(), map() and info() spell it."""
+    fmt, tar, _ = archive
+    if fmt != "gnu":
+        pytest.skip("one archive format is enough for a keyword")
+    dst = str(tmp_path / "m.qcow2")
+    r = imgcopy.convert(tar, dst, member="disk.qcow2", dst_format="qcow2", flush=False)
+    assert_same_content(dst, extracted["./disk.qcow2"], "qcow2", "qcow2")
+    assert _common(imgcopy.plan(tar, member="disk.qcow2").totals()) == \
+        _common(imgcopy.plan(tar, src_member="disk.qcow2").totals())
+    # both given: the same name is fine, two names are a TypeError before anything opens
+    imgcopy.convert(tar, dst, member="vm/top.qcow2", src_member="vm/top.qcow2",
+                    dst_format="qcow2", flush=False)
+    assert_same_content(dst, extracted["vm/top.qcow2"], "qcow2", "qcow2")
+    for call, args in ((imgcopy.convert, (tar, dst)), (imgcopy.plan, (tar,))):
+        with pytest.raises(TypeError, match=r"member='disk.qcow2' and src_member='big.raw'"):
+            call(*args, member="disk.qcow2", src_member="big.raw")
+    assert r.bytes_written > 0
+
+
 def test_backing_file_is_another_member(archive, extracted, tmp_path):
     fmt, tar, _ = archive
     top = extracted["vm/top.qcow2"]

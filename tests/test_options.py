@@ -291,3 +291,67 @@ def test_create_keywords_replace_the_layouts_fields(source, tmp_path):
     info = qemu_info(dst)
     assert info["cluster-size"] == 4096
     assert info["format-specific"]["data"]["compat"] == "0.10"
+
+
+# ---- unknown keywords: the nearest valid one is named --------------------
+
+def _public_calls():
+    from imgcopy.info import info_chain
+    return [imgcopy.convert, imgcopy.plan, imgcopy.checksum, imgcopy.compare, imgcopy.check,
+            imgcopy.measure, imgcopy.open, imgcopy.map, imgcopy.info, info_chain,
+            imgcopy.Image, CopyOptions, Qcow2Options]
+
+
+def _typos(call):
+    """Each keyword of ``call`` with a letter dropped from its middle."""
+    import inspect
+    for p in inspect.signature(call).parameters.values():
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and len(p.name) > 3 \
+                and not p.name.startswith("_"):
+            mid = len(p.name) // 2
+            yield p.name, p.name[:mid] + p.name[mid + 1:]
+
+
+@pytest.mark.parametrize("call", _public_calls(), ids=lambda c: c.__name__)
+def test_unknown_keyword_names_the_nearest(call, tmp_path):
+    dst = str(tmp_path / "never.raw")
+    seen = 0
+    for name, typo in _typos(call):
+        args = {imgcopy.convert: ("src.raw", dst), imgcopy.compare: ("a", "b")}.get(call, ("x",))
+        with pytest.raises(TypeError) as exc:
+            call(*args, **{typo: 1})
+        assert str(exc.value) == (f"{call.__name__}() got an unexpected keyword argument "
+                                  f"{typo!r}; did you mean {name!r}?"), name
+        seen += 1
+    assert seen >= 2
+    assert not os.path.exists(dst)
+
+
+def test_unknown_keyword_messages():
+    with pytest.raises(TypeError, match=r"^convert\(\) got an unexpected keyword argument "
+                                        r"'sparse_treshold'; did you mean 'sparse_threshold'\?$"):
+        imgcopy.convert("a", "b", sparse_treshold="4k")
+    with pytest.raises(TypeError, match=r"'fmt'; did you mean 'format'\?$"):
+        imgcopy.open("x", fmt="raw")
+    # nothing near: Python's own message
+    with pytest.raises(TypeError, match=r"^plan\(\) got an unexpected keyword argument "
+                                        r"'zzz'$"):
+        imgcopy.plan("x", zzz=1)
+    # private keywords are not suggested
+    with pytest.raises(TypeError) as exc:
+        imgcopy.Image("x", sourc=True)
+    assert "_source" not in str(exc.value)
+    # dataclasses.replace() goes through the same check
+    with pytest.raises(TypeError, match="did you mean 'concurrency'"):
+        dataclasses.replace(CopyOptions(), concurency=2)
+    with pytest.raises(TypeError, match="did you mean 'compression_level'"):
+        Qcow2Options(compresion_level=3)
+
+
+def test_checked_calls_keep_their_signatures():
+    import inspect
+    assert "sparse_threshold" in inspect.signature(imgcopy.convert).parameters
+    assert list(inspect.signature(CopyOptions).parameters)[0] == "sparse_threshold"
+    assert imgcopy.convert.__kwdefaults__["member"] is None
+    assert imgcopy.convert.__name__ == "convert" and "moving only" in imgcopy.convert.__doc__
+    assert CopyOptions(concurrency=2).concurrency == 2
