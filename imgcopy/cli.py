@@ -307,7 +307,17 @@ def _describe(exc: BaseException) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """The program (argv None: sys.argv), or one command run in the caller's
-    process (argv given: a test, a notebook)."""
+    process (argv given: a test, a notebook).  Ctrl-C: ``imgcopy:
+    interrupted`` and 130, whenever it comes (the program's entry,
+    _program.main(), answers one that comes while this module is imported)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # outside a command's own handling
+        print("imgcopy: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Optional[List[str]]) -> int:
     program = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:  # parsed as qemu-img parses it
