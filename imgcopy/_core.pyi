@@ -3,7 +3,8 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import Callable, Dict, List, Optional, Tuple, TypedDict, Union, final
+from typing import (Callable, Dict, List, Optional, Tuple, TypedDict, Union, final,
+                    type_check_only)
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -23,6 +24,7 @@ REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class ImageDescription(TypedDict):
     """Image.describe(): what the image's own header says."""
     cluster_size: int  # 0: the format has no clusters
@@ -31,6 +33,7 @@ class ImageDescription(TypedDict):
     backing_format: Optional[str]  # None: not stored
     format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CacheStats(TypedDict):
     """Image.cache_stats(): the extent cache's counters."""
     hits: int
@@ -38,6 +41,7 @@ class CacheStats(TypedDict):
     lseek_calls: int
     intervals: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyCounters(TypedDict):
     """What a copy did (struct ic_copy_stats)."""
     bytes_read: int
@@ -50,14 +54,17 @@ class CopyCounters(TypedDict):
     zero_requests: int
     extents: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyReport(CopyCounters, _CopyChecksum):
     """copy()'s result: the counters, and the requests made (packed struct
     ic_request, sorted by offset) when copy() was asked to log them."""
     requests: Optional[bytes]
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
     """copy_option_defaults(): struct ic_copy_options as the core fills it."""
     sparse_threshold: int
@@ -159,6 +166,7 @@ def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
 
 # ---- compare (csrc/py/compare.c) ------------------------------------------
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CompareOutcome(TypedDict):
     """compare()'s result (struct ic_compare_result)."""
     outcome: str  # "identical", "content", "size", "status"
@@ -190,6 +198,7 @@ def checksum_check(algorithm: str, block_size: int, /) -> None:
 def checksum_algorithms() -> Tuple[str, ...]:
     """hashlib's names of the digests libcrypto provides."""
 # ---- check (csrc/py/check.c) ----
+@type_check_only  # a type of the stubs only: dicts at run time
 class CheckCounters(TypedDict):
     corruptions: int
     leaks: int
