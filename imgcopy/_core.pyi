@@ -141,6 +141,9 @@ def check_create_options(format: Optional[str], *, cluster_size: int = ...,
                          compression_level: int = ..., backing_file: Optional[str] = ...,
                          backing_format: Optional[str] = ...) -> None:
     """ValueError unless create() takes these options."""
+def library_versions() -> Dict[str, Optional[str]]:
+    """The version of each library this build can use (zlib, libdeflate,
+    zstd linked in; libnbd, libcrypto loaded now), None where it lacks it."""
 def compression_libraries() -> Dict[str, Optional[str]]:
     """The library each qcow2 compression type ("zlib", "zstd") uses in this
     build, with its version, or None where the build has none."""
