@@ -10,11 +10,11 @@
  * skipped. */
 #include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "image.h"
+#include "job.h"
 
 #define STEP_MAX (2u << 20) /* qemu-img's IO_BUF_SIZE */
 #define SECTOR 512u
@@ -38,16 +38,15 @@ struct outcome {
     struct ic_error err;
 };
 
-struct compare {
+struct ic_compare {
     struct ic_image *img[2];
     struct layer *layers[2]; /* each image's chain, top first */
     size_t nlayers[2];
     uint64_t qlen[2]; /* qemu's lengths: raw files rounded up to sectors */
     int strict;
-    _Atomic int *cancel;
-    int cancelled;
 
     pthread_mutex_t lock;
+    struct ic_job *job;
     uint64_t cursor, next_seq;
     int planning_done;
     struct outcome best;
@@ -66,8 +65,11 @@ struct compare {
     void (*report)(void *ctx, const struct ic_compare_progress *p);
     void *report_ctx;
     size_t prog_emitted;
-    uint64_t *in_flight; /* per worker: the step it reads, or UINT64_MAX */
-    unsigned nworkers;
+    /* steps cut that may still have an outcome: queued or being read */
+    uint64_t *unfinished;
+    size_t nunfinished, unfinished_cap;
+    uint8_t *(*buffers)[2]; /* per slot: a step of each image */
+    unsigned nslots;
 };
 
 /* qemu's block status flags, bdrv_block_status_above()'s answer. */
@@ -130,7 +132,7 @@ static uint64_t to_boundary(uint64_t off, uint64_t unit)
  * imgcopy's extent says which layer answers and what; qemu's drivers cut
  * the answer shorter (an L2 table, a grain), each layer it asked on the way
  * down limiting the next. */
-static int qemu_status(struct compare *c, int which, uint64_t off, uint64_t *len,
+static int qemu_status(struct ic_compare *c, int which, uint64_t off, uint64_t *len,
                        unsigned *word, struct ic_error *err)
 {
     const struct layer *layers = c->layers[which];
@@ -195,7 +197,7 @@ static int qemu_status(struct compare *c, int which, uint64_t off, uint64_t *len
 }
 
 /* Record an outcome of step `seq` unless an earlier step has one (lock held). */
-static void settle(struct compare *c, uint64_t seq, const struct ic_compare_result *res,
+static void settle(struct ic_compare *c, uint64_t seq, const struct ic_compare_result *res,
                    const struct ic_error *err)
 {
     if (c->best.known && c->best.seq <= seq)
@@ -209,7 +211,7 @@ static void settle(struct compare *c, uint64_t seq, const struct ic_compare_resu
         ic_error_clear(&c->best.err);
 }
 
-static void fail_at(struct compare *c, uint64_t seq, int which, int step_kind, uint64_t off,
+static void fail_at(struct ic_compare *c, uint64_t seq, int which, int step_kind, uint64_t off,
                     int in_tail, const struct ic_error *err)
 {
     struct ic_compare_result r = {.outcome = IC_COMPARE_FAILED, .offset = off,
@@ -220,7 +222,7 @@ static void fail_at(struct compare *c, uint64_t seq, int which, int step_kind, u
 
 /* qemu_progress_print(chunk / total * 100, 100) after step `seq`, with
  * qemu-img's min_skip of 2 (lock held). */
-static void account_progress(struct compare *c, uint64_t seq, uint64_t len, uint64_t total,
+static void account_progress(struct ic_compare *c, uint64_t seq, uint64_t len, uint64_t total,
                              int in_tail)
 {
     if (!c->log_progress)
@@ -254,17 +256,12 @@ static void account_progress(struct compare *c, uint64_t seq, uint64_t len, uint
 /* Cut the next step that needs reading (steps that need none are passed
  * here), or settle the outcome planning finds: a strict status mismatch,
  * a block-status failure, or the end.  Lock held.  0: a step, 1: none. */
-static int plan_step(struct compare *c, struct step *s)
+static int plan_step(struct ic_compare *c, struct step *s)
 {
     uint64_t common = c->qlen[0] < c->qlen[1] ? c->qlen[0] : c->qlen[1];
     uint64_t total = c->qlen[0] < c->qlen[1] ? c->qlen[1] : c->qlen[0];
     int larger = c->qlen[0] < c->qlen[1];
     while (!c->planning_done) {
-        if (c->cancel && atomic_load(c->cancel)) {
-            c->cancelled = 1;
-            c->planning_done = 1;
-            break;
-        }
         uint64_t off = c->cursor, seq = c->next_seq++;
         struct ic_error err = {0};
         if (c->best.known && c->best.seq < seq) {
@@ -337,7 +334,7 @@ static int plan_step(struct compare *c, struct step *s)
 
 /* Reads as qemu reads: past a raw file's end, up to its length rounded to
  * sectors, zeros. */
-static int read_q(struct compare *c, int which, uint8_t *buf, uint64_t off, uint64_t len,
+static int read_q(struct ic_compare *c, int which, uint8_t *buf, uint64_t off, uint64_t len,
                   struct ic_error *err)
 {
     uint64_t size = ic_image_size(c->img[which]);
@@ -362,14 +359,8 @@ static uint64_t first_difference(const uint8_t *a, const uint8_t *b, uint64_t le
     return len;
 }
 
-struct worker_ctx {
-    struct compare *c;
-    unsigned index;
-    uint8_t *buf[2];
-};
-
 /* Hand on the reports of steps before `limit` (lock held). */
-static void emit_reports(struct compare *c, uint64_t limit)
+static void emit_reports(struct ic_compare *c, uint64_t limit)
 {
     if (!c->report)
         return;
@@ -378,12 +369,12 @@ static void emit_reports(struct compare *c, uint64_t limit)
 }
 
 /* The first step that may still have an outcome (lock held). */
-static uint64_t watermark(const struct compare *c)
+static uint64_t watermark(const struct ic_compare *c)
 {
     uint64_t m = c->next_seq;
-    for (unsigned i = 0; i < c->nworkers; i++)
-        if (c->in_flight[i] < m)
-            m = c->in_flight[i];
+    for (size_t i = 0; i < c->nunfinished; i++)
+        if (c->unfinished[i] < m)
+            m = c->unfinished[i];
     if (c->best.known && c->best.seq < m)
         m = c->best.seq;
     return m;
@@ -395,7 +386,7 @@ static uint64_t watermark(const struct compare *c)
  * after a difference, so that a read error is reported where qemu's
  * would be.  Returns the image that failed, or -1. */
 #define PIECE (256u << 10)
-static int read_step(struct compare *c, struct worker_ctx *w, const struct step *s,
+static int read_step(struct ic_compare *c, uint8_t *const buf[2], const struct step *s,
                      uint64_t *diff, struct ic_error *err)
 {
     int both = s->kind == STEP_BOTH;
@@ -405,13 +396,13 @@ static int read_step(struct compare *c, struct worker_ctx *w, const struct step 
     *diff = s->len;
     for (uint64_t pos = 0; pos < s->len; pos += PIECE) {
         uint64_t n = s->len - pos < PIECE ? s->len - pos : PIECE;
-        if (!failed[0] && read_q(c, first, w->buf[0] + pos, s->off + pos, n, err) < 0)
+        if (!failed[0] && read_q(c, first, buf[0] + pos, s->off + pos, n, err) < 0)
             failed[0] = 1;
-        if (both && !failed[1] && read_q(c, second, w->buf[1] + pos, s->off + pos, n, &err2) < 0)
+        if (both && !failed[1] && read_q(c, second, buf[1] + pos, s->off + pos, n, &err2) < 0)
             failed[1] = 1;
         if (failed[0] || failed[1] || *diff < s->len)
             continue;
-        uint64_t d = first_difference(w->buf[0] + pos, both ? w->buf[1] + pos : NULL, n);
+        uint64_t d = first_difference(buf[0] + pos, both ? buf[1] + pos : NULL, n);
         if (d < n)
             *diff = pos + d;
     }
@@ -424,43 +415,89 @@ static int read_step(struct compare *c, struct worker_ctx *w, const struct step 
     return -1;
 }
 
-static void *worker_main(void *arg)
+/* A step is done: it can have no outcome any more (lock held). */
+static void step_finished(struct ic_compare *c, uint64_t seq)
 {
-    struct worker_ctx *w = arg;
-    struct compare *c = w->c;
-    struct step s = {0};
-    for (;;) {
+    for (size_t i = 0; i < c->nunfinished; i++)
+        if (c->unfinished[i] == seq) {
+            c->unfinished[i] = c->unfinished[--c->nunfinished];
+            break;
+        }
+    emit_reports(c, watermark(c));
+}
+
+/* The job's planner: steps in order, until an outcome is known. */
+static int plan_steps(struct ic_job *job, void *ctx, struct ic_error *err)
+{
+    (void)err; /* a block-status failure is an outcome of its step */
+    struct ic_compare *c = ctx;
+    while (!ic_job_stopped(job)) {
+        struct step s;
         pthread_mutex_lock(&c->lock);
         int none = plan_step(c, &s);
         if (!none)
-            c->in_flight[w->index] = s.seq;
+            c->unfinished[c->nunfinished++] = s.seq;
         emit_reports(c, watermark(c));
         pthread_mutex_unlock(&c->lock);
         if (none)
             break;
-        struct ic_error err = {0};
-        uint64_t diff;
-        int failed = read_step(c, w, &s, &diff, &err);
-        pthread_mutex_lock(&c->lock);
-        if (s.kind == STEP_BOTH) {
-            c->bytes_read[0] += failed == 0 ? 0 : s.len;
-            c->bytes_read[1] += failed < 0 ? s.len : 0;
-        } else if (failed < 0) {
-            c->bytes_read[s.which] += s.len;
+        if (ic_job_push(job, &s) < 0) {
+            pthread_mutex_lock(&c->lock);
+            step_finished(c, s.seq);
+            pthread_mutex_unlock(&c->lock);
+            break;
         }
-        if (failed >= 0) {
-            fail_at(c, s.seq, failed, IC_COMPARE_FAIL_READ, s.off, s.in_tail, &err);
-        } else if (diff < s.len) {
-            struct ic_compare_result r = {.outcome = IC_COMPARE_CONTENT, .offset = s.off + diff,
-                                          .in_tail = s.in_tail};
-            settle(c, s.seq, &r, NULL);
-        }
-        c->in_flight[w->index] = UINT64_MAX;
-        emit_reports(c, watermark(c));
-        pthread_mutex_unlock(&c->lock);
     }
-    return NULL;
+    return 0;
 }
+
+static int read_and_compare(void *ctx, unsigned slot, void *item, struct ic_error *unused)
+{
+    (void)unused; /* a failure is an outcome of its step, not the job's */
+    struct ic_compare *c = ctx;
+    const struct step s = *(const struct step *)item;
+    pthread_mutex_lock(&c->lock);
+    int moot = c->best.known && c->best.seq < s.seq; /* an earlier outcome wins */
+    pthread_mutex_unlock(&c->lock);
+    struct ic_error err = {0};
+    uint64_t diff = s.len;
+    int failed = moot ? -1 : read_step(c, c->buffers[slot], &s, &diff, &err);
+    pthread_mutex_lock(&c->lock);
+    if (moot) {
+        /* nothing read */
+    } else if (s.kind == STEP_BOTH) {
+        c->bytes_read[0] += failed == 0 ? 0 : s.len;
+        c->bytes_read[1] += failed < 0 ? s.len : 0;
+    } else if (failed < 0) {
+        c->bytes_read[s.which] += s.len;
+    }
+    if (failed >= 0) {
+        fail_at(c, s.seq, failed, IC_COMPARE_FAIL_READ, s.off, s.in_tail, &err);
+    } else if (diff < s.len) {
+        struct ic_compare_result r = {.outcome = IC_COMPARE_CONTENT, .offset = s.off + diff,
+                                      .in_tail = s.in_tail};
+        settle(c, s.seq, &r, NULL);
+    }
+    step_finished(c, s.seq);
+    pthread_mutex_unlock(&c->lock);
+    ic_job_add_progress(c->job, s.len);
+    return 0;
+}
+
+static void drop_step(void *ctx, void *item)
+{
+    struct ic_compare *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    step_finished(c, ((const struct step *)item)->seq);
+    pthread_mutex_unlock(&c->lock);
+}
+
+static const struct ic_job_ops compare_ops = {
+    .item_size = sizeof(struct step),
+    .plan = plan_steps,
+    .run = read_and_compare,
+    .discard = drop_step,
+};
 
 void ic_compare_options_init(struct ic_compare_options *o)
 {
@@ -468,21 +505,41 @@ void ic_compare_options_init(struct ic_compare_options *o)
     o->concurrency = 4;
 }
 
-int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
-               struct ic_compare_result *out, struct ic_error *err)
+static void free_compare(struct ic_compare *c)
 {
-    memset(out, 0, sizeof *out);
+    ic_job_free(c->job);
+    for (unsigned i = 0; c->buffers && i < c->nslots; i++) {
+        free(c->buffers[i][0]);
+        free(c->buffers[i][1]);
+    }
+    free(c->buffers);
+    pthread_mutex_destroy(&c->lock);
+    free(c->prog);
+    free(c->prog_seq);
+    free(c->layers[0]);
+    free(c->layers[1]);
+    free(c->unfinished);
+    free(c);
+}
+
+int ic_compare_start(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
+                     struct ic_compare **out, struct ic_error *err)
+{
+    *out = NULL;
     if (opt->concurrency < 1 || opt->concurrency > 64)
         return ic_error_value(err, "concurrency must be 1 to 64, not %u", opt->concurrency);
-    struct compare *c = calloc(1, sizeof *c);
+    struct ic_compare *c = calloc(1, sizeof *c);
     if (!c)
         return ic_error_nomem(err);
+    if (pthread_mutex_init(&c->lock, NULL)) {
+        free(c);
+        return ic_error_nomem(err);
+    }
     c->img[0] = a;
     c->img[1] = b;
     c->qlen[0] = ic_image_qemu_length(a);
     c->qlen[1] = ic_image_qemu_length(b);
     c->strict = opt->strict;
-    c->cancel = opt->cancel;
     c->log_progress = opt->progress;
     c->report = opt->progress ? opt->report : NULL;
     c->report_ctx = opt->report_ctx;
@@ -492,8 +549,7 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
             n++;
         c->layers[i] = calloc(n, sizeof *c->layers[i]);
         if (!c->layers[i]) {
-            free(c->layers[0]);
-            free(c);
+            free_compare(c);
             return ic_error_nomem(err);
         }
         c->nlayers[i] = n;
@@ -501,64 +557,57 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
         for (struct ic_image *l = c->img[i]; l; l = ic_image_backing(l))
             describe_layer(l, &c->layers[i][n++]);
     }
-    out->size_a = c->qlen[0];
-    out->size_b = c->qlen[1];
-    out->size_mismatch = c->qlen[0] != c->qlen[1];
-    if (c->strict && out->size_mismatch) {
-        free(c->layers[0]);
-        free(c->layers[1]);
-        free(c);
-        out->outcome = IC_COMPARE_SIZE;
+    if (c->strict && c->qlen[0] != c->qlen[1]) {
+        /* decided before anything is read: no job */
+        c->best = (struct outcome){.known = 1, .res = {.outcome = IC_COMPARE_SIZE}};
+        *out = c;
         return 0;
     }
-    if (pthread_mutex_init(&c->lock, NULL)) {
-        free(c->layers[0]);
-        free(c->layers[1]);
-        free(c);
+    unsigned n = opt->concurrency;
+    size_t depth = 2 * (size_t)n;
+    c->unfinished_cap = depth + n + 1;
+    c->unfinished = calloc(c->unfinished_cap, sizeof *c->unfinished);
+    c->buffers = calloc(n, sizeof *c->buffers);
+    for (; c->buffers && c->nslots < n; c->nslots++) {
+        c->buffers[c->nslots][0] = malloc(STEP_MAX);
+        c->buffers[c->nslots][1] = malloc(STEP_MAX);
+        if (!c->buffers[c->nslots][0] || !c->buffers[c->nslots][1]) {
+            c->nslots++;
+            break;
+        }
+    }
+    if (!c->unfinished || !c->buffers || !c->buffers[n - 1][1]) {
+        free_compare(c);
         return ic_error_nomem(err);
     }
-    unsigned n = opt->concurrency;
-    struct worker_ctx *ws = calloc(n, sizeof *ws);
-    pthread_t *tids = calloc(n, sizeof *tids);
-    unsigned started = 0, ready = 0;
-    int ret = 0;
-    c->in_flight = malloc(n * sizeof *c->in_flight);
-    c->nworkers = c->in_flight ? n : 0;
-    for (unsigned i = 0; i < c->nworkers; i++)
-        c->in_flight[i] = UINT64_MAX;
-    for (unsigned i = 0; ws && tids && c->in_flight && i < n; i++, ready++) {
-        ws[i].c = c;
-        ws[i].index = i;
-        ws[i].buf[0] = malloc(STEP_MAX);
-        ws[i].buf[1] = malloc(STEP_MAX);
-        if (!ws[i].buf[0] || !ws[i].buf[1])
-            break;
+    uint64_t total = c->qlen[0] < c->qlen[1] ? c->qlen[1] : c->qlen[0];
+    struct ic_job_params params = {.concurrency = n, .queue_depth = depth, .total = total,
+                                   .pool = opt->pool};
+    if (ic_job_start(&compare_ops, c, &params, &c->job, err) < 0) {
+        free_compare(c);
+        return -1;
     }
-    if (ready < n)
-        ret = ic_error_nomem(err);
-    /* the calling thread is the last worker */
-    for (unsigned i = 0; ret == 0 && i + 1 < n; i++) {
-        int e = pthread_create(&tids[i], NULL, worker_main, &ws[i]);
-        if (e)
-            ret = ic_error_os(err, e, NULL, "start compare thread");
-        else
-            started++;
-    }
+    *out = c;
+    return 0;
+}
+
+struct ic_job *ic_compare_job(struct ic_compare *cmp)
+{
+    return cmp->job;
+}
+
+int ic_compare_finish(struct ic_compare *cmp, struct ic_compare_result *out,
+                      struct ic_error *err)
+{
+    struct ic_compare *c = cmp;
+    memset(out, 0, sizeof *out);
+    int ret = c->job ? ic_job_finish(c->job, err) : 0;
+    if (ret < 0 && err && err->errnum == ECANCELED)
+        ic_error_os(err, ECANCELED, NULL, "compare cancelled");
     if (ret == 0) {
-        worker_main(&ws[n - 1]);
-    } else {
-        pthread_mutex_lock(&c->lock);
-        c->planning_done = 1;
-        pthread_mutex_unlock(&c->lock);
-    }
-    for (unsigned i = 0; i < started; i++)
-        pthread_join(tids[i], NULL);
-    if (ret == 0 && c->best.known)
-        emit_reports(c, c->best.seq);
-    if (ret == 0 && c->cancelled)
-        ret = ic_error_os(err, ECANCELED, NULL, "compare cancelled");
-    if (ret == 0) {
-        int size_mismatch = out->size_mismatch;
+        if (c->best.known)
+            emit_reports(c, c->best.seq);
+        int size_mismatch = c->qlen[0] != c->qlen[1];
         *out = c->best.res;
         out->size_a = c->qlen[0];
         out->size_b = c->qlen[1];
@@ -584,20 +633,18 @@ int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_o
             ret = -1;
         }
     }
-    for (unsigned i = 0; ws && i < n && i <= ready; i++) {
-        free(ws[i].buf[0]);
-        free(ws[i].buf[1]);
-    }
-    free(ws);
-    free(tids);
-    pthread_mutex_destroy(&c->lock);
-    free(c->prog);
-    free(c->prog_seq);
-    free(c->layers[0]);
-    free(c->layers[1]);
-    free(c->in_flight);
-    free(c);
+    free_compare(c);
     return ret;
+}
+
+int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
+               struct ic_compare_result *out, struct ic_error *err)
+{
+    struct ic_compare *c;
+    memset(out, 0, sizeof *out);
+    if (ic_compare_start(a, b, opt, &c, err) < 0)
+        return -1;
+    return ic_compare_finish(c, out, err);
 }
 
 void ic_compare_result_free(struct ic_compare_result *r)

@@ -9,7 +9,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "blkhash.h"
 #include "copy_internal.h"
@@ -19,71 +18,24 @@
 #define LOOKAROUND_CHUNK (1u << 20)
 #define BUFFER_ALIGN 4096u
 
-/* ---- shared state ------------------------------------------------------ */
+/* ---- stopping ---------------------------------------------------------- */
 
-/* Cancellation wakes every waiter (lock held). */
-static void wake_all(struct ic_copy *c)
+/* The job stopped (failed or cancelled): wake every item waiting for a turn. */
+static void interrupt_turns(void *ctx)
 {
-    pthread_cond_broadcast(&c->queue_changed);
+    struct ic_copy *c = ctx;
+    pthread_mutex_lock(&c->turn_lock);
+    c->stopping = 1;
     for (size_t i = 0; i < c->turn_slots; i++)
         pthread_cond_broadcast(&c->turn_changed[i]);
+    pthread_mutex_unlock(&c->turn_lock);
 }
 
-void ic_copy_fail(struct ic_copy *c, const struct ic_error *err)
+/* Every item done: make the destination durable. */
+static int complete_copy(void *ctx, struct ic_error *err)
 {
-    pthread_mutex_lock(&c->lock);
-    if (!c->failed) {
-        c->failed = 1;
-        c->error = *err;
-    }
-    c->cancelled = 1;
-    wake_all(c);
-    pthread_mutex_unlock(&c->lock);
-}
-
-int ic_copy_cancelled(struct ic_copy *c)
-{
-    pthread_mutex_lock(&c->lock);
-    int r = c->cancelled;
-    pthread_mutex_unlock(&c->lock);
-    return r;
-}
-
-/* The last thread out makes the destination durable, then reports. */
-void ic_copy_thread_exit(struct ic_copy *c)
-{
-    pthread_mutex_lock(&c->lock);
-    int last = --c->live_threads == 0;
-    int flush = last && !c->cancelled && c->opt.flush;
-    pthread_mutex_unlock(&c->lock);
-    if (flush) {
-        struct ic_error err = {0};
-        if (ic_image_flush(c->dst, &err) < 0)
-            ic_copy_fail(c, &err);
-    }
-    if (last) {
-        pthread_mutex_lock(&c->lock);
-        c->complete = 1;
-        pthread_cond_broadcast(&c->finished);
-        pthread_mutex_unlock(&c->lock);
-    }
-}
-
-/* ---- the queue --------------------------------------------------------- */
-
-int ic_copy_push(struct ic_copy *c, const struct work_item *item)
-{
-    pthread_mutex_lock(&c->lock);
-    while (c->qcount == c->qcap && !c->cancelled)
-        pthread_cond_wait(&c->queue_changed, &c->lock);
-    int ok = !c->cancelled;
-    if (ok) {
-        c->queue[(c->qhead + c->qcount) % c->qcap] = *item;
-        c->qcount++;
-        pthread_cond_broadcast(&c->queue_changed);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return ok ? 0 : -1;
+    struct ic_copy *c = ctx;
+    return c->opt.flush ? ic_image_flush(c->dst, err) : 0;
 }
 
 /* ---- workers ----------------------------------------------------------- */
@@ -125,22 +77,6 @@ static void free_worker(struct worker *w)
     free(w);
 }
 
-static int pop_item(struct ic_copy *c, struct work_item *item)
-{
-    pthread_mutex_lock(&c->lock);
-    while (c->qcount == 0 && !c->planner_done && !c->cancelled)
-        pthread_cond_wait(&c->queue_changed, &c->lock);
-    int ok = !c->cancelled && c->qcount > 0;
-    if (ok) {
-        *item = c->queue[c->qhead];
-        c->qhead = (c->qhead + 1) % c->qcap;
-        c->qcount--;
-        pthread_cond_broadcast(&c->queue_changed);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return ok;
-}
-
 /* Turns keep a step in guest order across workers: host allocation
  * (place) for formats that allocate in guest order, and the writes of an
  * in-order copy.  Every item takes part in each turn that applies, in
@@ -177,11 +113,11 @@ static int take_turn(struct ic_copy *c, struct turns *t, int which)
         return -1;
     uint64_t *counter = turn_counter(c, which);
     pthread_cond_t *mine = &c->turn_changed[t->seq % c->turn_slots];
-    pthread_mutex_lock(&c->lock);
-    while (*counter != t->seq && !c->cancelled)
-        pthread_cond_wait(mine, &c->lock);
-    int ok = !c->cancelled;
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_lock(&c->turn_lock);
+    while (*counter != t->seq && !c->stopping)
+        pthread_cond_wait(mine, &c->turn_lock);
+    int ok = !c->stopping;
+    pthread_mutex_unlock(&c->turn_lock);
     if (!ok)
         return -1;
     t->held |= bit;
@@ -194,18 +130,18 @@ static void pass_turn(struct ic_copy *c, struct turns *t, int which)
     if (!(t->held & bit))
         return;
     uint64_t *counter = turn_counter(c, which);
-    pthread_mutex_lock(&c->lock);
+    pthread_mutex_lock(&c->turn_lock);
     (*counter)++;
     /* only the item whose turn it is now waits on this slot (and perhaps
      * one waiting for the other kind of turn with the same number) */
     pthread_cond_broadcast(&c->turn_changed[*counter % c->turn_slots]);
-    pthread_mutex_unlock(&c->lock);
+    pthread_mutex_unlock(&c->turn_lock);
     t->held &= ~bit;
     t->passed |= bit;
 }
 
-/* The item is done (or failed, after fail() cancelled the copy): pass
- * every turn it has not passed yet, taking it first if need be. */
+/* The item is done (or failed: the job stops first, so nobody waits):
+ * pass every turn it has not passed yet, taking it first if need be. */
 static void end_turns(struct ic_copy *c, struct turns *t)
 {
     for (int which = 0; which < NTURNS; which++) {
@@ -344,8 +280,8 @@ static int execute(struct worker *w, struct turns *t)
         pass_turn(c, t, TURN_WRITE);
     for (size_t k = committed; k < nstaged; k++)
         ic_image_unstage(c->dst, &w->staged[k]);
-    /* a failure of ours was recorded; one caused by cancellation was not */
-    return ret < 0 && !ic_copy_cancelled(c) ? -1 : 0;
+    /* a failure after the job stopped (a turn refused) is not recorded */
+    return ret;
 }
 
 /* The checksum of a range the copy does not read, because the
@@ -389,7 +325,7 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
     if (c->hash && it->kind != RUN_DATA &&
         (it->kind == RUN_BACKING ? hash_unread(w, it)
                                  : ic_blkhash_zero(c->hash, it->start, len, &w->err)) < 0)
-        return ic_copy_cancelled(c) ? 0 : -1;
+        return -1;
     if (it->kind == RUN_BACKING) {
         atomic_fetch_add(&c->bytes_skipped, len);
         ic_request_log_add(c->opt.log, it->start, len, IC_REQ_SKIP);
@@ -409,11 +345,11 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
     }
     if (read_source(w, w->buf, it->start, len) < 0 ||
         (c->hash && ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0))
-        return ic_copy_cancelled(c) ? 0 : -1;
+        return -1;
     if (c->opt.sparse_threshold == 0)
         add_action(w, it->start, len, w->buf, 1);
     else if (plan_sparse(w, it) < 0)
-        return ic_copy_cancelled(c) ? 0 : -1;
+        return -1;
     return execute(w, t);
 }
 
@@ -435,42 +371,59 @@ static void write_behind(struct worker *w, uint64_t off, uint64_t len)
     w->behind[slot].len = len;
 }
 
-static void *worker_main(void *arg)
+/* One work item, in the job's slot `slot` (its worker state is ours). */
+static int run_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
 {
-    struct worker *w = arg;
-    struct ic_copy *c = w->c;
-    struct work_item it;
-    while (pop_item(c, &it)) {
-        struct turns t = {.seq = it.seq};
-        int r = copy_item(w, &it, &t);
-        if (r < 0)
-            ic_copy_fail(c, &w->err); /* cancels first: end_turns waits for nobody */
-        end_turns(c, &t);
-        if (r < 0)
-            break;
-        if (it.kind == RUN_DATA) {
-            ic_image_settle_read(c->src, it.start, it.end - it.start);
-            write_behind(w, it.start, it.end - it.start);
-        }
-        atomic_fetch_add(&c->done, it.end - it.start);
+    struct ic_copy *c = ctx;
+    struct worker *w = c->workers[slot];
+    const struct work_item *it = item;
+    struct turns t = {.seq = it->seq};
+    ic_error_clear(&w->err);
+    int r = copy_item(w, it, &t);
+    if (r < 0) {
+        *err = w->err;
+        ic_job_fail(c->job, err); /* stops first: end_turns waits for nobody */
     }
-    free_worker(w);
-    ic_copy_thread_exit(c);
-    return NULL;
+    end_turns(c, &t);
+    if (r < 0)
+        return -1;
+    if (it->kind == RUN_DATA) {
+        ic_image_settle_read(c->src, it->start, it->end - it->start);
+        write_behind(w, it->start, it->end - it->start);
+    }
+    ic_job_add_progress(c->job, it->end - it->start);
+    return 0;
 }
+
+/* Bytes a running item holds: its read buffer's share. */
+static uint64_t item_cost(void *ctx, const void *item)
+{
+    (void)ctx;
+    const struct work_item *it = item;
+    return it->kind == RUN_DATA ? it->end - it->start : 0;
+}
+
+static const struct ic_job_ops copy_ops = {
+    .item_size = sizeof(struct work_item),
+    .plan = ic_copy_plan,
+    .run = run_item,
+    .item_cost = item_cost,
+    .complete = complete_copy,
+    .interrupt = interrupt_turns,
+};
 
 /* ---- life cycle -------------------------------------------------------- */
 
 static void free_copy(struct ic_copy *c)
 {
-    pthread_cond_destroy(&c->queue_changed);
-    pthread_cond_destroy(&c->finished);
+    ic_job_free(c->job);
+    for (unsigned i = 0; i < c->nworkers; i++)
+        free_worker(c->workers[i]);
+    free(c->workers);
     for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
         pthread_cond_destroy(&c->turn_changed[i]);
     free(c->turn_changed);
-    pthread_mutex_destroy(&c->lock);
-    free(c->queue);
-    free(c->workers);
+    pthread_mutex_destroy(&c->turn_lock);
     free(c->zeros);
     ic_known_zeros_free(&c->dst_zeros);
     ic_blkhash_free(c->hash);
@@ -505,11 +458,33 @@ static struct worker *new_worker(struct ic_copy *c)
     return w;
 }
 
-int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out)
+{
+    (void)src; /* no rule reads the source yet */
+    *out = (struct ic_copy_facts){
+        .dst_preferred = ic_image_preferred_size(dst),
+        .dst_write_align = ic_image_write_alignment(dst),
+        .dst_places_in_order = ic_image_places_in_order(dst),
+        .dst_fresh = ic_image_fresh(dst),
+        .dst_discards = strcmp(ic_image_format(dst), "null") == 0,
+    };
+}
+
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out)
+{
+    *out = c->opt;
+}
+
+int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *asked,
                   struct ic_copy **out, struct ic_error *err)
 {
-    if (ic_copy_options_check(opt, err) < 0)
+    struct ic_copy_facts facts;
+    ic_copy_facts_of(src, dst, &facts);
+    struct ic_copy_options effective;
+    if (ic_copy_options_effective(asked, &facts, &effective, err) < 0)
         return -1;
+    const struct ic_copy_options *opt = &effective;
     if (!ic_image_writable(dst))
         return ic_error_readonly(err, ic_image_path(dst));
     if (ic_image_size(dst) < ic_image_size(src))
@@ -525,58 +500,30 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->src = src;
     c->dst = dst;
     c->opt = *opt;
-    c->write_align = ic_image_write_alignment(dst);
+    c->write_align = facts.dst_write_align;
     c->zero_limit = ic_image_zero_limit(dst);
-    /* requests and holes at least as long as the destination handles well
-     * (an NBD server's preferred block size), as the NBD spec asks */
-    uint64_t preferred = ic_image_preferred_size(dst);
-    if (preferred > IC_MAX_SPARSE_THRESHOLD)
-        preferred = IC_MAX_SPARSE_THRESHOLD;
-    if (c->opt.sparse_threshold && c->opt.sparse_threshold < preferred)
-        c->opt.sparse_threshold = preferred;
-    if (c->opt.request_size < preferred)
-        c->opt.request_size = preferred;
-    if (c->write_align > 1) {
-        /* whole units only: a hole is a unit of zeros, nothing less (as
-         * qemu-img aligns -S up to the destination's request alignment); a
-         * format that writes whole clusters (compression) judges each
-         * cluster on its own, as qemu-img -c does */
-        if (c->opt.request_size % c->write_align)
-            c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
-        if (c->opt.sparse_threshold &&
-            (c->opt.sparse_threshold < c->write_align || ic_image_places_in_order(dst)))
-            c->opt.sparse_threshold = c->write_align;
-    }
-    /* blocks tile the requests, so that none straddles two work items and
-     * the output never depends on the request size */
-    uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
-    if (c->opt.request_size % g)
-        c->opt.request_size = (c->opt.request_size / g + 1) * g;
-    c->qcap = 4 * (size_t)opt->concurrency;
-    c->queue = calloc(c->qcap, sizeof *c->queue);
+    ic_image_written(dst); /* no longer known to read as zeros */
+    size_t queue_depth = 4 * (size_t)opt->concurrency;
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
     if (opt->sparse_threshold == 0)
         c->zeros = calloc(1, c->opt.request_size);
-    /* items in flight: those queued and one per worker; twice that many
-     * slots keep any two waiting items on different ones */
-    c->turn_slots = 2 * (c->qcap + opt->concurrency);
+    /* items in flight: those queued and one per slot; twice that many
+     * turn slots keep any two waiting items on different ones */
+    c->turn_slots = 2 * (queue_depth + opt->concurrency);
     c->turn_changed = calloc(c->turn_slots, sizeof *c->turn_changed);
-    pthread_condattr_t monotonic;
-    if (pthread_mutex_init(&c->lock, NULL) || pthread_condattr_init(&monotonic) ||
-        pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC)) {
-        free(c->queue);
+    if (pthread_mutex_init(&c->turn_lock, NULL)) {
         free(c->workers);
         free(c->zeros);
         free(c->turn_changed);
         free(c);
         return ic_error_nomem(err);
     }
-    pthread_cond_init(&c->queue_changed, NULL);
-    pthread_cond_init(&c->finished, &monotonic);
-    pthread_condattr_destroy(&monotonic);
     for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
         pthread_cond_init(&c->turn_changed[i], NULL);
-    if (!c->queue || !c->workers || !c->turn_changed ||
+    for (; c->workers && c->nworkers < opt->concurrency; c->nworkers++)
+        if (!(c->workers[c->nworkers] = new_worker(c)))
+            break;
+    if (!c->workers || c->nworkers < opt->concurrency || !c->turn_changed ||
         (opt->sparse_threshold == 0 && !c->zeros)) {
         free_copy(c);
         return ic_error_nomem(err);
@@ -589,7 +536,6 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
             free_copy(c);
             return -1;
         }
-        c->opt.offload = 0; /* the kernel's copy shows us no data */
     }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);
@@ -605,64 +551,19 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
 
-    /* the planner counts as one live thread from the start, so that no
-     * worker can see the copy complete before it is fully started */
-    c->live_threads = 1;
-    for (unsigned i = 0; i < opt->concurrency; i++) {
-        struct worker *w = new_worker(c);
-        int e = w ? 0 : ENOMEM;
-        pthread_mutex_lock(&c->lock);
-        c->live_threads++;
-        pthread_mutex_unlock(&c->lock);
-        if (w)
-            e = pthread_create(&c->workers[i], NULL, worker_main, w);
-        if (e) {
-            if (w)
-                free_worker(w);
-            pthread_mutex_lock(&c->lock);
-            c->live_threads--;
-            pthread_mutex_unlock(&c->lock);
-            struct ic_error e2 = {0};
-            ic_error_os(&e2, e, NULL, "start worker thread");
-            ic_copy_fail(c, &e2);
-            break;
-        }
-        c->nthreads++;
-    }
-    int e = pthread_create(&c->planner, NULL, ic_copy_planner, c);
-    if (e) {
-        struct ic_error e2 = {0};
-        ic_error_os(&e2, e, NULL, "start planner thread");
-        ic_copy_fail(c, &e2);
-        pthread_mutex_lock(&c->lock);
-        c->planner_done = 1;
-        pthread_mutex_unlock(&c->lock);
-        ic_copy_thread_exit(c); /* the planner's share */
-    } else {
-        c->planner_started = 1;
+    struct ic_job_params params = {.concurrency = opt->concurrency, .queue_depth = queue_depth,
+                                   .total = ic_image_size(src), .pool = opt->pool};
+    if (ic_job_start(&copy_ops, c, &params, &c->job, err) < 0) {
+        free_copy(c);
+        return -1;
     }
     *out = c;
     return 0;
 }
 
-int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms)
+struct ic_job *ic_copy_job(struct ic_copy *c)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&c->lock);
-    while (!c->complete) {
-        if (pthread_cond_timedwait(&c->finished, &c->lock, &deadline) == ETIMEDOUT)
-            break;
-    }
-    int done = c->complete;
-    pthread_mutex_unlock(&c->lock);
-    return done;
+    return c->job;
 }
 
 void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out)
@@ -676,41 +577,26 @@ void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out)
     out->write_requests = atomic_load(&c->write_requests);
     out->zero_requests = atomic_load(&c->zero_requests);
     out->extents = atomic_load(&c->extents);
-    out->done = atomic_load(&c->done);
-    out->total = ic_image_size(c->src);
-}
-
-void ic_copy_cancel(struct ic_copy *c)
-{
-    pthread_mutex_lock(&c->lock);
-    if (!c->complete)
-        c->cancelled = 1;
-    wake_all(c);
-    pthread_mutex_unlock(&c->lock);
+    ic_job_progress(c->job, &out->done, &out->total);
 }
 
 int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err)
 {
-    for (unsigned i = 0; i < c->nthreads; i++)
-        pthread_join(c->workers[i], NULL);
-    if (c->planner_started)
-        pthread_join(c->planner, NULL);
+    struct ic_error failure = {0};
+    int ret = ic_job_finish(c->job, &failure);
     if (out) {
         ic_copy_progress(c, out);
         out->checksum[0] = '\0';
     }
-    int ret = 0;
-    if (ic_request_log_failed(c->opt.log) && !c->failed) {
-        ic_error_nomem(&c->error);
-        c->failed = 1;
+    if (ret == 0 && ic_request_log_failed(c->opt.log)) {
+        ic_error_nomem(&failure);
+        ret = -1;
     }
-    if (c->failed) {
+    if (ret < 0) {
+        if (failure.errnum == ECANCELED && failure.kind == IC_ERR_OS)
+            ic_error_os(&failure, ECANCELED, NULL, "copy cancelled");
         if (err)
-            *err = c->error;
-        ret = -1;
-    } else if (c->cancelled) {
-        ic_error_os(err, ECANCELED, NULL, "copy cancelled");
-        ret = -1;
+            *err = failure;
     } else if (c->hash) {
         uint8_t digest[IC_DIGEST_MAX];
         char hex[IC_CHECKSUM_HEX_MAX];

@@ -1,5 +1,6 @@
-/* The copy engine's shared state: copy.c runs the threads (queue, turns,
- * workers, life cycle), planner.c cuts the source into work items. */
+/* The copy engine's shared state: copy.c runs the items (turns, workers'
+ * state, life cycle) as a job (job.c), planner.c cuts the source into
+ * work items. */
 #ifndef IMGCOPY_COPY_INTERNAL_H
 #define IMGCOPY_COPY_INTERNAL_H
 
@@ -7,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "image.h"
+#include "job.h"
 
 /* What a source run asks of the destination. */
 enum {
@@ -30,6 +32,8 @@ int ic_known_zeros_init(struct ic_known_zeros *z, struct ic_image *dst, uint64_t
 int ic_known_zeros_cover(const struct ic_known_zeros *z, uint64_t off, uint64_t len);
 void ic_known_zeros_free(struct ic_known_zeros *z);
 
+struct worker;
+
 struct ic_copy {
     struct ic_image *src, *dst;
     struct ic_known_zeros dst_zeros; /* ranges that need no zero request */
@@ -38,29 +42,20 @@ struct ic_copy {
     uint64_t zero_limit;  /* the longest zero request the destination takes */
     uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
 
-    pthread_mutex_t lock;
-    pthread_cond_t queue_changed; /* an item in or out, the planner done  */
-    pthread_cond_t *turn_changed; /* per slot of turn_slots: turn seq % n  */
+    struct ic_job *job;       /* job.c runs the planner and the items */
+    struct worker **workers;  /* per slot: buffers, staged writes */
+    unsigned nworkers;
+
+    /* turns: steps that follow guest order across items (copy.c) */
+    pthread_mutex_t turn_lock;
+    pthread_cond_t *turn_changed; /* per slot of turn_slots: turn seq % n */
     size_t turn_slots;
-    pthread_cond_t finished;      /* complete (CLOCK_MONOTONIC waits)      */
-    struct work_item *queue;
-    size_t qcap, qhead, qcount;
-    int planner_done;
     uint64_t next_write_seq; /* in-order writes */
     uint64_t next_place_seq; /* host allocation in guest order */
+    int stopping;            /* the job stopped: nobody waits for a turn */
     int ordered_place;
     int dst_overlay; /* the destination reads what it lacks from a backing file */
     uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
-    int cancelled;
-    int failed;
-    struct ic_error error;
-    unsigned live_threads;
-    int complete;
-
-    pthread_t planner;
-    int planner_started;
-    pthread_t *workers;
-    unsigned nthreads; /* started: planner + workers */
 
     struct ic_blkhash *hash; /* the source's checksum, if asked for */
 
@@ -68,17 +63,10 @@ struct ic_copy {
     atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
     atomic_uint_fast64_t bytes_already_zero; /* skipped: the destination read zeros */
     atomic_uint_fast64_t read_requests, write_requests, zero_requests;
-    atomic_uint_fast64_t extents, done;
+    atomic_uint_fast64_t extents;
 };
 
-/* copy.c */
-int ic_copy_push(struct ic_copy *c, const struct work_item *item); /* -1: cancelled */
-void ic_copy_fail(struct ic_copy *c, const struct ic_error *err);
-int ic_copy_cancelled(struct ic_copy *c);
-/* The last thread out makes the destination durable, then reports. */
-void ic_copy_thread_exit(struct ic_copy *c);
-
-/* planner.c: the planner thread's body */
-void *ic_copy_planner(void *copy);
+/* planner.c: the job's planner */
+int ic_copy_plan(struct ic_job *job, void *copy, struct ic_error *err);
 
 #endif

@@ -1,8 +1,10 @@
 /* What a protocol or format driver provides to the image layer.  Every
  * operation returns 0 or -1 with details in `err`; none exits or prints.
  *
- * A protocol driver reaches bytes (a file or block device, the null sink;
- * later NBD, a member of a tar file).  A format driver interprets the bytes
+ * A protocol driver reaches bytes (drivers/file.c: a file or block device;
+ * nbd.c: an NBD export; tar.c: a member of a tar archive, itself a
+ * protocol image; null.c: the null sink).  A format driver (qcow2, vmdk,
+ * vhdx, vpc) interprets the bytes
  * of a child image, img->file, which is a protocol image; it answers for
  * its own layer only: block status says where its layer does not hold a
  * range (IC_EXT_BELOW), and reads of such ranges go to

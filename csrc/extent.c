@@ -17,6 +17,12 @@ int ic_extent_list_push(struct ic_extent_list *list, const struct ic_extent *e)
     return 0;
 }
 
+int ic_extent_list_add(struct ic_extent_list *list, const struct ic_extent *e,
+                       struct ic_error *err)
+{
+    return ic_extent_list_push(list, e) < 0 ? ic_error_nomem(err) : 0;
+}
+
 void ic_extent_list_free(struct ic_extent_list *list)
 {
     free(list->items);

@@ -49,11 +49,6 @@ static void answer(const struct ic_interval *iv, uint64_t off, uint64_t len, str
     out->host_offset = (iv->flags & IC_EXT_OFFSET_VALID) ? iv->host + (off - iv->start) : 0;
 }
 
-static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic_error *err)
-{
-    return ic_extent_list_push(out, e) < 0 ? ic_error_nomem(err) : 0;
-}
-
 /* What a format's layer does not hold: the backing file answers, one
  * level deeper (a raw backing file's length rounded up to 512 bytes, as
  * qemu sees it); past its end, or without one, it reads as zeros. */
@@ -69,7 +64,7 @@ static int expand_below(struct ic_image *img, uint64_t start, uint64_t end,
         if (ic_image_block_status(b, pos, lim - pos, &e, err) < 0)
             return -1;
         e.depth++;
-        if (push(out, &e, err) < 0)
+        if (ic_extent_list_add(out, &e, err) < 0)
             return -1;
         pos += e.length;
     }
@@ -77,13 +72,13 @@ static int expand_below(struct ic_image *img, uint64_t start, uint64_t end,
         uint64_t lim = end < tail ? end : tail;
         struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
                               .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-        if (push(out, &e, err) < 0)
+        if (ic_extent_list_add(out, &e, err) < 0)
             return -1;
         pos = lim;
     }
     if (pos < end) {
         struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
-        return push(out, &e, err);
+        return ic_extent_list_add(out, &e, err);
     }
     return 0;
 }
@@ -120,7 +115,7 @@ static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
             const struct ic_extent *e = &img->walk.items[i];
             if ((e->flags & IC_EXT_BELOW
                      ? expand_below(img, e->start, e->start + e->length, &below, err)
-                     : push(&below, e, err)) < 0) {
+                     : ic_extent_list_add(&below, e, err)) < 0) {
                 ic_extent_list_free(&below);
                 return -1;
             }

@@ -9,6 +9,7 @@
 #include "image.h"
 #include "lock.h"
 #include "probe.h"
+#include "drivers/file.h"
 #include "drivers/tar.h"
 
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
@@ -66,6 +67,17 @@ static int probe_protocol(struct ic_image *p, const char **format, struct ic_err
     }
     *format = ic_probe_format(head, hlen, tail, tlen);
     return 0;
+}
+
+/* Whether a protocol image starts with a tar header (read errors: no,
+ * the format's own open then says what fails). */
+static int looks_like_tar(struct ic_image *p)
+{
+    uint8_t head[IC_PROBE_HEAD];
+    if (p->size < sizeof head || ic_image_reads_as_hole(p, 0, sizeof head) ||
+        ic_image_pread(p, head, sizeof head, 0, NULL) < 0)
+        return 0;
+    return ic_probe_is_tar(head, sizeof head);
 }
 
 static int open_protocol(const char *path, const char *member, unsigned flags,
@@ -266,6 +278,39 @@ static int sibling_member(const struct ic_image *img, const char *name, const ch
     return 0;
 }
 
+/* Whether two protocol images are the same bytes: one file, or one
+ * member of one archive. */
+static int same_bytes(struct ic_image *a, struct ic_image *b)
+{
+    struct ic_file_id x = {0}, y = {0};
+    if (!a->drv->identity || !b->drv->identity || !a->drv->identity(a, &x.dev, &x.ino, &x.rdev) ||
+        !b->drv->identity(b, &y.dev, &y.ino, &y.rdev))
+        return 0;
+    return same_file(&x, &y) && ic_tar_member_offset(a) == ic_tar_member_offset(b);
+}
+
+/* A name the image holds, opened beneath the image's directory. */
+static int open_beneath(struct ic_image *img, const char *name, const char *path,
+                        unsigned flags, struct ic_image **out, struct ic_error *err)
+{
+    char dir[IC_ERROR_PATH_MAX];
+    const char *slash = strrchr(img->path, '/');
+    int n = !slash ? snprintf(dir, sizeof dir, ".")
+                   : snprintf(dir, sizeof dir, "%.*s", slash == img->path ? 1
+                                                       : (int)(slash - img->path), img->path);
+    if (n < 0 || (size_t)n >= sizeof dir)
+        return ic_error_format(err, img->path, "image path too long");
+    struct ic_image *p = ic_image_new(path, &ic_protocol_file, flags, 0);
+    if (!p)
+        return ic_error_nomem(err);
+    if (ic_file_open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
+        ic_image_close(p);
+        return -1;
+    }
+    *out = p;
+    return 0;
+}
+
 int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
                               struct ic_error *err)
 {
@@ -273,11 +318,12 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
     if (!name[0])
         return ic_error_format(err, img->path, "an extent file with an empty name");
     const char *member = NULL;
+    int external = (img->open_flags & IC_OPEN_EXTERNAL_FILES) != 0;
     if (img->member) {
         if (sibling_member(img, name, "extent file", path, sizeof path, err) < 0)
             return -1;
         member = path;
-    } else if (!inside_directory(name) && !(img->open_flags & IC_OPEN_EXTERNAL_FILES))
+    } else if (!inside_directory(name) && !external)
         return ic_error_format(err, img->path,
                                "extent file '%s' is outside the image's directory (allow it "
                                "with external_files=True)", name);
@@ -287,14 +333,35 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
         return ic_error_format(err, img->path, "extent file '%s' is not a file", name);
     unsigned flags = img->open_flags & (IC_OPEN_DIRECT | IC_OPEN_FORCE_SHARE);
     struct ic_image *p;
-    if (open_protocol(member ? img->path : path, member, flags, &p, err) < 0)
+    /* confined, the name is resolved beneath the directory, links and all:
+     * a link out of it (or a device node in it) is refused as ".." is */
+    int r = member || external ? open_protocol(member ? img->path : path, member, flags, &p, err)
+                               : open_beneath(img, name, path, flags, &p, err);
+    if (r < 0)
         return -1;
+    if (img->file && same_bytes(p, img->file)) {
+        ic_image_close(p);
+        return ic_error_format(err, img->path, "extent file '%s' is this image's own file",
+                               name);
+    }
     if (lock_protocol(p, NULL, flags, img->lock_perm & CR, img->lock_shared, err) < 0) {
         ic_image_close(p);
         return -1;
     }
     *out = p;
     return 0;
+}
+
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member)
+{
+    const char *name = img->backing_name;
+    if (!name[0])
+        return 0;
+    *is_member = img->member != NULL;
+    if (img->member)
+        return sibling_member(img, name, "backing file", out, cap, NULL) == 0;
+    return backing_path(img, name, out, cap, NULL) == 0 && ic_protocol_for(out) == &ic_protocol_file;
 }
 
 /* Open what `img` names as its backing file, read-only, below it.  What an
@@ -321,8 +388,19 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
     if (open_link(member ? img->path : path, member, format, flags, img, &img->backing, err) ==
         0)
         return 0;
-    if (err && err->remedy == IC_REMEDY_AS_RAW) /* no caller option changes a backing file */
+    /* no caller option changes a backing file */
+    if (err && (err->remedy == IC_REMEDY_AS_RAW || err->remedy == IC_REMEDY_MEMBER))
         err->remedy = IC_REMEDY_NONE;
+    if (err && (err->kind == IC_ERR_OS || err->kind == IC_ERR_FORMAT) &&
+        strcmp(err->path, member ? img->path : path) == 0) {
+        /* whose backing file it is ("PATH: No such file or directory
+         * (open, the backing file of TOP)") */
+        char msg[sizeof err->msg];
+        if (snprintf(msg, sizeof msg, err->kind == IC_ERR_OS ? "%s, the backing file of %s"
+                                                              : "%s (the backing file of %s)",
+                     err->msg, img->member ? img->member : img->path) > 0)
+            memcpy(err->msg, msg, sizeof msg); /* cut if need be */
+    }
     if (err && err->kind == IC_ERR_VALUE) {
         /* "PATH: reason" says PATH once, in our own words */
         const char *reason = err->msg;
@@ -347,6 +425,12 @@ static int open_link(const char *path, const char *member, const char *format, u
     const char *name = format;
     if (!name && probe_protocol(p, &name, err) < 0)
         goto fail;
+    /* a tar archive (an OVA) is no disk, probed or named as one: its disks
+     * are members (raw reads its bytes, on purpose) */
+    if (strcmp(name, "tar") == 0 || (strcmp(name, "raw") != 0 && looks_like_tar(p))) {
+        ic_tar_refuse_as_disk(p, path, member, err);
+        goto fail;
+    }
     if (!ic_format_readable(name)) {
         /* "qcow" is qcow2's magic with version 1: say so */
         ic_error_format(err, path, "this is a %s image%s, a format imgcopy cannot read yet", name,
@@ -376,7 +460,7 @@ static int open_link(const char *path, const char *member, const char *format, u
     img->lock_shared = shared;
     if (join_chain(img, img->file ? img->file : img, above, err) < 0 ||
         (drv && drv->open(img, err) < 0) ||
-        (img->backing_name[0] &&
+        (img->backing_name[0] && !(flags & IC_OPEN_NO_BACKING) &&
          open_backing(img, img->backing_name, img->backing_format[0] ? img->backing_format
                                                                      : NULL, err) < 0))
         goto fail;
@@ -405,6 +489,9 @@ int ic_image_open_member(const char *path, const char *member, const char *forma
     if (member && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "%s: member '%s' of a tar archive can only be read: it "
                               "cannot be opened for writing or be a destination", path, member);
+    if ((flags & IC_OPEN_NO_BACKING) && (flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "an image opened without its backing file can only be "
+                              "read");
     if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "force_share reads an image others may write: it cannot "
                               "open one for writing");
@@ -473,6 +560,8 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         if (r < 0)
             goto fail;
     }
+    /* what the copy into it may skip (calloc'ed: 0 for opened images) */
+    atomic_store(&img->fresh, *fresh);
     *out = img;
     return 0;
 fail:

@@ -72,6 +72,17 @@ int ic_image_has_backing_file(const struct ic_image *img)
     return img->backing != NULL;
 }
 
+int ic_image_fresh(const struct ic_image *img)
+{
+    return atomic_load_explicit(&((struct ic_image *)img)->fresh, memory_order_relaxed);
+}
+
+void ic_image_written(struct ic_image *img)
+{
+    if (atomic_load_explicit(&img->fresh, memory_order_relaxed))
+        atomic_store_explicit(&img->fresh, 0, memory_order_relaxed);
+}
+
 int ic_image_writable(const struct ic_image *img)
 {
     return (img->open_flags & IC_OPEN_RDWR) != 0;
@@ -112,8 +123,8 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
             return -1;
         if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
             out->items[out->count - 1].length += e.length;
-        else if (ic_extent_list_push(out, &e) < 0)
-            return ic_error_nomem(err);
+        else if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
         pos += e.length;
     }
     return 0;
@@ -134,6 +145,7 @@ int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t 
         return ic_error_readonly(err, img->path);
     if (check_range(img, offset, len, err) < 0)
         return -1;
+    ic_image_written(img);
     return img->drv->pwrite(img, buf, len, offset, err);
 }
 
@@ -159,6 +171,7 @@ int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsign
         return -1;
     if (length == 0)
         return 0;
+    ic_image_written(img);
     if (img->drv->zero)
         return img->drv->zero(img, offset, length, flags, err);
     if (flags & IC_ZERO_FAST)

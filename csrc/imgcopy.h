@@ -11,6 +11,9 @@
 
 #include "error.h"
 
+struct ic_pool; /* job.h: worker threads and a budget that jobs share */
+struct ic_job;  /* job.h: a planner and items the pool runs */
+
 /* Extent flags, qemu-img map's vocabulary. */
 enum {
     IC_EXT_DATA = 1u << 0,         /* reads come from this image's storage  */
@@ -35,6 +38,9 @@ struct ic_extent_list {
 };
 
 int ic_extent_list_push(struct ic_extent_list *list, const struct ic_extent *e);
+/* The same, the failure (out of memory) in `err`. */
+int ic_extent_list_add(struct ic_extent_list *list, const struct ic_extent *e,
+                       struct ic_error *err);
 void ic_extent_list_free(struct ic_extent_list *list);
 
 /* Open flags. */
@@ -57,6 +63,10 @@ enum {
      * descriptor's extents with absolute paths or ".."): off by default, as
      * an untrusted image must not make imgcopy read arbitrary files */
     IC_OPEN_EXTERNAL_FILES = 1u << 7,
+    /* Open the image alone, not the backing file it names (qemu-img info
+     * without --backing-chain): for describing it only, as what it does
+     * not hold then reads as zeros; read-only */
+    IC_OPEN_NO_BACKING = 1u << 8,
 };
 
 struct ic_image;
@@ -148,6 +158,12 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+/* Where the image's backing file is (opened or not): the path the image
+ * layer opens, or (*is_member set) the member of the image's own archive.
+ * 0 without a backing file, or one that cannot be a file (too long a
+ * name, another protocol, a member's name leaving its directory). */
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member);
 /* The file of this image or of its backing chain that `path` names (the
  * same inode, or the same block device), or NULL: a destination must
  * never be a file its source reads. */
@@ -305,15 +321,20 @@ void ic_request_log_free(struct ic_request_log *log);
  * recorded or memory ran out (*count says which: 0 or how many). */
 const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count);
 
+/* An option the copy decides from its images (ic_copy_options_effective) */
+#define IC_AUTO (-1)
+
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
-    unsigned concurrency;      /* worker threads                           */
+    unsigned concurrency;      /* work items in flight (a private pool's threads) */
     int out_of_order;          /* writes may complete in any order         */
-    int target_is_zero;        /* skip zero ranges instead of zeroing them */
+    /* skip zero ranges instead of zeroing them; IC_AUTO: when the
+     * destination is one ic_image_create() made reading as zeros */
+    int target_is_zero;
     int offload;               /* copy_file_range for data                 */
     int flush;                 /* make the destination durable at the end  */
     /* remote endpoints (NBD) */
@@ -326,12 +347,32 @@ struct ic_copy_options {
      * front ends pass them on their own (Python: convert's checksum=). */
     const char *checksum;
     uint64_t checksum_block_size;
+    /* optional: run on this pool (job.h), shared with other jobs, under its
+     * budget of bytes in flight; NULL: threads of the copy's own */
+    struct ic_pool *pool;
 };
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
 void ic_copy_options_init(struct ic_copy_options *o);
 int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
+/* What the rules of the options read of a copy's images (ic_copy_facts_of). */
+struct ic_copy_facts {
+    uint64_t dst_preferred;   /* the smallest request it handles well (0: any) */
+    uint64_t dst_write_align; /* writes cover whole units of this (1: any range) */
+    int dst_places_in_order;  /* allocates host space in guest order (qcow2) */
+    int dst_fresh;            /* ic_image_create() made it, reading as zeros */
+    int dst_discards;         /* the null sink: nothing to make durable */
+};
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out);
+/* The options a copy runs with, from those asked for and the facts of its
+ * images: the one place their rules live (options.c), pure.  -1 with
+ * `err` when the options asked for are invalid (ic_copy_options_check). */
+int ic_copy_options_effective(const struct ic_copy_options *asked,
+                              const struct ic_copy_facts *facts,
+                              struct ic_copy_options *out, struct ic_error *err);
 
 #define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex, NUL */
 
@@ -352,15 +393,17 @@ struct ic_copy_stats {
 
 struct ic_copy;
 
-/* Start copying src [0, src size) to dst; threads run until the copy is
- * done, fails or is cancelled.  src and dst must outlive the copy. */
+/* Start copying src [0, src size) to dst as a job (job.h) that runs until
+ * the copy is done, fails or is cancelled.  src and dst must outlive it. */
 int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
                   struct ic_copy **out, struct ic_error *err);
-/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
-int ic_copy_wait(struct ic_copy *c, unsigned timeout_ms);
+/* The job, to wait for, watch and cancel with job.h's calls. */
+struct ic_job *ic_copy_job(struct ic_copy *c);
+/* The options it runs with (ic_copy_options_effective), `log` and
+ * `checksum` as asked. */
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);
 void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out);
-void ic_copy_cancel(struct ic_copy *c);
-/* Join every thread and free the copy: 0 on success, -1 with the first
+/* Wait for the end and free the copy: 0 on success, -1 with the first
  * error (or cancellation, errnum ECANCELED) in err. */
 int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error *err);
 
@@ -386,10 +429,10 @@ struct ic_compare_progress {
 };
 
 struct ic_compare_options {
-    unsigned concurrency; /* threads reading (the caller's is one of them) */
+    unsigned concurrency; /* steps read at once */
     int strict;           /* qemu-img compare -s: sizes and block status too */
     int progress;         /* record the reports qemu-img compare -p prints */
-    _Atomic int *cancel;  /* optional: set non-zero, the call fails soon (ECANCELED) */
+    struct ic_pool *pool; /* optional: run on this pool (job.h) */
     /* optional, with progress: each report as it becomes final (every step
      * before it done without an outcome), in order; called from the
      * comparison's threads with its lock held: it must be quick */
@@ -423,6 +466,14 @@ void ic_compare_result_free(struct ic_compare_result *r);
  * no memory). */
 int ic_compare(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
                struct ic_compare_result *out, struct ic_error *err);
+/* The same as a job (job.h) to watch and cancel (ECANCELED) while it runs:
+ * start, then finish (which waits, frees it and gives what ic_compare()
+ * gives).  ic_compare_job() is NULL when the outcome was known at once. */
+struct ic_compare;
+int ic_compare_start(struct ic_image *a, struct ic_image *b, const struct ic_compare_options *opt,
+                     struct ic_compare **out, struct ic_error *err);
+struct ic_job *ic_compare_job(struct ic_compare *c);
+int ic_compare_finish(struct ic_compare *c, struct ic_compare_result *out, struct ic_error *err);
 
 /* ---- the structs front ends fill in and show, by name (fields.c) ------ */
 
@@ -433,6 +484,7 @@ enum ic_field_kind {
     IC_FIELD_U64,      /* uint64_t                                  */
     IC_FIELD_UNSIGNED, /* unsigned                                  */
     IC_FIELD_FLAG,     /* int, 0 or 1                               */
+    IC_FIELD_AUTO_FLAG, /* int, 0, 1 or IC_AUTO (Python: None)      */
     IC_FIELD_TEXT,     /* const char *, NULL for none               */
     IC_FIELD_CHOICE,   /* one of the names `choose` takes           */
 };
@@ -464,6 +516,7 @@ struct ic_checksum_options {
     unsigned threads;      /* 0: 4 */
     uint64_t request_size; /* bytes per read; 0: 2 MiB */
     uint64_t length;       /* hash [0, length); 0: the whole image */
+    struct ic_pool *pool;  /* optional: run on this pool (job.h), threads its slots */
 };
 
 /* The names of the algorithms libcrypto provides (static strings): how
@@ -474,13 +527,11 @@ int ic_checksum_algorithms(const char **names, size_t cap, struct ic_error *err)
 int ic_checksum_check(const char *algorithm, uint64_t block_size, struct ic_error *err);
 
 struct ic_checksum;
-/* Start hashing `img` (which must outlive the job) in threads. */
+/* Start hashing `img` (which must outlive the job) as a job (job.h). */
 int ic_checksum_start(struct ic_image *img, const struct ic_checksum_options *opt,
                       struct ic_checksum **out, struct ic_error *err);
-/* Wait up to timeout_ms; 1 when finished, 0 when still running. */
-int ic_checksum_wait(struct ic_checksum *job, unsigned timeout_ms);
-void ic_checksum_progress(struct ic_checksum *job, uint64_t *done, uint64_t *total);
-void ic_checksum_cancel(struct ic_checksum *job);
+/* The job, to wait for, watch and cancel with job.h's calls. */
+struct ic_job *ic_checksum_job(struct ic_checksum *c);
 /* Join the threads and free the job: the digest as hex into `hex`
  * (IC_CHECKSUM_HEX_MAX bytes), or -1 with the first error (ECANCELED when
  * cancelled). */

@@ -1,5 +1,5 @@
 /* The planner: one thread walks the source's extents in guest order and
- * cuts them into work items for the workers (copy.c): data to read, zeros
+ * cuts them into work items for the job's workers (copy.c): data to read, zeros
  * to write or skip, ranges an overlay's backing file holds. */
 #include <stdlib.h>
 
@@ -48,7 +48,7 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
             .start = pos, .end = next, .ext_start = start, .ext_end = end,
             .seq = (*seq)++, .kind = kind,
         };
-        if (ic_copy_push(c, &item) < 0)
+        if (ic_job_push(c->job, &item) < 0)
             return -1;
         pos = next;
     }
@@ -118,13 +118,12 @@ static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
     return 0;
 }
 
-void *ic_copy_planner(void *arg)
+int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
 {
-    struct ic_copy *c = arg;
+    struct ic_copy *c = ctx;
     uint64_t size = ic_image_size(c->src);
     uint64_t run_start = 0, pos = 0;
     int run_kind_now = -1;
-    struct ic_error err = {0};
     struct aligner al = {.c = c, .align = c->write_align, .size = size};
     /* neighbours of one kind are one extent: the cache may answer a long
      * extent in pieces, and zero runs at extent edges are judged by it.
@@ -133,13 +132,11 @@ void *ic_copy_planner(void *arg)
     uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
     uint64_t host_next = UINT64_MAX; /* where a data run's host bytes continue */
     while (pos < size) {
-        if (ic_copy_cancelled(c))
-            goto out;
+        if (ic_job_stopped(job))
+            return 0;
         struct ic_extent e;
-        if (ic_image_block_status(c->src, pos, size - pos, &e, &err) < 0) {
-            ic_copy_fail(c, &err);
-            goto out;
-        }
+        if (ic_image_block_status(c->src, pos, size - pos, &e, err) < 0)
+            return -1;
         uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
         int kind = run_kind(c, &e, pos);
         /* qemu's data extents also end where the host bytes stop being
@@ -151,7 +148,7 @@ void *ic_copy_planner(void *arg)
         if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
             if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
                 ((at_cut || host_break) && flush_data(&al) < 0))
-                goto out;
+                return 0; /* the job stopped: nothing more is taken */
             run_start = pos;
         }
         host_next = (e.flags & IC_EXT_OFFSET_VALID) ? e.host_offset + len : UINT64_MAX;
@@ -160,12 +157,6 @@ void *ic_copy_planner(void *arg)
     }
     if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
         flush_data(&al);
-out:
-    pthread_mutex_lock(&c->lock);
-    c->planner_done = 1;
-    pthread_cond_broadcast(&c->queue_changed);
-    pthread_mutex_unlock(&c->lock);
-    ic_copy_thread_exit(c);
-    return NULL;
+    return 0;
 }
 

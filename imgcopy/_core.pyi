@@ -31,6 +31,8 @@ class ImageDescription(TypedDict):
     dirty: bool  # not cleanly shut down
     backing_name: Optional[str]  # as the image stores it
     backing_format: Optional[str]  # None: not stored
+    # where the backing file is, opened or not: (path, member or None)
+    backing_location: Optional[Tuple[str, Optional[str]]]
     format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
 
 @type_check_only  # a type of the stubs only: dicts at run time
@@ -59,23 +61,27 @@ class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
 
 @type_check_only  # a type of the stubs only: dicts at run time
-class CopyReport(CopyCounters, _CopyChecksum):
-    """copy()'s result: the counters, and the requests made (packed struct
-    ic_request, sorted by offset) when copy() was asked to log them."""
-    requests: Optional[bytes]
-
-@type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
-    """copy_option_defaults(): struct ic_copy_options as the core fills it."""
+    """copy_option_defaults(): struct ic_copy_options as the core fills it
+    (target_is_zero None: decided per copy)."""
     sparse_threshold: int
     request_size: int
     concurrency: int
     out_of_order: bool
-    target_is_zero: bool
+    target_is_zero: Optional[bool]
     offload: bool
     flush: bool
     connections: int
     requests_in_flight: int
+
+@type_check_only  # a type of the stubs only: dicts at run time
+class CopyReport(CopyCounters, _CopyChecksum):
+    """copy()'s result: the counters, the options the copy ran with (as the
+    core decided them: ic_copy_options_effective) and the requests made
+    (packed struct ic_request, sorted by offset) when copy() was asked to
+    log them."""
+    requests: Optional[bytes]
+    options: CopyOptionDefaults
 
 @final
 class Image:
@@ -93,10 +99,11 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
-        name extent files outside its directory."""
+        name extent files outside its directory; ``no_backing``: the image
+        alone, to describe it (what it does not hold reads as zeros)."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""
@@ -123,7 +130,8 @@ class Image:
     def describe(self) -> ImageDescription: ...
 
 def probe(path: _Path, /) -> str:
-    """The format the file looks like ("raw" when nothing else matches)."""
+    """The format the file looks like ("raw" when nothing else matches, "tar" for a
+    tar archive)."""
 def formats() -> Tuple[str, ...]:
     """The formats imgcopy reads."""
 def writable_formats() -> Tuple[str, ...]:
@@ -150,14 +158,16 @@ def compression_libraries() -> Dict[str, Optional[str]]:
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
-         offload: bool = ..., flush: bool = ..., checksum: Optional[str] = ...,
+         offload: bool = ..., flush: bool = ..., connections: int = ...,
+         requests_in_flight: int = ..., checksum: Optional[str] = ...,
          checksum_block_size: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
-                       flush: bool = ...) -> None:
+                       flush: bool = ..., connections: int = ...,
+                       requests_in_flight: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,

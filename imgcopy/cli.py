@@ -17,7 +17,8 @@ from .features import VersionAction
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
 from .options import CopyOptions, Qcow2Options
-from .progress import TextBar
+from .progress import QemuProgress
+from .uris import is_nbd_uri
 
 DEFAULTS = CopyOptions()
 
@@ -119,8 +120,10 @@ def _build_parser() -> argparse.ArgumentParser:
     c.add_argument("-C", dest="offload", action="store_true",
                    help="copy data in the kernel (copy_file_range)")
     c.add_argument("--target-is-zero", action="store_true",
-                   help="the destination already reads as zeros: skip zero ranges")
-    c.add_argument("-p", dest="progress", action="store_true", help="show a progress bar")
+                   help="the destination already reads as zeros: skip zero ranges (needs -n, "
+                        "implied for an NBD URI)")
+    c.add_argument("-p", dest="progress", action="store_true",
+                   help="show progress as qemu-img does (a bar too on a terminal)")
     c.add_argument("-t", dest="dst_cache", choices=("none", "writeback", "unsafe"),
                    default="writeback",
                    help="destination cache mode: none = O_DIRECT, unsafe = no flush")
@@ -179,11 +182,16 @@ def _creation_options(specs: List[str]) -> dict:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    if args.target_is_zero and args.create:
+    # an NBD export always exists: -n is implied there
+    if args.target_is_zero and args.create and not is_nbd_uri(args.destination):
         raise ValueError("--target-is-zero needs -n (an existing destination)")
-    bar = TextBar(style="qemu") if args.progress else None
+    # qemu-img's reports on stdout, unless stdout is the JSON of --stats
+    bar = QemuProgress(stream=sys.stderr if args.stats == "json" else sys.stdout) \
+        if args.progress else None
     result = None
     try:
+        if bar is not None:
+            bar.start()
         result = _convert(args, bar)
         # complete: a Ctrl-C from now on changes nothing (convert() already
         # ignores one that comes after the destination was committed)
@@ -194,7 +202,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         _ignore_sigint()
     finally:
         if bar is not None:
-            bar.close()
+            if result is not None:
+                bar.finish()
+            bar.close()  # the line ends before an error is printed
     cli_checksum.print_convert_checksum(args, result)
     if args.stats == "json":
         print(json.dumps(result.to_dict(), indent=1))
@@ -228,7 +238,7 @@ def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
     return Qcow2Options(**layout) if layout else None
 
 
-def _convert(args: argparse.Namespace, bar: Optional[TextBar]):
+def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         src_member=args.member, src_external_files=args.external_files,

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, checksum, checksum_algorithms
 from .image import FORMATS
-from .progress import TextBar
+from .progress import QemuProgress
 
 
 def add_parser(sub: Any, parse_size: Any) -> None:
@@ -24,7 +23,8 @@ def add_parser(sub: Any, parse_size: Any) -> None:
                    help="hashing threads (default 4; does not change the value)")
     p.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                    help="read the image even if another process writes it")
-    p.add_argument("-p", "--progress", action="store_true", help="show a progress bar")
+    p.add_argument("-p", "--progress", action="store_true",
+                   help="show progress as qemu-img does (a bar too on a terminal)")
     p.add_argument("-l", "--list-digests", action="store_true",
                    help="list the algorithms and exit")
     p.add_argument("filenames", nargs="*", metavar="FILE")
@@ -42,12 +42,18 @@ def run(args: argparse.Namespace) -> int:
         args.parser.error("the following arguments are required: FILE")
     status = 0
     for name in args.filenames:
-        bar = TextBar(desc=os.path.basename(name)) if args.progress else None
+        bar = QemuProgress() if args.progress else None  # convert -p's, per file
         try:
+            if bar is not None:
+                bar.start()
             digest = checksum(name, args.algorithm, args.block_size, format=args.format,
                               threads=args.threads, progress=bar,
                               force_share=args.force_share)
+            if bar is not None:
+                bar.finish()
         except (OSError, ValueError) as exc:
+            if bar is not None:
+                bar.close()  # the line ends before the error
             print(f"imgcopy: {_describe(exc)}", file=sys.stderr)
             status = 1
             continue

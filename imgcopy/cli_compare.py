@@ -14,6 +14,7 @@ from typing import List, Optional, Tuple
 from .compare import CompareResult, compare_images
 from .errors import ImageFormatError
 from .image import FORMATS, Image
+from .progress import QemuProgress
 
 PROG = "imgcopy"
 USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s] [-U] "
@@ -179,17 +180,18 @@ def run(argv: List[str]) -> int:
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
     direct = cache in ("none", "directsync")
+    bar = QemuProgress() if progress else None  # convert -p's, with compare's reports
     try:
         if cache not in CACHE_MODES:
             _err(f"Invalid source cache option: {cache}")
             return 2
-        return _compare(names, fmts, direct, force_share, strict, threads, quiet, progress)
+        return _compare(names, fmts, direct, force_share, strict, threads, quiet, bar)
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
     finally:
-        if progress:
-            _out("\n", quiet)
+        if bar is not None:
+            bar.close()
 
 
 def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Optional[Image]:
@@ -217,7 +219,7 @@ def _opens_as_raw(name: str) -> bool:
 
 
 def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_share: bool,
-             strict: bool, threads: int, quiet: bool, progress: bool) -> int:
+             strict: bool, threads: int, quiet: bool, bar: Optional[QemuProgress]) -> int:
     a = _open(names[0], fmts[0], direct, force_share)
     if a is None:
         return 2
@@ -226,12 +228,12 @@ def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_sh
         if b is None:
             return 2
         with b:
-            live = _Live(quiet)
-            if progress:
-                _out(_report_line(0.0), quiet)
+            live = _Live(quiet, bar)
+            if bar is not None:
+                bar.start()
             try:
                 result = compare_images(a, b, strict=strict, concurrency=threads,
-                                        on_progress=live.report if progress else None)
+                                        on_progress=live.report if bar is not None else None)
             except (OSError, ImageFormatError) as exc:
                 return _failure(names, exc, quiet, live)
     return _report(result, quiet, live)
@@ -241,26 +243,28 @@ class _Live:
     """The progress reports as they come, and qemu's size warning before the
     first one past the smaller image's end."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, bar: Optional[QemuProgress] = None) -> None:
         self.quiet = quiet
+        self.bar = bar
         self.warned = False
 
     def warn(self) -> None:
         if not self.warned:
-            _out("Warning: Image size mismatch!\n", self.quiet)
+            self.out("Warning: Image size mismatch!\n")
             self.warned = True
 
     def report(self, percent: float, in_tail: bool) -> None:
+        """One of qemu-img's reports (the core decided which it prints)."""
         if in_tail:
             self.warn()
-        _out(_report_line(percent), self.quiet)
+        if self.bar is not None:
+            self.bar.report(percent)
 
-
-def _report_line(percent: float) -> str:
-    return "    (%3.2f/100%%)\r" % percent
-
-
-
+    def out(self, text: str) -> None:
+        """A line of the output: past the bar's on a terminal."""
+        if self.bar is not None:
+            self.bar.blank()
+        _out(text, self.quiet)
 
 
 def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> int:
@@ -270,6 +274,8 @@ def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> 
         return 4
     if getattr(exc, "compare_warned", False):
         live.warn()
+    if live.bar is not None:
+        live.bar.blank()
     name = names[getattr(exc, "compare_image", 0)]
     if step == 3:
         _err(f"Sector allocation test failed for {name}")
@@ -283,5 +289,5 @@ def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> 
 def _report(result: CompareResult, quiet: bool, live: _Live) -> int:
     if result.warned:
         live.warn()
-    _out(result.message + "\n", quiet)
+    live.out(result.message + "\n")
     return 0 if result.identical else 1

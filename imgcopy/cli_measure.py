@@ -122,11 +122,12 @@ def _run(argv: List[str]) -> int:
         check_output_format(out_fmt)
         typed = typed_options(out_fmt, split_options(options)) if options else {}
         target = Qcow2Target.from_options(typed) if out_fmt == "qcow2" else None
-        if img is None:
-            assert size is not None
-            result = measure_size(size, target)
-        else:
+        if img is not None:
             result = measure_image(img, target)
+        elif size is not None:
+            result = measure_size(size, target)
+        else:  # refused above
+            raise MeasureError("Either --size N or one filename must be specified.")
     finally:
         if img is not None:
             img.close()

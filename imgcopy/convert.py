@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple, Union
 
 from . import _core
@@ -135,12 +135,13 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
-      ``src``: a path (str, bytes or os.PathLike) of a raw or qcow2 image,
-      a block device included, or an NBD URI (``nbd://host[:port]/export``,
-      ``nbd+unix:///export?socket=PATH``, ``nbds://...``); qcow2 backing
-      chains are followed.
-      ``src_format``: "raw" or "qcow2"; None probes (an image of another
-      format is refused, not read as raw). ``force``: read a qcow2 source
+      ``src``: a path (str, bytes or os.PathLike) of an image in any
+      format ``imgcopy.open()`` reads (raw, qcow2, vmdk, vhdx, vpc:
+      ``imgcopy.image.FORMATS``), a block device included, or an NBD URI
+      (``nbd://host[:port]/export``, ``nbd+unix:///export?socket=PATH``,
+      ``nbds://...``); backing chains are followed.
+      ``src_format``: one of those formats; None probes (an image of a
+      format imgcopy does not read is refused, not read as raw). ``force``: read a qcow2 source
       marked dirty or corrupt. ``src_member``: the source is this member of
       the tar archive ``src`` (an OVA's disk), read in place; its backing
       file is another member. ``src_external_files``: a vmdk source's
@@ -152,7 +153,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     Destination:
       ``dst``: a path, a block device, an NBD URI (the export as it is:
       ``create`` does not apply, its size is the server's, a smaller one is
-      refused), or ``"null:"`` (discard everything; for measuring). ``dst_format``: "raw", "qcow2" or "null"; None means
+      refused), or ``"null:"`` (discard everything; for measuring).
+      ``dst_format``: "raw", "qcow2" or "null" (the formats imgcopy
+      writes); None means
       "raw" for a new file, and for an existing one (``create=False``) the
       format it has if that is raw (another format must be named).
       ``create``: True makes a new image: a regular file is written under a
@@ -205,7 +208,10 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
-    ``CopyOptions`` the copy ran with (``target_is_zero`` decided).
+    ``CopyOptions`` the copy ran with, as the C core decided them from the
+    ones asked for and the destination (``target_is_zero`` None decided, a
+    server's preferred block size raising ``sparse_threshold`` and
+    ``request_size``, a qcow2 cluster size rounding them).
 
     Raises: ``ImageFormatError`` for a corrupt or unsupported source or
     destination image (its message says which option would help);
@@ -271,16 +277,15 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             if not is_null:
                 _check_not_read(source, dst_name)
             if is_null:
-                core, fresh = _core.create(NULL_TARGET, "null", source.size)
+                core, _ = _core.create(NULL_TARGET, "null", source.size)
             elif create:
                 laid_out = create_options.create_keywords() if create_options else {}
-                core, fresh = _core.create(dst, dst_format, source.size,
-                                           direct=options.destination_direct,
-                                           writeback=options.flush, atomic=True, **laid_out)
+                core, _ = _core.create(dst, dst_format, source.size,
+                                       direct=options.destination_direct,
+                                       writeback=options.flush, atomic=True, **laid_out)
             else:
                 core = _core.Image(dst, dst_format, writable=True,
                                    direct=options.destination_direct)
-                fresh = False
                 dst_size = core.size
                 if dst_size < source.size:
                     core.close()
@@ -296,13 +301,12 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             t0 = time.monotonic()
             try:
                 bar = make_progress(progress, source.size, os.path.basename(source.filename))
-                if options.target_is_zero is None:
-                    options = replace(options, target_is_zero=fresh)
                 report = _core.copy(source._img, core, progress=_progress_adapter(bar),
                                     checksum=algorithm, checksum_block_size=block_size,
-                                    **options.engine_options(flush=options.flush and not is_null))
+                                    **options.engine_options())
+                options = options.ran_with(report["options"])
                 cache = source.cache_stats()
-                core.finish(sync=options.flush and not is_null)
+                core.finish(sync=options.flush)
             except KeyboardInterrupt:
                 if not core.finished:
                     close_progress(bar, progress)
@@ -312,7 +316,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                 raise
             finally:
                 core.close()
-            assert report is not None and cache is not None  # a copy ran to its end
+            if report is None or cache is None:  # cannot be: the copy ran to its end
+                raise RuntimeError("the copy ended without its report")
             result = _completed(report, time.monotonic() - t0, cache, options)
     except KeyboardInterrupt:
         # a Ctrl-C after the destination was committed (closing the images,
@@ -323,7 +328,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         _uninterrupted(source.close)
         return _completed(report, time.monotonic() - t0, cache, options)
     if verify:
-        assert algorithm is not None and result.checksum is not None
+        if algorithm is None or result.checksum is None:  # cannot be: verify hashes
+            raise RuntimeError("verify=True: the copy made no checksum")
         result.dst_checksum = _verify(dst, dst_format, result.checksum, algorithm, block_size,
                                       source_size)
     return result

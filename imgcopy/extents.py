@@ -67,10 +67,20 @@ def share_text(n: int, span: int) -> str:
     return f"{pct:.1f}%"
 
 
+def packed_struct(fmt: str, c_size: int, c_name: str) -> struct.Struct:
+    """The layout of a C struct the core packs, refused at import when the
+    compiled core's struct has another size (an ``ImportError``, not an
+    ``assert``: ``python -O`` keeps this check)."""
+    layout = struct.Struct(fmt)
+    if layout.size != c_size:
+        raise ImportError(f"imgcopy._core packs {c_name} in {c_size} bytes, imgcopy "
+                          f"reads {layout.size}: the extension was built from other sources")
+    return layout
+
+
 # struct ic_extent, as the C core packs extents: start, length, host
 # offset, flags, depth
-_EXTENT = struct.Struct("=QQQII")
-assert _EXTENT.size == _core.EXTENT_SIZE
+_EXTENT = packed_struct("=QQQII", _core.EXTENT_SIZE, "struct ic_extent")
 _DATA, _ZERO, _PRESENT = _core.EXTENT_DATA, _core.EXTENT_ZERO, _core.EXTENT_PRESENT
 _OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
 
@@ -262,20 +272,17 @@ class ExtentMap(Sequence[Extent]):
     def runs(self) -> List[Tuple[str, int, int]]:
         """[(kind, start, end), ...]: neighbouring extents of the same kind
         (see KINDS) merged, in guest order."""
-        if self._runs is None:
-            self._scan()
-        assert self._runs is not None
-        return list(self._runs)
+        return list(self._scan()[0])
 
     def compressed_ranges(self) -> List[Tuple[int, int]]:
         """[(start, end), ...] of the extents stored compressed, neighbours
         merged, in guest order."""
-        if self._compressed is None:
-            self._scan()
-        assert self._compressed is not None
-        return list(self._compressed)
+        return list(self._scan()[1])
 
-    def _scan(self) -> None:
+    def _scan(self) -> Tuple[List[Tuple[str, int, int]], List[Tuple[int, int]]]:
+        """(runs, compressed ranges), found once."""
+        if self._runs is not None and self._compressed is not None:
+            return self._runs, self._compressed
         # one pass over the packed extents, without an Extent per extent:
         # views of maps with 100,000s of extents stay interactive
         runs: List[Tuple[str, int, int]] = []
@@ -302,6 +309,7 @@ class ExtentMap(Sequence[Extent]):
                 else:
                     compressed.append((start, end))
         self._runs, self._compressed = runs, compressed
+        return runs, compressed
 
     def breakdown(self) -> List[Dict[str, Any]]:
         """One row per kind present in the range (see KINDS), in drawing

@@ -28,7 +28,7 @@ class Image:
     def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
                  direct: bool = False, force: bool = False, force_share: bool = False,
                  member: Optional[str] = None, external_files: bool = False,
-                 _source: bool = False) -> None:
+                 _source: bool = False, _no_backing: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
@@ -39,7 +39,7 @@ class Image:
         self.mode = mode
         self._img = _core.Image(path, format, writable=mode == "r+", direct=direct, force=force,
                                 force_share=force_share, source=_source, member=member,
-                                external_files=external_files)
+                                external_files=external_files, no_backing=_no_backing)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -169,8 +169,9 @@ def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
     other members of the same archive.  A member that is not there raises
     ValueError naming some that are; a corrupt archive ImageFormatError.
     ``external_files``: a vmdk descriptor may name extent files outside its
-    own directory (absolute or with ".."); off by default, as an image's
-    content should not choose which files are read.
+    own directory (absolute, with "..", or through a symbolic link leading
+    out of it) and device nodes; off by default, as an image's content
+    should not choose which files are read.
 
     The image's files are locked as qemu locks them: while it is open, qemu
     (and imgcopy) cannot open for writing an image read here, nor open at

@@ -5,15 +5,22 @@ before they touch anything: there is one definition of what is valid),
 and shared by ``convert()`` and ``plan()``, whose keyword arguments are
 shorthand for their fields.
 
-A new option is a field here with its default, a field of the C struct
-it fills (``struct ic_copy_options`` or ``struct ic_create_options``), a
-row in that struct's table (csrc/fields.c) and its check (csrc/options.c);
-nothing between them spells it out again."""
+A new option is a field here with its default and its line in the
+docstring, a field of the C struct it fills (``struct ic_copy_options`` or
+``struct ic_create_options``), a row in that struct's table (csrc/fields.c:
+the glue reads and writes the struct through it, naming no field) and its
+check (csrc/options.c).  The interfaces spell it out again: a keyword of
+``convert()`` (and of ``plan()`` when it changes the requests), a flag of
+the command line (imgcopy/cli.py), and the typed keywords of ``_core.copy()``
+and ``_core.check_copy_options()`` (or ``_core.create()``) in
+imgcopy/_core.pyi; tests/test_options.py checks convert()'s and the stubs'
+against the fields."""
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Dict, Optional, Tuple, TypeVar, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
 from .sizes import Size, parse_size
@@ -42,8 +49,9 @@ class CopyOptions:
     ``out_of_order`` [-W, True]: writes may complete in any order; False
     writes in guest order.
     ``target_is_zero`` [--target-is-zero, None]: the destination already
-    reads as zeros, so zero ranges are skipped; None decides: True for a
-    regular file the copy creates (and for ``plan()``), else False.
+    reads as zeros, so zero ranges are skipped; None: the C core decides,
+    True for a destination the copy created reading as zeros (a new
+    regular file or qcow2 image, and ``plan()``'s), else False.
     ``direct`` [-T none / -t none, False]: O_DIRECT on both ends, or a
     (source, destination) pair; stored as a bool when both agree.
     ``flush`` [True; -t unsafe: False]: make the destination durable before
@@ -64,7 +72,7 @@ class CopyOptions:
     concurrency: int = _DEFAULTS["concurrency"]
     request_size: Size = _DEFAULTS["request_size"]
     out_of_order: bool = _DEFAULTS["out_of_order"]
-    target_is_zero: Optional[bool] = None
+    target_is_zero: Optional[bool] = _DEFAULTS["target_is_zero"]
     direct: Union[bool, Tuple[bool, bool]] = field(default=False, metadata=_AT_OPEN)
     flush: bool = _DEFAULTS["flush"]
     offload: bool = _DEFAULTS["offload"]
@@ -100,6 +108,22 @@ class CopyOptions:
                if not f.metadata.get("at_open")}
         out["connections"] = out["connections"] or 0  # the C core's "as the server allows"
         out.update(resolved)
+        return out
+
+    def ran_with(self, used: Mapping[str, Any]) -> "CopyOptions":
+        """These options as a copy ran with them: the engine's fields as
+        ``_core.copy()`` reports them (its report's "options", decided by
+        the C core from these and the images: a server's preferred block
+        size raises ``sparse_threshold`` and ``request_size``, ``None``
+        becomes what was decided), the others (``direct``) as they are.
+        Not checked again: the values are the engine's own."""
+        out = copy.copy(self)
+        for f in fields(self):
+            if f.name in used and not f.metadata.get("at_open"):
+                value = used[f.name]
+                if f.name == "connections" and not value:
+                    value = self.connections  # 0: as each server allows
+                object.__setattr__(out, f.name, value)
         return out
 
 

@@ -1,19 +1,18 @@
 """Planning a copy: the exact requests convert() would make, without writing."""
 from __future__ import annotations
 
-import struct
-from dataclasses import replace
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .convert import NULL_TARGET
-from .extents import human_size
+from .extents import human_size, packed_struct
 from .image import Image, PathArg
 from .options import CopyOptions, with_keywords
 from .sizes import Size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
-_REQUEST = struct.Struct("=QQII")
+# struct ic_request, as the C core packs requests: offset, length, kind
+_REQUEST = packed_struct("=QQII", _core.REQUEST_SIZE, "struct ic_request")
 
 
 class Request(NamedTuple):
@@ -93,14 +92,13 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
     ``target_is_zero`` None is True, as for a new file.  The plan is of a
     copy without ``offload`` (the kernel would copy whole data extents);
     ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
-    the options planned with.  ``src_member`` and ``src_external_files``:
+    the options the plan's engine ran with (``offload`` and ``flush`` off,
+    None decided).  ``src_member`` and ``src_external_files``:
     ``open()``'s ``member`` and ``external_files`` for the source."""
     options = with_keywords(options if options is not None else CopyOptions(),
                             sparse_threshold=sparse_threshold,
                             request_size=request_size, concurrency=concurrency,
                             target_is_zero=target_is_zero)
-    if options.target_is_zero is None:
-        options = replace(options, target_is_zero=True)
     with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
         sink, _ = _core.create(NULL_TARGET, "null", source.size)
         try:
@@ -109,4 +107,5 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
         finally:
             sink.close()
         counters = {k: v for k, v in report.items() if isinstance(v, int)}
-        return CopyPlan(report["requests"] or b"", counters, size=source.size, options=options)
+        return CopyPlan(report["requests"] or b"", counters, size=source.size,
+                        options=options.ran_with(report["options"]))

@@ -341,6 +341,26 @@ def test_cli_convert_into_export(source, imgcopy_env, tmp_path, extra):
         assert srv.count("Zero") == 0
 
 
+def test_target_is_zero_into_export_needs_no_n(source, imgcopy_env, tmp_path):
+    """An NBD export is always an existing destination (-n implied):
+    --target-is-zero needs no -n there, and neither the CLI nor convert()
+    zeroes anything in an export that cannot say it reads zeros."""
+    for how in ("cli", "python"):
+        with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+            if how == "cli":
+                p = subprocess.run([sys.executable, "-m", "imgcopy", "convert",
+                                    "--target-is-zero", "--stats=json", source, srv.uri],
+                                   env=imgcopy_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+                assert p.returncode == 0, p.stderr
+                res = json.loads(p.stdout)
+            else:
+                res = imgcopy.convert(source, srv.uri, target_is_zero=True).to_dict()
+            assert_same_content(source, srv.uri, "raw", "raw")
+            assert srv.count("Zero") == 0 and res["zero_requests"] == 0, (how, res)
+            assert res["bytes_skipped"] > 0, (how, res)
+
+
 @pytest.mark.parametrize("connections,requests", [(1, 1), (2, 4), (None, 64)])
 def test_connections_and_requests_in_flight(source, connections, requests):
     """The knobs: connections to a multi-conn server (default 4) and
@@ -384,6 +404,28 @@ def test_server_preferred_block_size_raises_threshold_and_requests(corpus_raw):
         assert_same_content(src, srv.uri, "raw", "raw")
         writes = srv.count("Write")
     assert writes <= qemu_writes, (writes, qemu_writes)
+
+
+def test_options_reported_are_the_ones_used(source):
+    """An export preferring 64 KiB requests: the copy's holes and requests
+    are raised to that, and CopyResult.options says so (not the 4 KiB
+    asked); the same options asked for, into an export without a
+    preference, make exactly the same requests."""
+    def writes(srv):
+        return sorted((r.offset, r.count) for r in srv.requests("Write"))
+
+    with nbdkit("memory", str(SIZE), "blocksize-preferred=64K", "blocksize-minimum=512",
+                "blocksize-maximum=4M", filters=["blocksize-policy", "noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri, request_size="4k", sparse_threshold="4k")
+        assert_same_content(source, srv.uri, "raw", "raw")
+        raised = writes(srv)
+    used = res.options
+    assert (used.sparse_threshold, used.request_size) == (64 * KiB, 64 * KiB), used
+    assert used.target_is_zero is False  # an export: decided, not None
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        again = imgcopy.convert(source, srv.uri, options=used)
+        assert writes(srv) == raised
+    assert again.options == used
 
 
 def test_tls_with_a_pre_shared_key(source, tmp_path):

@@ -71,11 +71,35 @@ def test_options_keywords_and_plan_agree(source, tmp_path, kwargs):
     assert counters(by_object) == counters(by_keywords) == expected
     for name in ("object.raw", "keywords.raw"):
         assert_same_content(source, str(tmp_path / name))
-    # what the copy ran with: the options, "auto" decided (a new file reads as zeros)
-    decided = options if options.target_is_zero is not None else \
-        dataclasses.replace(options, target_is_zero=True)
+    # what the copy ran with: the options, "auto" decided (a new file reads
+    # as zeros), requests whole blocks of the zero scan (the threshold's
+    # largest power of two)
+    decided = dataclasses.replace(
+        options, target_is_zero=True if options.target_is_zero is None else options.target_is_zero,
+        request_size=round_up(options.request_size, scan_block(options.sparse_threshold)))
     assert by_object.options == by_keywords.options == decided
-    assert planned.options == dataclasses.replace(decided, flush=options.flush)
+    # the plan's engine writes into nothing: no flush
+    assert planned.options == dataclasses.replace(decided, flush=False)
+
+
+def scan_block(threshold):
+    """The zero scan's blocks: the largest power of two not above the threshold (4 KiB for 0)."""
+    return 4096 if threshold == 0 else 1 << (threshold.bit_length() - 1)
+
+
+def round_up(n, unit):
+    return -(-n // unit) * unit
+
+
+def test_options_reported_for_compressed_qcow2(source, tmp_path):
+    """qcow2 -c judges each cluster on its own: the threshold the copy ran
+    with is the cluster size, and so says CopyResult.options."""
+    res = imgcopy.convert(source, str(tmp_path / "out.qcow2"), dst_format="qcow2",
+                          compress=True, cluster_size="64k", sparse_threshold="1M",
+                          request_size=100 * 4096)
+    assert res.options.sparse_threshold == 64 * KiB
+    assert res.options.request_size == 7 * 64 * KiB  # whole clusters
+    assert res.options.target_is_zero is True  # a new image
 
 
 def test_the_cases_differ(source):
@@ -116,8 +140,8 @@ def test_defaults_are_the_c_cores():
     defaults = _core.copy_option_defaults()
     o = CopyOptions()
     for name, value in defaults.items():
-        # None: decided per copy (target_is_zero) or by the server (connections: 0)
-        expected = None if name in ("target_is_zero", "connections") else value
+        # None: decided by the server (connections: 0)
+        expected = None if name == "connections" else value
         assert getattr(o, name) == expected, name
     assert {f.name for f in dataclasses.fields(CopyOptions)} == set(defaults) | {"direct"}
 

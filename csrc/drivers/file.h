@@ -37,6 +37,18 @@ int ic_file_adopt(struct ic_image *img, int fd, struct ic_error *err);
 /* Keep regular files and block devices (blocking again); close anything
  * else with an error. */
 int ic_file_disk_or_file(int fd, const struct stat *st, const char *path, struct ic_error *err);
+/* Open `name` (relative) beneath the directory `dirfd`: every step of the
+ * way, symbolic links included, stays inside it (openat2 RESOLVE_BENEATH;
+ * without openat2, or with use_openat2 0, a walk that follows no link and
+ * never goes up).  The descriptor, or -errno: -EXDEV for a way out,
+ * -ELOOP for a link the walk will not follow. */
+int ic_open_beneath(int dirfd, const char *name, int flags, int use_openat2);
+/* Make `img` (ic_protocol_file's, not opened) the file `name` beneath the
+ * directory `dir`, a regular file read as open_protocol would: a way out
+ * of the directory, or a device node, is a format error of `owner`, the
+ * image naming the file, `what` the file ("extent file"). */
+int ic_file_open_beneath(struct ic_image *img, const char *owner, const char *what,
+                         const char *dir, const char *name, struct ic_error *err);
 /* file_create.c */
 int ic_file_create(struct ic_image *img, const char *path, int *fresh, struct ic_error *err);
 int ic_file_finish(struct ic_image *img, int sync, struct ic_error *err);

@@ -56,9 +56,7 @@ static int null_block_status(struct ic_image *img, uint64_t start, uint64_t end,
      * does what it would do to a destination it knows nothing of */
     struct ic_extent e = {.start = start, .length = end - start,
                           .flags = IC_EXT_DATA | IC_EXT_PRESENT};
-    if (ic_extent_list_push(out, &e) < 0)
-        return ic_error_nomem(err);
-    return 0;
+    return ic_extent_list_add(out, &e, err);
 }
 
 const struct ic_driver ic_protocol_null = {

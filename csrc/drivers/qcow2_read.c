@@ -148,20 +148,13 @@ static int preallocated(struct ic_image *img)
     return r;
 }
 
-static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic_error *err)
-{
-    if (ic_extent_list_push(out, e) < 0)
-        return ic_error_nomem(err);
-    return 0;
-}
-
 /* Guest range [start, end) unallocated here: the image layer asks the
  * backing file. */
 static int status_below(uint64_t start, uint64_t end, struct ic_extent_list *out,
                         struct ic_error *err)
 {
     struct ic_extent e = {.start = start, .length = end - start, .flags = IC_EXT_BELOW};
-    return push(out, &e, err);
+    return ic_extent_list_add(out, &e, err);
 }
 
 /* A run of data clusters at host offset `host`: in a preallocated image,
@@ -174,7 +167,7 @@ static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint6
     if (!preallocated(img)) {
         struct ic_extent e = {.start = start, .length = end - start, .host_offset = host,
                               .flags = flags};
-        return push(out, &e, err);
+        return ic_extent_list_add(out, &e, err);
     }
     uint64_t fsize = ic_image_size(s->file);
     for (uint64_t pos = start; pos < end;) {
@@ -192,7 +185,7 @@ static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint6
             if (f.flags & IC_EXT_ZERO)
                 e.flags |= IC_EXT_ZERO;
         }
-        if (push(out, &e, err) < 0)
+        if (ic_extent_list_add(out, &e, err) < 0)
             return -1;
         pos += e.length;
     }
@@ -256,14 +249,14 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
                     e.flags |= IC_EXT_OFFSET_VALID;
                     e.host_offset = host;
                 }
-                r = push(out, &e, err);
+                r = ic_extent_list_add(out, &e, err);
                 break;
             case CL_NORMAL:
                 r = status_data(img, pos, run_end, host, out, err);
                 break;
             case CL_COMPRESSED:
                 e.flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_COMPRESSED;
-                r = push(out, &e, err);
+                r = ic_extent_list_add(out, &e, err);
                 break;
             }
             if (r < 0)

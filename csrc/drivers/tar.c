@@ -87,8 +87,8 @@ static int member_block_status(struct ic_image *img, uint64_t start, uint64_t en
         e.length = len;
         e.host_offset = pos;
         e.depth = 0;
-        if (ic_extent_list_push(out, &e) < 0)
-            return ic_error_nomem(err);
+        if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
         if (pos > want)
             extra++;
         pos += len;

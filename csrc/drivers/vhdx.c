@@ -463,9 +463,7 @@ static int add(struct ic_extent_list *out, uint64_t start, uint64_t len, uint32_
         }
     }
     struct ic_extent e = {.start = start, .length = len, .flags = flags, .host_offset = host};
-    if (ic_extent_list_push(out, &e) < 0)
-        return ic_error_nomem(err);
-    return 0;
+    return ic_extent_list_add(out, &e, err);
 }
 
 #define DATA_FLAGS (IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID)

@@ -218,13 +218,6 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
 
 /* ---- block status ----------------------------------------------------- */
 
-static int push(struct ic_extent_list *out, const struct ic_extent *e, struct ic_error *err)
-{
-    if (ic_extent_list_push(out, e) < 0)
-        return ic_error_nomem(err);
-    return 0;
-}
-
 /* A fixed disk is data at its own offsets; holes of the file read as zeros
  * (qemu's BDRV_BLOCK_RECURSE), and so does what lies past its end. */
 static int status_fixed(struct vpc_state *s, uint64_t start, uint64_t end, uint64_t want,
@@ -247,7 +240,7 @@ static int status_fixed(struct vpc_state *s, uint64_t start, uint64_t end, uint6
             if (f.flags & IC_EXT_ZERO)
                 e.flags |= IC_EXT_ZERO;
         }
-        if (push(out, &e, err) < 0)
+        if (ic_extent_list_add(out, &e, err) < 0)
             return -1;
         if (pos > want)
             extra++;
@@ -286,7 +279,7 @@ static int vpc_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
         if (run_end > end)
             run_end = end;
         x.length = run_end - pos;
-        if (push(out, &x, err) < 0)
+        if (ic_extent_list_add(out, &x, err) < 0)
             return -1;
         if (pos > want)
             extra++;

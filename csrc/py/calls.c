@@ -21,6 +21,18 @@ static int format_map_human(struct glue_call *c, struct ic_error *err)
     return c->text ? 0 : -1;
 }
 
+/* qemu-img check opens, checks and closes the image in one call */
+static int check_image(struct glue_call *c, struct ic_error *err)
+{
+    struct ic_image *img;
+    if (ic_image_open_member(c->path, c->member, c->format, c->flags, &img, err) < 0)
+        return -1;
+    c->opened = ic_image_format(img);
+    int ret = ic_image_check(img, &c->check_result, err);
+    ic_image_close(img);
+    return ret;
+}
+
 int glue_call_run(struct glue_call *c, struct ic_error *err)
 {
     switch (c->op) {
@@ -49,6 +61,16 @@ int glue_call_run(struct glue_call *c, struct ic_error *err)
         return ic_copy_start(c->img, c->dst, c->copy_options, &c->copy, err);
     case GLUE_COPY_FINISH:
         return ic_copy_finish(c->copy, &c->stats, err);
+    case GLUE_CHECKSUM_START:
+        return ic_checksum_start(c->img, c->checksum_options, &c->checksum, err);
+    case GLUE_CHECKSUM_FINISH:
+        return ic_checksum_finish(c->checksum, c->hex, err);
+    case GLUE_COMPARE_START:
+        return ic_compare_start(c->img, c->dst, c->compare_options, &c->compare, err);
+    case GLUE_COMPARE_FINISH:
+        return ic_compare_finish(c->compare, &c->compare_result, err);
+    case GLUE_CHECK:
+        return check_image(c, err);
     case GLUE_FORMAT_MAP:
         if (c->names)
             return format_map_human(c, err);

@@ -1,6 +1,8 @@
-/* The core's blocking calls as data: the Python glue (module.c) fills in a
- * struct glue_call and runs it with the GIL released through one function,
- * which raises its error; the calls themselves need no Python. */
+/* The core's blocking calls as data: the Python glue (module.c,
+ * image_type.c) fills in a struct glue_call and runs it with the GIL
+ * released through glue_run() (errors.c), which raises its error; the calls
+ * themselves need no Python.  The jobs that report progress (checksum,
+ * compare) and check run their own calls (glue.h says how). */
 #ifndef IMGCOPY_GLUE_CALLS_H
 #define IMGCOPY_GLUE_CALLS_H
 
@@ -19,6 +21,11 @@ enum glue_op {
     GLUE_FINISH,
     GLUE_COPY_START,
     GLUE_COPY_FINISH,
+    GLUE_CHECKSUM_START,
+    GLUE_CHECKSUM_FINISH,
+    GLUE_COMPARE_START,
+    GLUE_COMPARE_FINISH,
+    GLUE_CHECK,
     GLUE_FORMAT_MAP,
 };
 
@@ -33,6 +40,8 @@ struct glue_call {
     void *buf;      /* read into / write from */
     const struct ic_create_options *create_options;
     const struct ic_copy_options *copy_options;
+    const struct ic_checksum_options *checksum_options;
+    const struct ic_compare_options *compare_options;
     const struct ic_extent *extents; /* format_map */
     size_t extent_count;
     /* format_map: NULL for JSON, else the file of each depth of the
@@ -47,6 +56,12 @@ struct glue_call {
     struct ic_extent_list list;
     struct ic_copy *copy;
     struct ic_copy_stats stats;
+    struct ic_checksum *checksum;
+    char hex[IC_CHECKSUM_HEX_MAX]; /* checksum finish */
+    struct ic_compare *compare;
+    struct ic_compare_result compare_result;
+    struct ic_check_result check_result;
+    const char *opened; /* check: the image's format (a static name) */
     char *text; /* format_map: malloc'ed */
 };
 

@@ -1,9 +1,8 @@
 /* imgcopy._core.checksum(): blkhash checksums of open images, hashed by
- * the core's threads while this thread waits with the GIL released,
- * reporting progress and answering Ctrl-C. */
+ * the core's job while this thread watches it (run.c), reporting progress
+ * and answering Ctrl-C. */
+#include "../job.h"
 #include "glue.h"
-
-#define WAIT_SLICE_MS 100
 
 PyObject *mod_checksum_algorithms(PyObject *m, PyObject *unused)
 {
@@ -44,32 +43,6 @@ PyObject *mod_checksum_check(PyObject *m, PyObject *args)
     return Py_NewRef(Py_None);
 }
 
-/* Progress and Ctrl-C while the job runs; a Python error cancels it and
- * stays set: 1. */
-static int watch(struct ic_checksum *job, PyObject *progress)
-{
-    int python_error = 0, done;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        done = ic_checksum_wait(job, WAIT_SLICE_MS);
-        Py_END_ALLOW_THREADS
-        if (done)
-            return python_error;
-        if (!python_error) {
-            uint64_t now, total;
-            ic_checksum_progress(job, &now, &total);
-            PyObject *r = progress == Py_None
-                              ? Py_NewRef(Py_None)
-                              : PyObject_CallFunction(progress, "KK", (unsigned long long)now,
-                                                      (unsigned long long)total);
-            Py_XDECREF(r);
-            python_error = !r || PyErr_CheckSignals() < 0;
-        }
-        if (python_error)
-            ic_checksum_cancel(job);
-    }
-}
-
 PyObject *mod_checksum(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"image", "algorithm", "block_size", "threads", "request_size",
@@ -97,24 +70,23 @@ PyObject *mod_checksum(PyObject *m, PyObject *args, PyObject *kwds)
     struct ic_image *img = image_usable(image);
     if (!img)
         return NULL;
-    struct ic_checksum *job = NULL;
-    struct ic_error err = {0};
-    char hex[IC_CHECKSUM_HEX_MAX];
+    struct glue_call call = {.op = GLUE_CHECKSUM_START, .img = img, .checksum_options = &opt};
+    PyObject *digest = NULL;
     image_enter(image);
-    int ret;
-    Py_BEGIN_ALLOW_THREADS
-    ret = ic_checksum_start(img, &opt, &job, &err);
-    Py_END_ALLOW_THREADS
-    if (ret == 0) {
-        int python_error = watch(job, progress);
-        Py_BEGIN_ALLOW_THREADS
-        ret = ic_checksum_finish(job, hex, &err);
-        Py_END_ALLOW_THREADS
-        if (python_error)
-            ret = -2; /* Python's error (set) wins */
+    if (glue_run(st, &call) == 0) {
+        struct ic_job *job = ic_checksum_job(call.checksum);
+        int python_error = glue_watch(job, progress, NULL, NULL);
+        uint64_t done, total;
+        ic_job_progress(job, &done, &total);
+        struct ic_error err = {0};
+        call.op = GLUE_CHECKSUM_FINISH;
+        /* Python's error (already set) wins over the job's own; the last
+         * report is (total, total), once the digest is known */
+        int ret = python_error ? glue_call_run(&call, &err) : glue_run(st, &call);
+        if (!python_error && ret == 0 && glue_report(progress, total, total) == 0 &&
+            PyErr_CheckSignals() == 0)
+            digest = PyUnicode_FromString(call.hex);
     }
     image_leave(image);
-    if (ret == -1)
-        raise_error(st, &err);
-    return ret < 0 ? NULL : PyUnicode_FromString(hex);
+    return digest;
 }

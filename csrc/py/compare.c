@@ -3,13 +3,11 @@
  * raised with what qemu-img would report as attributes of the exception
  * (compare_step: 3 block status, 4 read; compare_image: 0 or 1;
  * compare_offset: where). */
-#include <errno.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "../job.h"
 #include "glue.h"
 
 static const char *const outcome_names[] = {
@@ -63,29 +61,20 @@ static void annotate(const struct ic_compare_result *r)
     PyErr_Restore(type, value, tb);
 }
 
-/* The comparison runs in a thread of its own while the caller's waits in
- * slices with the GIL released: Ctrl-C (a Python signal handler's error)
- * cancels it. */
-struct job {
-    struct ic_image *a, *b;
-    struct ic_compare_options opt;
-    struct ic_compare_result r;
-    struct ic_error err;
-    int ret, done;
-    _Atomic int cancel;
+/* Reports the comparison's threads make final, kept (under their lock)
+ * until the watching thread hands them to on_progress between slices. */
+struct reports {
     pthread_mutex_t lock;
-    pthread_cond_t finished;
-    /* reports made final, not yet handed to on_progress (under lock) */
     struct ic_compare_progress *pending;
     size_t npending, cap;
     int lost; /* no memory for one: on_progress is told no more */
     PyObject *on_progress;
 };
 
-/* From the comparison's threads: keep a report for the waiting one. */
-static void job_report(void *ctx, const struct ic_compare_progress *p)
+/* From the comparison's threads: keep a report for the watching one. */
+static void keep_report(void *ctx, const struct ic_compare_progress *p)
 {
-    struct job *j = ctx;
+    struct reports *j = ctx;
     pthread_mutex_lock(&j->lock);
     if (j->npending == j->cap && !j->lost) {
         size_t cap = j->cap ? 2 * j->cap : 64;
@@ -104,8 +93,9 @@ static void job_report(void *ctx, const struct ic_compare_progress *p)
 
 /* Hand the reports kept so far to on_progress(percent, in_tail); -1 when
  * it raised. */
-static int deliver(struct job *j)
+static int deliver(void *ctx)
 {
+    struct reports *j = ctx;
     if (j->on_progress == Py_None)
         return 0;
     pthread_mutex_lock(&j->lock);
@@ -130,54 +120,18 @@ static int deliver(struct job *j)
     return ret;
 }
 
-static void *job_main(void *arg)
+/* Start, watch and finish the comparison: 0 with call->compare_result
+ * (ret says how it went), -1 when a Python error is set. */
+static int run_compare(core_state *st, struct glue_call *call, struct reports *reports,
+                       int *ret, struct ic_error *err)
 {
-    struct job *j = arg;
-    int ret = ic_compare(j->a, j->b, &j->opt, &j->r, &j->err);
-    pthread_mutex_lock(&j->lock);
-    j->ret = ret;
-    j->done = 1;
-    pthread_cond_signal(&j->finished);
-    pthread_mutex_unlock(&j->lock);
-    return NULL;
-}
-
-#define WAIT_SLICE_NS 100000000L
-
-/* 0: j->ret says how it went; -1: a Python error is set (the comparison
- * was cancelled, or could not start). */
-static int run_job(struct job *j)
-{
-    pthread_t tid;
-    int e = pthread_create(&tid, NULL, job_main, j);
-    if (e) {
-        errno = e;
-        PyErr_SetFromErrno(PyExc_OSError);
+    if (glue_run(st, call) < 0)
         return -1;
-    }
-    int python_error = 0, done = 0;
-    while (!done) {
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += WAIT_SLICE_NS;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        pthread_mutex_lock(&j->lock);
-        while (!j->done && pthread_cond_timedwait(&j->finished, &j->lock, &until) == 0)
-            ;
-        done = j->done;
-        pthread_mutex_unlock(&j->lock);
-        Py_END_ALLOW_THREADS
-        if (!python_error && (deliver(j) < 0 || (!done && PyErr_CheckSignals() < 0))) {
-            python_error = 1;
-            atomic_store(&j->cancel, 1);
-        }
-    }
-    pthread_join(tid, NULL);
-    if (!python_error && deliver(j) < 0)
+    struct ic_job *job = ic_compare_job(call->compare);
+    int python_error = job ? glue_watch(job, Py_None, deliver, reports) : 0;
+    call->op = GLUE_COMPARE_FINISH;
+    *ret = glue_call_run(call, err);
+    if (!python_error && deliver(reports) < 0)
         python_error = 1;
     return python_error ? -1 : 0;
 }
@@ -202,27 +156,25 @@ PyObject *glue_compare(PyObject *m, PyObject *args, PyObject *kwds)
     struct ic_image *ia = image_usable(a), *ib = ia ? image_usable(b) : NULL;
     if (!ib)
         return NULL;
-    struct job j = {.a = ia, .b = ib, .opt = opt, .on_progress = on_progress};
-    atomic_init(&j.cancel, 0);
-    j.opt.cancel = &j.cancel;
+    struct reports kept = {.on_progress = on_progress};
     if (on_progress != Py_None) {
-        j.opt.progress = 1;
-        j.opt.report = job_report;
-        j.opt.report_ctx = &j;
+        opt.progress = 1;
+        opt.report = keep_report;
+        opt.report_ctx = &kept;
     }
-    pthread_mutex_init(&j.lock, NULL);
-    pthread_cond_init(&j.finished, NULL);
+    pthread_mutex_init(&kept.lock, NULL);
+    struct glue_call call = {.op = GLUE_COMPARE_START, .img = ia, .dst = ib,
+                             .compare_options = &opt};
+    struct ic_error err = {0};
+    int ret = 0;
     image_enter(a);
     image_enter(b);
-    int python_error = run_job(&j);
+    int python_error = run_compare(st, &call, &kept, &ret, &err);
     image_leave(a);
     image_leave(b);
-    pthread_cond_destroy(&j.finished);
-    pthread_mutex_destroy(&j.lock);
-    free(j.pending);
-    struct ic_compare_result r = j.r;
-    struct ic_error err = j.err;
-    int ret = j.ret;
+    pthread_mutex_destroy(&kept.lock);
+    free(kept.pending);
+    struct ic_compare_result r = call.compare_result;
     if (python_error) {
         ic_compare_result_free(&r);
         return NULL;

@@ -42,9 +42,18 @@ static inline core_state *type_state(PyTypeObject *type)
 
 /* errors.c */
 void raise_error(core_state *st, const struct ic_error *err);
-/* Every blocking call of the core goes through here: run with the GIL
- * released, its failure raised (-1). */
+
+/* run.c: the one place the GIL is released */
+/* A blocking call of the core, its failure raised (-1). */
 int glue_run(core_state *st, struct glue_call *call);
+/* Wait for a job (job.h) in slices; between them `between(ctx)` (optional:
+ * -1 with a Python error set), progress(done, total) and Ctrl-C.  A Python
+ * error cancels the job and stays set: 1; 0 when it ended on its own. */
+int glue_watch(struct ic_job *job, PyObject *progress, int (*between)(void *ctx), void *ctx);
+/* progress(done, total) unless progress is None; -1 when it raised */
+int glue_report(PyObject *progress, uint64_t done, uint64_t total);
+/* A millisecond without the GIL (waiting for another thread's call). */
+void glue_nap(void);
 
 /* args.c: converters for PyArg_Parse* "O&" */
 /* A non-negative integer argument, named with its function in errors. */

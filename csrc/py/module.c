@@ -150,44 +150,10 @@ static PyObject *mod_library_versions(PyObject *m, PyObject *unused)
     return d;
 }
 
-/* Slices the calling thread waits in, with the GIL released: short enough
- * for Ctrl-C and progress to feel immediate. */
-#define WAIT_SLICE_MS 100
-
-static int report_progress(PyObject *progress, const struct ic_copy_stats *st)
-{
-    PyObject *r = progress == Py_None
-                      ? Py_NewRef(Py_None)
-                      : PyObject_CallFunction(progress, "KK", (unsigned long long)st->done,
-                                              (unsigned long long)st->total);
-    Py_XDECREF(r);
-    return r ? 0 : -1;
-}
-
-/* Waits for the copy's threads, reporting progress.  A Python error (the
- * callback's, Ctrl-C) cancels the copy and stays set for the caller: 1. */
-static int watch_copy(struct glue_call *copy, PyObject *progress)
-{
-    int python_error = 0, done;
-    for (;;) {
-        Py_BEGIN_ALLOW_THREADS
-        done = ic_copy_wait(copy->copy, WAIT_SLICE_MS);
-        Py_END_ALLOW_THREADS
-        if (done)
-            return python_error; /* the last report waits for the outcome */
-        if (!python_error) {
-            ic_copy_progress(copy->copy, &copy->stats);
-            python_error = report_progress(progress, &copy->stats) < 0 ||
-                           PyErr_CheckSignals() < 0;
-        }
-        if (python_error)
-            ic_copy_cancel(copy->copy);
-    }
-}
-
 /* copy()'s one result: the counters, and under "requests" the requests
  * made (packed struct ic_request, by offset) when they were logged. */
-static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log)
+static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log,
+                             const struct ic_copy_options *used)
 {
     size_t count = 0;
     const struct ic_request *requests = log ? ic_request_log_sorted(log, &count) : NULL;
@@ -195,6 +161,11 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     PyObject *report = logged ? fields_dict(ic_copy_stats_fields, stats) : NULL;
     if (report && PyDict_SetItemString(report, "requests", logged) < 0)
         Py_CLEAR(report);
+    /* "options": those the copy ran with (ic_copy_options_effective) */
+    PyObject *options = report ? fields_dict(ic_copy_option_fields, used) : NULL;
+    if (report && (!options || PyDict_SetItemString(report, "options", options) < 0))
+        Py_CLEAR(report);
+    Py_XDECREF(options);
     /* "checksum": the source's, only when the copy was asked for it */
     PyObject *checksum = stats->checksum[0] ? PyUnicode_FromString(stats->checksum) : NULL;
     if (report && stats->checksum[0] &&
@@ -237,7 +208,9 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     image_enter(src);
     image_enter(dst);
     if (glue_run(st, &copy) == 0) {
-        int python_error = watch_copy(&copy, progress);
+        struct ic_copy_options used;
+        ic_copy_options_used(copy.copy, &used);
+        int python_error = glue_watch(ic_copy_job(copy.copy), progress, NULL, NULL);
         struct ic_error err = {0};
         copy.op = GLUE_COPY_FINISH;
         /* Python's error (already set) wins over the copy's own */
@@ -245,9 +218,10 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         /* Every byte is written, nothing committed yet (the caller finishes
          * the destination when this returns): the 100% report and Ctrl-C
          * can still cancel the copy, however short it was. */
-        if (!python_error && ret == 0 && report_progress(progress, &copy.stats) == 0 &&
+        if (!python_error && ret == 0 &&
+            glue_report(progress, copy.stats.done, copy.stats.total) == 0 &&
             PyErr_CheckSignals() == 0)
-            report = copy_report(&copy.stats, opt.log);
+            report = copy_report(&copy.stats, opt.log, &used);
     }
     image_leave(src);
     image_leave(dst);

@@ -2,12 +2,16 @@
  * however the threads race, the outcome is the first difference, counted in
  * sectors from the start of the step as qemu counts it. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include "check.h"
+#include "job.h"
 #include "imgcopy.h"
 
 #define SIZE (20u << 20)
@@ -71,6 +75,37 @@ static struct ic_compare_result run(const char *a, const char *b, unsigned threa
     return r;
 }
 
+/* A job whose one item holds its pool's thread until released. */
+struct blocker {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int running, release;
+};
+
+static int block_plan(struct ic_job *job, void *ctx, struct ic_error *err)
+{
+    (void)ctx, (void)err;
+    char item = 0;
+    ic_job_push(job, &item);
+    return 0;
+}
+
+static int block_run(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    (void)slot, (void)item, (void)err;
+    struct blocker *b = ctx;
+    pthread_mutex_lock(&b->lock);
+    b->running = 1;
+    pthread_cond_broadcast(&b->cond);
+    while (!b->release)
+        pthread_cond_wait(&b->cond, &b->lock);
+    pthread_mutex_unlock(&b->lock);
+    return 0;
+}
+
+static const struct ic_job_ops blocker_ops = {.item_size = 1, .plan = block_plan,
+                                              .run = block_run};
+
 int main(void)
 {
     char dir[] = "/tmp/imgcopy-test-compare-XXXXXX";
@@ -129,13 +164,37 @@ int main(void)
         struct ic_image *ia, *ib;
         must(ic_image_open(a, "raw", 0, &ia, &err), &err);
         must(ic_image_open(b, "raw", 0, &ib, &err), &err);
-        _Atomic int cancel = 1;
+        /* the pool's one thread is busy: no step is read before the cancel */
+        struct ic_pool *pool;
+        must(ic_pool_new(1, 0, &pool, &err), &err);
+        struct blocker blk = {0};
+        pthread_mutex_init(&blk.lock, NULL);
+        pthread_cond_init(&blk.cond, NULL);
+        struct ic_job *busy;
+        struct ic_job_params bp = {.concurrency = 1, .pool = pool};
+        must(ic_job_start(&blocker_ops, &blk, &bp, &busy, &err), &err);
+        pthread_mutex_lock(&blk.lock);
+        while (!blk.running)
+            pthread_cond_wait(&blk.cond, &blk.lock);
+        pthread_mutex_unlock(&blk.lock);
         struct ic_compare_options o;
         ic_compare_options_init(&o);
-        o.cancel = &cancel;
+        o.pool = pool;
+        struct ic_compare *cmp;
+        must(ic_compare_start(ia, ib, &o, &cmp, &err), &err);
+        ic_job_cancel(ic_compare_job(cmp));
+        pthread_mutex_lock(&blk.lock);
+        blk.release = 1;
+        pthread_cond_broadcast(&blk.cond);
+        pthread_mutex_unlock(&blk.lock);
         struct ic_compare_result res;
-        CHECK(ic_compare(ia, ib, &o, &res, &err) < 0 && err.errnum == ECANCELED, "cancel");
+        CHECK(ic_compare_finish(cmp, &res, &err) < 0 && err.errnum == ECANCELED, "cancel");
         ic_compare_result_free(&res);
+        must(ic_job_finish(busy, &err), &err);
+        ic_job_free(busy);
+        ic_pool_free(pool);
+        pthread_cond_destroy(&blk.cond);
+        pthread_mutex_destroy(&blk.lock);
         ic_image_close(ia);
         ic_image_close(ib);
     }

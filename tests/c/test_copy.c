@@ -9,6 +9,7 @@
 
 #include "check.h"
 #include "imgcopy.h"
+#include "job.h"
 
 #define SIZE (24u << 20)
 
@@ -76,7 +77,7 @@ static void copy_offload(const char *src, const char *dst, const char *format, i
     };
     struct ic_copy *c;
     must(ic_copy_start(s, d, &o, &c, &err), &err);
-    while (!ic_copy_wait(c, 50))
+    while (!ic_job_wait(ic_copy_job(c), 50))
         ;
     struct ic_copy_stats st;
     must(ic_copy_finish(c, &st, &err), &err);
@@ -86,6 +87,41 @@ static void copy_offload(const char *src, const char *dst, const char *format, i
     ic_image_close(s);
     if (strcmp(format, "null") != 0)
         compare(dst);
+}
+
+/* Copies to raw and qcow2 at once on one pool of two threads, under a
+ * budget smaller than their requests in flight. */
+static void copy_on_shared_pool(const char *src, const char *dir)
+{
+    struct ic_error err = {0};
+    struct ic_pool *pool;
+    must(ic_pool_new(2, 1u << 20, &pool, &err), &err);
+    static const char *const formats[] = {"raw", "qcow2", "raw"};
+    struct ic_image *s[3], *d[3];
+    struct ic_copy *c[3];
+    char path[3][96];
+    for (int i = 0; i < 3; i++) {
+        int fresh;
+        snprintf(path[i], sizeof path[i], "%s/pooled%d", dir, i);
+        must(ic_image_open(src, "raw", 0, &s[i], &err), &err);
+        must(ic_image_create(path[i], formats[i], SIZE, 0, NULL, &d[i], &fresh, &err), &err);
+        struct ic_copy_options o = {.sparse_threshold = 4096, .request_size = 512 << 10,
+                                    .concurrency = 4, .out_of_order = i == 2,
+                                    .target_is_zero = fresh, .pool = pool};
+        must(ic_copy_start(s[i], d[i], &o, &c[i], &err), &err);
+    }
+    for (int i = 0; i < 3; i++) {
+        struct ic_copy_stats st;
+        must(ic_copy_finish(c[i], &st, &err), &err);
+        CHECK(st.done == SIZE && st.total == SIZE, "pooled copy %d: %llu/%llu", i,
+              (unsigned long long)st.done, (unsigned long long)st.total);
+        must(ic_image_finish(d[i], 0, &err), &err);
+        ic_image_close(d[i]);
+        ic_image_close(s[i]);
+        compare(path[i]);
+        unlink(path[i]);
+    }
+    ic_pool_free(pool);
 }
 
 static void copy(const char *src, const char *dst, const char *format, int compress,
@@ -108,6 +144,7 @@ int main(void)
         copy(src, dst, "qcow2", 0, 8, ooo, 4096, ooo);
         copy(src, dst, "qcow2", 1, 8, ooo, 4096, 0);
     }
+    copy_on_shared_pool(src, dir);
     /* in-kernel copies, taken or refused (qcow2, null), in and out of
      * order: a refusal must hand the write turn on once, never hang */
     alarm(120);
@@ -128,7 +165,7 @@ int main(void)
                                 .sparse_threshold = 0};
     struct ic_copy *c;
     must(ic_copy_start(s, d, &o, &c, &err), &err);
-    ic_copy_cancel(c);
+    ic_job_cancel(ic_copy_job(c));
     CHECK(ic_copy_finish(c, NULL, &err) < 0 && err.errnum == ECANCELED, "cancel");
     ic_image_close(d);
     ic_image_close(s);
