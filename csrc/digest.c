@@ -30,6 +30,7 @@ static struct {
     int (*init_ex)(EVP_MD_CTX *ctx, const EVP_MD *type, void *engine);
     int (*update)(EVP_MD_CTX *ctx, const void *d, size_t cnt);
     int (*final_ex)(EVP_MD_CTX *ctx, unsigned char *md, unsigned int *s);
+    const char *(*version)(int type); /* OpenSSL_version, 1.1 and later */
 } lib;
 
 struct ic_digest {
@@ -114,6 +115,7 @@ static void load(void)
         {"EVP_DigestInit_ex", NULL, (void **)&lib.init_ex, 1},
         {"EVP_DigestUpdate", NULL, (void **)&lib.update, 1},
         {"EVP_DigestFinal_ex", NULL, (void **)&lib.final_ex, 1},
+        {"OpenSSL_version", NULL, (void **)&lib.version, 0},
     };
     for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
         /* POSIX: a function pointer travels through void * */
@@ -139,6 +141,15 @@ static int available(struct ic_error *err)
     return ic_error_os(err, ENOSYS, NULL,
                        "checksums need OpenSSL's libcrypto: install libssl3 (Debian, Ubuntu) "
                        "or openssl-libs (Fedora): %s", missing_detail);
+}
+
+const char *ic_digest_lib_version(void)
+{
+    if (available(NULL) < 0)
+        return NULL;
+    /* 0: OPENSSL_VERSION, "OpenSSL 3.0.11 19 Sep 2023" */
+    const char *v = lib.version ? lib.version(0) : NULL;
+    return v ? v : "(version unknown)";
 }
 
 int ic_digest_names(const char **names, size_t cap, struct ic_error *err)

@@ -127,6 +127,12 @@ int ic_create_options_set_compression_type(struct ic_create_options *o, const ch
 /* The library this build compresses compression type `name` with, and its
  * version ("libdeflate 1.14", "libzstd 1.5.4"), or NULL: none. */
 const char *ic_compression_type_library(const char *name);
+/* The libraries this build can use, as ic_library_version() names them:
+ * zlib, libdeflate, zstd (linked), libnbd, libcrypto (loaded at run time). */
+extern const char *const ic_libraries[];
+/* The version of library `name` this build has ("1.5.4"), loading the
+ * run-time ones; NULL where the build lacks it or the machine does. */
+const char *ic_library_version(const char *name);
 /* Whether a new image of `format` (NULL: raw; "null": the null sink) can
  * be laid out as `opts` (NULL: the defaults) says; ic_image_create()
  * checks this before it touches anything. */

@@ -8,6 +8,7 @@ try:
     from .convert import CopyResult, convert
     from .checksum import ChecksumMismatch, checksum, checksum_algorithms
     from .extents import Extent, ExtentMap
+    from .features import features
     from .image import Image, map, open
     from .info import ImageInfo, info
     from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
@@ -23,4 +24,4 @@ __all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
-           "CheckResult", "check", "compression_libraries"]
+           "CheckResult", "check", "compression_libraries", "features"]

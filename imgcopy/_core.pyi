@@ -3,7 +3,8 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import Callable, Dict, List, Optional, Tuple, TypedDict, Union, final
+from typing import (Callable, Dict, List, Optional, Tuple, TypedDict, Union, final,
+                    type_check_only)
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -23,6 +24,7 @@ REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class ImageDescription(TypedDict):
     """Image.describe(): what the image's own header says."""
     cluster_size: int  # 0: the format has no clusters
@@ -33,6 +35,7 @@ class ImageDescription(TypedDict):
     backing_location: Optional[Tuple[str, Optional[str]]]
     format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CacheStats(TypedDict):
     """Image.cache_stats(): the extent cache's counters."""
     hits: int
@@ -40,6 +43,7 @@ class CacheStats(TypedDict):
     lseek_calls: int
     intervals: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyCounters(TypedDict):
     """What a copy did (struct ic_copy_stats)."""
     bytes_read: int
@@ -52,9 +56,11 @@ class CopyCounters(TypedDict):
     zero_requests: int
     extents: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
     """copy_option_defaults(): struct ic_copy_options as the core fills it
     (target_is_zero None: decided per copy)."""
@@ -68,6 +74,7 @@ class CopyOptionDefaults(TypedDict):
     connections: int
     requests_in_flight: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyReport(CopyCounters, _CopyChecksum):
     """copy()'s result: the counters, the options the copy ran with (as the
     core decided them: ic_copy_options_effective) and the requests made
@@ -142,6 +149,9 @@ def check_create_options(format: Optional[str], *, cluster_size: int = ...,
                          compression_level: int = ..., backing_file: Optional[str] = ...,
                          backing_format: Optional[str] = ...) -> None:
     """ValueError unless create() takes these options."""
+def library_versions() -> Dict[str, Optional[str]]:
+    """The version of each library this build can use (zlib, libdeflate,
+    zstd linked in; libnbd, libcrypto loaded now), None where it lacks it."""
 def compression_libraries() -> Dict[str, Optional[str]]:
     """The library each qcow2 compression type ("zlib", "zstd") uses in this
     build, with its version, or None where the build has none."""
@@ -169,6 +179,7 @@ def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
 
 # ---- compare (csrc/py/compare.c) ------------------------------------------
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CompareOutcome(TypedDict):
     """compare()'s result (struct ic_compare_result)."""
     outcome: str  # "identical", "content", "size", "status"
@@ -200,6 +211,7 @@ def checksum_check(algorithm: str, block_size: int, /) -> None:
 def checksum_algorithms() -> Tuple[str, ...]:
     """hashlib's names of the digests libcrypto provides."""
 # ---- check (csrc/py/check.c) ----
+@type_check_only  # a type of the stubs only: dicts at run time
 class CheckCounters(TypedDict):
     corruptions: int
     leaks: int

@@ -10,10 +10,10 @@ import threading
 from typing import Any, Dict, List, Optional
 
 from . import cli_check, cli_checksum, cli_measure, sizes
-from ._version import __version__
 from .cli_compare import add_compare_parser, run as run_compare
 from .convert import DEST_FORMATS, convert
 from .errors import Error, ImageFormatError, describe_remedies
+from .features import VersionAction
 from .image import FORMATS, open as open_image
 from .info import chain_to_human, chain_to_json, info, info_chain
 from .options import CopyOptions, Qcow2Options
@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="imgcopy", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"imgcopy {__version__}")
+    parser.add_argument("--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

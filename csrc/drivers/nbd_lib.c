@@ -11,6 +11,7 @@
 #define LIBNBD_SONAME "libnbd.so.0"
 
 static struct nbd_lib lib;
+static const char *(*get_version)(struct nbd_handle *h); /* 1.4 and later */
 static const char *missing; /* what failed to load, or NULL */
 static char missing_detail[256];
 static pthread_once_t loaded = PTHREAD_ONCE_INIT;
@@ -55,6 +56,7 @@ static void load(void)
             return;
         }
     }
+    *(void **)&get_version = dlsym(so, "nbd_get_version");
 }
 
 const struct nbd_lib *ic_nbd_lib(const char *uri, struct ic_error *err)
@@ -66,4 +68,26 @@ const struct nbd_lib *ic_nbd_lib(const char *uri, struct ic_error *err)
                 "NBD needs libnbd: install libnbd0 (Debian, Ubuntu) or libnbd (Fedora): %s",
                 missing_detail);
     return NULL;
+}
+
+static char version[64];
+static pthread_once_t versioned = PTHREAD_ONCE_INIT;
+
+/* libnbd tells its version through a handle: a fresh one, never connected */
+static void find_version(void)
+{
+    struct nbd_handle *h = lib.create();
+    const char *v = h && get_version ? get_version(h) : NULL;
+    snprintf(version, sizeof version, "%s", v ? v : "(version unknown)");
+    if (h)
+        lib.close(h);
+}
+
+const char *ic_nbd_lib_version(void)
+{
+    pthread_once(&loaded, load);
+    if (missing)
+        return NULL;
+    pthread_once(&versioned, find_version);
+    return version;
 }

@@ -136,6 +136,20 @@ static PyObject *mod_compression_libraries(PyObject *m, PyObject *unused)
     return Py_BuildValue("{s:z,s:z}", "zlib", zlib, "zstd", zstd);
 }
 
+static PyObject *mod_library_versions(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && ic_libraries[i]; i++) {
+        const char *v = ic_library_version(ic_libraries[i]);
+        PyObject *value = v ? PyUnicode_FromString(v) : Py_NewRef(Py_None);
+        if (!value || PyDict_SetItemString(d, ic_libraries[i], value) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(value);
+    }
+    return d;
+}
+
 /* copy()'s one result: the counters, and under "requests" the requests
  * made (packed struct ic_request, by offset) when they were logged. */
 static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log,
@@ -270,6 +284,7 @@ static PyMethodDef module_methods[] = {
     {"check_copy_options", KEYWORDS(mod_check_copy_options), NULL},
     {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
     {"compression_libraries", mod_compression_libraries, METH_NOARGS, NULL},
+    {"library_versions", mod_library_versions, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},
