@@ -427,7 +427,7 @@ static int open_link(const char *path, const char *member, const char *format, u
         goto fail;
     /* a tar archive (an OVA) is no disk, probed or named as one: its disks
      * are members (raw reads its bytes, on purpose) */
-    if (strcmp(name, "tar") == 0 || (strcmp(name, "raw") != 0 && looks_like_tar(p))) {
+    if (strcmp(name, "tar") == 0 || (format && strcmp(name, "raw") != 0 && looks_like_tar(p))) {
         ic_tar_refuse_as_disk(p, path, member, err);
         goto fail;
     }
