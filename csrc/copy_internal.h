@@ -36,7 +36,10 @@ struct ic_copy {
     struct ic_copy_options opt;
     uint64_t write_align; /* the destination writes whole units of this */
     uint64_t zero_limit;  /* the longest zero request the destination takes */
-    uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
+    /* fully allocated output: zero requests keep ranges allocated (else
+     * zeros are written as data, from `zeros`: request_size bytes) */
+    int zero_allocates;
+    uint8_t *zeros;
 
     pthread_mutex_t lock;
     pthread_cond_t queue_changed; /* an item in or out, the planner done  */
