@@ -58,6 +58,10 @@ struct ic_driver {
                   struct ic_error *err);
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
+    /* zero without IC_ZERO_MAY_UNMAP leaves the range allocated (a hole
+     * punched only when asked): a format that makes zero clusters instead
+     * gets fully allocated zeros written as data */
+    int zero_allocates;
     int (*flush)(struct ic_image *img, struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
      * `end`, covering `want` and, cheaply, more after it: the caller holds

@@ -231,6 +231,11 @@ void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
     w->priv = NULL;
 }
 
+int ic_image_zero_allocates(const struct ic_image *img)
+{
+    return img->drv->zero && img->drv->zero_allocates;
+}
+
 int ic_image_places_in_order(const struct ic_image *img)
 {
     return img->drv->place != NULL;
