@@ -88,10 +88,16 @@ void ic_image_free(struct ic_image *img);
 
 int ic_cache_init(struct ic_image *img);
 void ic_cache_destroy(struct ic_image *img);
+/* What a format's layer does not hold (IC_EXT_BELOW), [start, end):
+ * extents appended to `out` that cover it (image_io.c asks the backing
+ * chain), so that the cache knows nothing of the chain. */
+typedef int ic_status_below_fn(struct ic_image *img, uint64_t start, uint64_t end,
+                               struct ic_extent_list *out, struct ic_error *err);
 /* The extent at `off`, at most `len` long, from memory or the driver (and
- * the backing chain, for what a format's layer does not hold). */
+ * `below`, for what a format's layer does not hold). */
 int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
-                          struct ic_extent *out, struct ic_error *err);
+                          ic_status_below_fn *below, struct ic_extent *out,
+                          struct ic_error *err);
 /* Driver hooks after they changed the image. */
 void ic_cache_note(struct ic_image *img, const struct ic_extent *e);        /* now known to be e */
 void ic_cache_note_if_known(struct ic_image *img, const struct ic_extent *e);

@@ -88,6 +88,41 @@ static int check_range(const struct ic_image *img, uint64_t offset, uint64_t len
     return 0;
 }
 
+/* What a format's layer does not hold, [start, end), for the extent cache:
+ * the backing file answers, one level deeper (a raw backing file's length
+ * rounded up to 512 bytes, as qemu sees it); past its end, or without one,
+ * it reads as zeros. */
+static int status_below(struct ic_image *img, uint64_t start, uint64_t end,
+                        struct ic_extent_list *out, struct ic_error *err)
+{
+    struct ic_image *b = img->backing;
+    uint64_t bsize = b ? ic_image_size(b) : 0, tail = b ? ic_image_qemu_length(b) : 0;
+    uint64_t pos = start;
+    while (pos < end && pos < bsize) {
+        struct ic_extent e;
+        uint64_t lim = end < bsize ? end : bsize;
+        if (ic_image_block_status(b, pos, lim - pos, &e, err) < 0)
+            return -1;
+        e.depth++;
+        if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
+        pos += e.length;
+    }
+    if (pos < end && pos < tail) {
+        uint64_t lim = end < tail ? end : tail;
+        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
+                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+        if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
+        pos = lim;
+    }
+    if (pos < end) {
+        struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
+        return ic_extent_list_add(out, &e, err);
+    }
+    return 0;
+}
+
 int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length,
                           struct ic_extent *out, struct ic_error *err)
 {
@@ -95,7 +130,7 @@ int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length
         return ic_error_value(err, "block status of an empty range");
     if (check_range(img, offset, length, err) < 0)
         return -1;
-    return ic_cache_block_status(img, offset, length, out, err);
+    return ic_cache_block_status(img, offset, length, status_below, out, err);
 }
 
 int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
@@ -108,7 +143,7 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
     uint64_t pos = start;
     while (pos < end) {
         struct ic_extent e;
-        if (ic_cache_block_status(img, pos, end - pos, &e, err) < 0)
+        if (ic_cache_block_status(img, pos, end - pos, status_below, &e, err) < 0)
             return -1;
         if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
             out->items[out->count - 1].length += e.length;
