@@ -11,8 +11,6 @@
 #include "image.h"
 #include "vpc_format.h"
 
-/* extents appended past what block status was asked for */
-#define WALK_EXTRA_EXTENTS 256
 /* BAT entries checked per read at open */
 #define BAT_CHUNK 16384u
 
@@ -225,7 +223,7 @@ static int status_fixed(struct vpc_state *s, uint64_t start, uint64_t end, uint6
 {
     uint64_t fsize = ic_image_size(s->file);
     unsigned extra = 0;
-    for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS);) {
+    for (uint64_t pos = start; pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS);) {
         struct ic_extent e = {.start = pos, .host_offset = pos,
                               .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
         if (pos >= fsize) {
@@ -260,7 +258,7 @@ static int vpc_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
         return status_fixed(s, start, end, want, out, err);
     uint64_t bs = s->dyn.block_size;
     unsigned extra = 0;
-    for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS);) {
+    for (uint64_t pos = start; pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS);) {
         uint64_t block = pos / bs;
         uint32_t e = block < s->nblocks ? s->bat[block] : VPC_BAT_UNALLOCATED;
         struct ic_extent x = {.start = pos};
