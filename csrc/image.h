@@ -63,6 +63,11 @@ int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);
 int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
                         struct ic_error *err);
 /* For format drivers, of their protocol image (img->file): */
+/* The extent at guest offset `start`, at most `len` long, of data stored
+ * at `host` in `file`: data, and zeros where the file reads as zeros (a
+ * hole; past its end, all of `len`), as qemu's BDRV_BLOCK_RECURSE. */
+int ic_image_data_status(struct ic_image *file, uint64_t start, uint64_t host, uint64_t len,
+                         struct ic_extent *out, struct ic_error *err);
 int ic_image_truncate(struct ic_image *file, uint64_t size, struct ic_error *err);
 void ic_image_allocate(struct ic_image *file, uint64_t off, uint64_t len);
 uint64_t ic_image_allocated_bytes(struct ic_image *file);

@@ -320,6 +320,25 @@ int ic_image_read_below(struct ic_image *img, void *vbuf, size_t len, uint64_t o
     return 0;
 }
 
+int ic_image_data_status(struct ic_image *file, uint64_t start, uint64_t host, uint64_t len,
+                         struct ic_extent *out, struct ic_error *err)
+{
+    uint64_t fsize = ic_image_size(file);
+    *out = (struct ic_extent){.start = start, .length = len, .host_offset = host,
+                              .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+    if (host >= fsize) {
+        out->flags |= IC_EXT_ZERO;
+        return 0;
+    }
+    struct ic_extent f;
+    if (ic_image_block_status(file, host, len < fsize - host ? len : fsize - host, &f, err) < 0)
+        return -1;
+    out->length = f.length;
+    if (f.flags & IC_EXT_ZERO)
+        out->flags |= IC_EXT_ZERO;
+    return 0;
+}
+
 int ic_image_truncate(struct ic_image *file, uint64_t size, struct ic_error *err)
 {
     if (!file->drv->truncate)

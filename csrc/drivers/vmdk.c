@@ -365,23 +365,10 @@ static int push(struct walk *w, const struct ic_extent *e, struct ic_error *err)
 static int status_flat(const struct vmdk_extent *e, uint64_t pos, uint64_t end, struct walk *w,
                        struct ic_error *err)
 {
-    uint32_t flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID;
     while (pos < end) {
         uint64_t h = e->flat_offset + (pos - e->start);
-        struct ic_extent x = {.start = pos, .host_offset = h, .flags = flags};
-        if (h >= e->file_size) {
-            x.length = end - pos;
-            x.flags |= IC_EXT_ZERO;
-        } else {
-            struct ic_extent f;
-            uint64_t lim = end - pos < e->file_size - h ? end - pos : e->file_size - h;
-            if (ic_image_block_status(e->file, h, lim, &f, err) < 0)
-                return -1;
-            x.length = f.length ? f.length : lim;
-            if (f.flags & IC_EXT_ZERO)
-                x.flags |= IC_EXT_ZERO;
-        }
-        if (push(w, &x, err) < 0)
+        struct ic_extent x;
+        if (ic_image_data_status(e->file, pos, h, end - pos, &x, err) < 0 || push(w, &x, err) < 0)
             return -1;
         pos += x.length;
     }

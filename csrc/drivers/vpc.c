@@ -221,24 +221,11 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
 static int status_fixed(struct vpc_state *s, uint64_t start, uint64_t end, uint64_t want,
                         struct ic_extent_list *out, struct ic_error *err)
 {
-    uint64_t fsize = ic_image_size(s->file);
     unsigned extra = 0;
     for (uint64_t pos = start; pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS);) {
-        struct ic_extent e = {.start = pos, .host_offset = pos,
-                              .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-        if (pos >= fsize) {
-            e.length = end - pos;
-            e.flags |= IC_EXT_ZERO;
-        } else {
-            struct ic_extent f;
-            uint64_t lim = end < fsize ? end : fsize;
-            if (ic_image_block_status(s->file, pos, lim - pos, &f, err) < 0)
-                return -1;
-            e.length = f.length;
-            if (f.flags & IC_EXT_ZERO)
-                e.flags |= IC_EXT_ZERO;
-        }
-        if (ic_extent_list_add(out, &e, err) < 0)
+        struct ic_extent e;
+        if (ic_image_data_status(s->file, pos, pos, end - pos, &e, err) < 0 ||
+            ic_extent_list_add(out, &e, err) < 0)
             return -1;
         if (pos > want)
             extra++;
