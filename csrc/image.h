@@ -62,6 +62,10 @@ int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);
  * hold, from the backing file (zeros past its end, or without one). */
 int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
                         struct ic_error *err);
+/* For format drivers: [off, off+len) of `file`, what lies past its end
+ * reading as zeros (as qemu reads a protocol past its end). */
+int ic_image_pread_padded(struct ic_image *file, void *buf, size_t len, uint64_t off,
+                          struct ic_error *err);
 /* For format drivers, of their protocol image (img->file): */
 /* The extent at guest offset `start`, at most `len` long, of data stored
  * at `host` in `file`: data, and zeros where the file reads as zeros (a

@@ -305,18 +305,24 @@ void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len)
         img->drv->settle_read(img, off, len);
 }
 
-int ic_image_read_below(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
-                        struct ic_error *err)
+int ic_image_pread_padded(struct ic_image *file, void *vbuf, size_t len, uint64_t off,
+                          struct ic_error *err)
 {
     uint8_t *buf = vbuf;
-    uint64_t n = 0;
-    if (img->backing) {
-        uint64_t bsize = ic_image_size(img->backing);
-        n = off >= bsize ? 0 : (bsize - off < len ? bsize - off : len);
-        if (n && ic_image_pread(img->backing, buf, (size_t)n, off, err) < 0)
-            return -1;
-    }
-    memset(buf + n, 0, (size_t)(len - n));
+    uint64_t size = ic_image_size(file);
+    size_t n = off >= size ? 0 : (size - off < len ? (size_t)(size - off) : len);
+    if (n && ic_image_pread(file, buf, n, off, err) < 0)
+        return -1;
+    memset(buf + n, 0, len - n);
+    return 0;
+}
+
+int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                        struct ic_error *err)
+{
+    if (img->backing)
+        return ic_image_pread_padded(img->backing, buf, len, off, err);
+    memset(buf, 0, len);
     return 0;
 }
 

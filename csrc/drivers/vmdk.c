@@ -289,8 +289,8 @@ static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t l
                 memset(buf, 0, (size_t)n);
                 break;
             case VMDK_DATA:
-                ret = vmdk_read_host(e->file, e->file_size, buf, n,
-                                     (uint64_t)entries[i] * VMDK_SECTOR + in, err);
+                ret = ic_image_pread_padded(e->file, buf, (size_t)n,
+                                            (uint64_t)entries[i] * VMDK_SECTOR + in, err);
                 break;
             case VMDK_COMPRESSED: {
                 if (!grain_buf && !(grain_buf = malloc((size_t)e->grain))) {
@@ -324,8 +324,8 @@ static int vmdk_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
         size_t xi = find_extent(s, off);
         const struct vmdk_extent *e = &s->ext[xi];
         uint64_t n = e->end - off < len ? e->end - off : len;
-        int r = e->flat ? vmdk_read_host(e->file, e->file_size, buf, n,
-                                         e->flat_offset + (off - e->start), err)
+        int r = e->flat ? ic_image_pread_padded(e->file, buf, (size_t)n,
+                                                e->flat_offset + (off - e->start), err)
                         : read_sparse(img, xi, buf, n, off, err);
         if (r < 0)
             return -1;
