@@ -24,11 +24,6 @@
 #include "../lock.h"
 #include "file.h"
 
-/* Extents a walk learns past the one asked for: enough that a forward
- * map costs one walk per this many extents, few enough that a query
- * stays cheap. */
-#define WALK_EXTRA_EXTENTS 256
-
 static struct raw_state *state(struct ic_image *img)
 {
     return img->drv_state;
@@ -620,7 +615,7 @@ static int raw_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
     uint64_t pos = start;
     unsigned extra = 0;
     int in_data = -1; /* unknown */
-    while (pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS)) {
+    while (pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS)) {
         uint64_t next;
         int r;
         if (in_data != 1) {
