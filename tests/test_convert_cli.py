@@ -97,8 +97,10 @@ def test_flags_map_onto_library(convert_sources, tmp_path, imgcopy_env, case):
         assert sorted(os.listdir(tmp_path)) == [], "a null destination created a file"
         return
     if target == "new":
-        assert_same_content(img.path, cli_dst, "raw", "raw")
+        # the maps before any read: ext4 reports an unwritten extent (the
+        # fallocated zeros of -S 0) as data once its pages are cached
         assert qemu_map(cli_dst).extents == qemu_map(lib_dst).extents
+        assert_same_content(img.path, cli_dst, "raw", "raw")
     else:
         assert_prefix_equal(img.path, cli_dst, img.size)
         assert_prefix_equal(img.path, lib_dst, img.size)
