@@ -460,16 +460,6 @@ static int vmdk_block_status(struct ic_image *img, uint64_t start, uint64_t end,
 
 /* ---- info ------------------------------------------------------------- */
 
-static void add_field(struct ic_image_info *out, const char *key, enum ic_info_kind kind,
-                      int64_t number, const char *text)
-{
-    struct ic_info_field *f = &out->fields[out->nfields++];
-    f->key = key;
-    f->kind = kind;
-    f->number = number;
-    snprintf(f->text, sizeof f->text, "%.*s", (int)sizeof f->text - 1, text ? text : "");
-}
-
 /* qemu-img info's vmdk "format-specific" (qemu 7.2's keys and order; the
  * per-extent list has no place in ic_image_info). */
 static void vmdk_describe(struct ic_image *img, struct ic_image_info *out)
@@ -486,9 +476,9 @@ static void vmdk_describe(struct ic_image *img, struct ic_image_info *out)
              (int)sizeof out->backing_name - 1, img->backing_name);
     snprintf(out->backing_format, sizeof out->backing_format, "%.*s",
              (int)sizeof out->backing_format - 1, img->backing_format);
-    add_field(out, "cid", IC_INFO_INT, s->cid, NULL);
-    add_field(out, "parent-cid", IC_INFO_INT, s->parent_cid, NULL);
-    add_field(out, "create-type", IC_INFO_STRING, 0, s->create_type);
+    ic_image_info_add(out, "cid", IC_INFO_INT, s->cid, NULL);
+    ic_image_info_add(out, "parent-cid", IC_INFO_INT, s->parent_cid, NULL);
+    ic_image_info_add(out, "create-type", IC_INFO_STRING, 0, s->create_type);
 }
 
 const struct ic_driver ic_format_vmdk = {
