@@ -23,6 +23,21 @@ int ic_extent_list_add(struct ic_extent_list *list, const struct ic_extent *e,
     return ic_extent_list_push(list, e) < 0 ? ic_error_nomem(err) : 0;
 }
 
+int ic_extent_list_join(struct ic_extent_list *list, size_t first, const struct ic_extent *e,
+                        struct ic_error *err)
+{
+    if (list->count > first) {
+        struct ic_extent *last = &list->items[list->count - 1];
+        if (last->flags == e->flags && last->start + last->length == e->start &&
+            (!(e->flags & IC_EXT_OFFSET_VALID) ||
+             last->host_offset + last->length == e->host_offset)) {
+            last->length += e->length;
+            return 0;
+        }
+    }
+    return ic_extent_list_add(list, e, err);
+}
+
 void ic_extent_list_free(struct ic_extent_list *list)
 {
     free(list->items);

@@ -73,6 +73,10 @@ int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t of
  * reading as zeros (as qemu reads a protocol past its end). */
 int ic_image_pread_padded(struct ic_image *file, void *buf, size_t len, uint64_t off,
                           struct ic_error *err);
+/* For format drivers' describe: one of qemu-img info's "format-specific"
+ * fields, appended (`number` for INT and BOOL, `text` for STRING). */
+void ic_image_info_add(struct ic_image_info *out, const char *key, enum ic_info_kind kind,
+                       int64_t number, const char *text);
 /* For format drivers, of their protocol image (img->file): */
 /* The extent at guest offset `start`, at most `len` long, of data stored
  * at `host` in `file`: data, and zeros where the file reads as zeros (a

@@ -1,6 +1,7 @@
 /* Queries and I/O of the image layer: bounds checks, then the driver, or
  * the default of an optional operation. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -65,6 +66,16 @@ void ic_image_describe(struct ic_image *img, struct ic_image_info *out)
     memset(out, 0, sizeof *out);
     if (img->drv->describe)
         img->drv->describe(img, out);
+}
+
+void ic_image_info_add(struct ic_image_info *out, const char *key, enum ic_info_kind kind,
+                       int64_t number, const char *text)
+{
+    struct ic_info_field *f = &out->fields[out->nfields++];
+    f->key = key;
+    f->kind = kind;
+    f->number = number;
+    snprintf(f->text, sizeof f->text, "%.*s", (int)sizeof f->text - 1, text ? text : "");
 }
 
 int ic_image_has_backing_file(const struct ic_image *img)

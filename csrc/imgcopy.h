@@ -41,6 +41,11 @@ int ic_extent_list_push(struct ic_extent_list *list, const struct ic_extent *e);
 /* The same, the failure (out of memory) in `err`. */
 int ic_extent_list_add(struct ic_extent_list *list, const struct ic_extent *e,
                        struct ic_error *err);
+/* ic_extent_list_add, or the last extent made longer where `e` continues
+ * it (same flags, contiguous, host offsets contiguous where valid); the
+ * items before `first` are never changed. */
+int ic_extent_list_join(struct ic_extent_list *list, size_t first, const struct ic_extent *e,
+                        struct ic_error *err);
 void ic_extent_list_free(struct ic_extent_list *list);
 
 /* Open flags. */

@@ -124,16 +124,6 @@ static int qcow2_create(struct ic_image *img, int *fresh, struct ic_error *err)
     return 0;
 }
 
-static void add_field(struct ic_image_info *out, const char *key, enum ic_info_kind kind,
-                      int64_t number, const char *text)
-{
-    struct ic_info_field *f = &out->fields[out->nfields++];
-    f->key = key;
-    f->kind = kind;
-    f->number = number;
-    snprintf(f->text, sizeof f->text, "%s", text ? text : "");
-}
-
 /* qemu-img info's qcow2 "format-specific" (qemu 7.2's keys and order;
  * bitmaps and external data files are not reported). */
 static void qcow2_describe(struct ic_image *img, struct ic_image_info *out)
@@ -145,17 +135,18 @@ static void qcow2_describe(struct ic_image *img, struct ic_image_info *out)
     out->has_backing = h->backing_name[0] != '\0';
     snprintf(out->backing_name, sizeof out->backing_name, "%s", h->backing_name);
     snprintf(out->backing_format, sizeof out->backing_format, "%s", h->backing_format);
-    add_field(out, "compat", IC_INFO_STRING, 0, v3 ? "1.1" : "0.10");
-    add_field(out, "compression-type", IC_INFO_STRING, 0,
-              h->compression_type == 1 ? "zstd" : "zlib");
+    ic_image_info_add(out, "compat", IC_INFO_STRING, 0, v3 ? "1.1" : "0.10");
+    ic_image_info_add(out, "compression-type", IC_INFO_STRING, 0,
+                      h->compression_type == 1 ? "zstd" : "zlib");
     if (v3)
-        add_field(out, "lazy-refcounts", IC_INFO_BOOL, (h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0, NULL);
-    add_field(out, "refcount-bits", IC_INFO_INT, 1ll << h->refcount_order, NULL);
+        ic_image_info_add(out, "lazy-refcounts", IC_INFO_BOOL,
+                          (h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0, NULL);
+    ic_image_info_add(out, "refcount-bits", IC_INFO_INT, 1ll << h->refcount_order, NULL);
     if (v3) {
-        add_field(out, "corrupt", IC_INFO_BOOL, (h->incompatible & QCOW2_INCOMPAT_CORRUPT) != 0,
-                  NULL);
-        add_field(out, "extended-l2", IC_INFO_BOOL, (h->incompatible & QCOW2_INCOMPAT_EXTL2) != 0,
-                  NULL);
+        ic_image_info_add(out, "corrupt", IC_INFO_BOOL,
+                          (h->incompatible & QCOW2_INCOMPAT_CORRUPT) != 0, NULL);
+        ic_image_info_add(out, "extended-l2", IC_INFO_BOOL,
+                          (h->incompatible & QCOW2_INCOMPAT_EXTL2) != 0, NULL);
     }
 }
 

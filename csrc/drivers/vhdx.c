@@ -489,16 +489,8 @@ static int vhdx_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
 static int add(struct ic_extent_list *out, uint64_t start, uint64_t len, uint32_t flags,
                uint64_t host, struct ic_error *err)
 {
-    if (out->count) {
-        struct ic_extent *l = &out->items[out->count - 1];
-        if (l->start + l->length == start && l->flags == flags &&
-            (!(flags & IC_EXT_OFFSET_VALID) || l->host_offset + l->length == host)) {
-            l->length += len;
-            return 0;
-        }
-    }
     struct ic_extent e = {.start = start, .length = len, .flags = flags, .host_offset = host};
-    return ic_extent_list_add(out, &e, err);
+    return ic_extent_list_join(out, 0, &e, err);
 }
 
 #define DATA_FLAGS (IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID)

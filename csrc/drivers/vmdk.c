@@ -343,23 +343,6 @@ struct walk {
     size_t first; /* items before this one are not ours to merge */
 };
 
-static int push(struct walk *w, const struct ic_extent *e, struct ic_error *err)
-{
-    struct ic_extent_list *out = w->out;
-    if (out->count > w->first) {
-        struct ic_extent *last = &out->items[out->count - 1];
-        if (last->flags == e->flags && last->start + last->length == e->start &&
-            (!(e->flags & IC_EXT_OFFSET_VALID) ||
-             last->host_offset + last->length == e->host_offset)) {
-            last->length += e->length;
-            return 0;
-        }
-    }
-    if (ic_extent_list_push(out, e) < 0)
-        return ic_error_nomem(err);
-    return 0;
-}
-
 /* A flat extent's data: holes of its file read as zeros (qemu's
  * BDRV_BLOCK_RECURSE), as does what lies past its end. */
 static int status_flat(const struct vmdk_extent *e, uint64_t pos, uint64_t end, struct walk *w,
@@ -368,7 +351,8 @@ static int status_flat(const struct vmdk_extent *e, uint64_t pos, uint64_t end, 
     while (pos < end) {
         uint64_t h = e->flat_offset + (pos - e->start);
         struct ic_extent x;
-        if (ic_image_data_status(e->file, pos, h, end - pos, &x, err) < 0 || push(w, &x, err) < 0)
+        if (ic_image_data_status(e->file, pos, h, end - pos, &x, err) < 0 ||
+            ic_extent_list_join(w->out, w->first, &x, err) < 0)
             return -1;
         pos += x.length;
     }
@@ -408,7 +392,7 @@ static int status_sparse(struct ic_image *img, size_t xi, uint64_t pos, uint64_t
             if (run_end > end || g >= e->gd_entries)
                 run_end = end;
             struct ic_extent x = {.start = pos, .length = run_end - pos, .flags = IC_EXT_BELOW};
-            if (push(w, &x, err) < 0)
+            if (ic_extent_list_join(w->out, w->first, &x, err) < 0)
                 return -1;
             if (pos > want)
                 extra += g - gdi;
@@ -426,7 +410,7 @@ static int status_sparse(struct ic_image *img, size_t xi, uint64_t pos, uint64_t
             struct ic_extent x = {.start = pos, .length = gend - pos, .flags = grain_flags(k)};
             if (k == VMDK_DATA)
                 x.host_offset = (uint64_t)entries[i] * VMDK_SECTOR + (pos - gstart);
-            if (push(w, &x, err) < 0)
+            if (ic_extent_list_join(w->out, w->first, &x, err) < 0)
                 return -1;
             if (pos > want)
                 extra++;
@@ -460,16 +444,6 @@ static int vmdk_block_status(struct ic_image *img, uint64_t start, uint64_t end,
 
 /* ---- info ------------------------------------------------------------- */
 
-static void add_field(struct ic_image_info *out, const char *key, enum ic_info_kind kind,
-                      int64_t number, const char *text)
-{
-    struct ic_info_field *f = &out->fields[out->nfields++];
-    f->key = key;
-    f->kind = kind;
-    f->number = number;
-    snprintf(f->text, sizeof f->text, "%.*s", (int)sizeof f->text - 1, text ? text : "");
-}
-
 /* qemu-img info's vmdk "format-specific" (qemu 7.2's keys and order; the
  * per-extent list has no place in ic_image_info). */
 static void vmdk_describe(struct ic_image *img, struct ic_image_info *out)
@@ -486,9 +460,9 @@ static void vmdk_describe(struct ic_image *img, struct ic_image_info *out)
              (int)sizeof out->backing_name - 1, img->backing_name);
     snprintf(out->backing_format, sizeof out->backing_format, "%.*s",
              (int)sizeof out->backing_format - 1, img->backing_format);
-    add_field(out, "cid", IC_INFO_INT, s->cid, NULL);
-    add_field(out, "parent-cid", IC_INFO_INT, s->parent_cid, NULL);
-    add_field(out, "create-type", IC_INFO_STRING, 0, s->create_type);
+    ic_image_info_add(out, "cid", IC_INFO_INT, s->cid, NULL);
+    ic_image_info_add(out, "parent-cid", IC_INFO_INT, s->parent_cid, NULL);
+    ic_image_info_add(out, "create-type", IC_INFO_STRING, 0, s->create_type);
 }
 
 const struct ic_driver ic_format_vmdk = {
