@@ -47,6 +47,7 @@ struct action {
     const uint8_t *buf; /* data */
     int data;
     int skip; /* zeros the destination reads already */
+    int allocated; /* zeros that stay allocated (fully allocated output) */
 };
 
 /* Writes whose writeback a worker lets run behind it before it waits for
@@ -167,12 +168,37 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     if (len == 0)
         return;
     struct action *last = w->nacts ? &w->acts[w->nacts - 1] : NULL;
-    if (last && last->data == data && last->off + last->len == off &&
+    if (last && last->data == data && !last->allocated && last->off + last->len == off &&
         (!data || last->buf + last->len == buf)) {
         last->len += len;
         return;
     }
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
+}
+
+/* Fully allocated zeros: a zero request that keeps them allocated where
+ * the destination has one, else zeros written as data. */
+static void add_allocated_zeros(struct worker *w, uint64_t off, uint64_t len)
+{
+    if (!w->c->zero_allocates) {
+        add_action(w, off, len, w->c->zeros, 1);
+        return;
+    }
+    w->acts[w->nacts++] = (struct action){.off = off, .len = len, .allocated = 1};
+}
+
+/* Whether the destination reads zeros at the action's range already. */
+static int reads_zeros(const struct ic_copy *c, const struct action *a)
+{
+    return c->opt.target_is_zero || ic_known_zeros_cover(&c->dst_zeros, a->off, a->len);
+}
+
+/* Allocated zeros: where the destination reads zeros already, it only
+ * needs the space (a new file: fallocate) */
+static int zero_allocated(struct worker *w, const struct action *a)
+{
+    unsigned flags = reads_zeros(w->c, a) ? IC_ZERO_ALLOCATE : 0;
+    return ic_image_zero(w->c->dst, a->off, a->len, flags, &w->err);
 }
 
 static int read_for_sparse(void *ctx, void *buf, uint64_t off, uint64_t len)
@@ -232,13 +258,12 @@ static int execute(struct worker *w, struct turns *t)
     int ret = 0;
     for (size_t k = 0; k < w->nacts; k++) {
         struct action *a = &w->acts[k];
-        a->skip = !a->data && (c->opt.target_is_zero ||
-                               ic_known_zeros_cover(&c->dst_zeros, a->off, a->len));
+        a->skip = !a->data && !a->allocated && reads_zeros(c, a);
     }
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (a->skip)
-            continue; /* counted at commit */
+        if (a->skip || a->allocated)
+            continue; /* done at commit */
         struct ic_staged_write *st = &w->staged[nstaged];
         *st = (struct ic_staged_write){.off = a->off, .len = a->len,
                                        .buf = a->data ? a->buf : NULL};
@@ -269,7 +294,8 @@ static int execute(struct worker *w, struct turns *t)
             ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
         }
-        ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
+        ret = a->allocated ? zero_allocated(w, a)
+                           : ic_image_commit(c->dst, &w->staged[committed++], &w->err);
         if (ret < 0)
             break;
         ic_request_log_add(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
@@ -332,8 +358,8 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
         return 0;
     }
     if (it->kind == RUN_ZERO) {
-        if (c->opt.sparse_threshold == 0) /* fully allocated: zeros are data */
-            add_action(w, it->start, len, c->zeros, 1);
+        if (c->opt.sparse_threshold == 0) /* fully allocated */
+            add_allocated_zeros(w, it->start, len);
         else
             add_action(w, it->start, len, NULL, 0);
         return execute(w, t);
@@ -502,10 +528,12 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->opt = *opt;
     c->write_align = facts.dst_write_align;
     c->zero_limit = ic_image_zero_limit(dst);
+    c->zero_allocates = ic_image_zero_allocates(dst);
     ic_image_written(dst); /* no longer known to read as zeros */
     size_t queue_depth = 4 * (size_t)opt->concurrency;
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
-    if (opt->sparse_threshold == 0)
+    int written_zeros = opt->sparse_threshold == 0 && !c->zero_allocates;
+    if (written_zeros)
         c->zeros = calloc(1, c->opt.request_size);
     /* items in flight: those queued and one per slot; twice that many
      * turn slots keep any two waiting items on different ones */
@@ -524,7 +552,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (!(c->workers[c->nworkers] = new_worker(c)))
             break;
     if (!c->workers || c->nworkers < opt->concurrency || !c->turn_changed ||
-        (opt->sparse_threshold == 0 && !c->zeros)) {
+        (written_zeros && !c->zeros)) {
         free_copy(c);
         return ic_error_nomem(err);
     }

@@ -27,6 +27,11 @@ struct ic_image;
  * zeros past its end) answers for it. */
 #define IC_EXT_BELOW (1u << 30)
 
+/* Extents a block-status walk learns past the one asked for: enough that
+ * a forward map costs one walk per this many extents, few enough that a
+ * query stays cheap. */
+#define IC_WALK_EXTRA_EXTENTS 256
+
 enum ic_driver_kind { IC_PROTOCOL, IC_FORMAT };
 
 struct ic_driver {
@@ -58,10 +63,16 @@ struct ic_driver {
                   struct ic_error *err);
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
+    /* zero without IC_ZERO_MAY_UNMAP leaves the range allocated (a hole
+     * punched only when asked): a format that makes zero clusters instead
+     * gets fully allocated zeros written as data */
+    int zero_allocates;
     int (*flush)(struct ic_image *img, struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
-     * `end`, covering `want` and, cheaply, more after it: the caller holds
-     * the cache lock and records everything appended. */
+     * `end`, covering `want` and, cheaply, more after it (up to
+     * IC_WALK_EXTRA_EXTENTS; formats walking their tables count clusters,
+     * grains or blocks): the caller holds the cache lock and records
+     * everything appended. */
     int (*block_status)(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                         struct ic_extent_list *out, struct ic_error *err);
     /* block_status is as cheap at any offset as after the last answer:

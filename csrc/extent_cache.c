@@ -49,43 +49,10 @@ static void answer(const struct ic_interval *iv, uint64_t off, uint64_t len, str
     out->host_offset = (iv->flags & IC_EXT_OFFSET_VALID) ? iv->host + (off - iv->start) : 0;
 }
 
-/* What a format's layer does not hold: the backing file answers, one
- * level deeper (a raw backing file's length rounded up to 512 bytes, as
- * qemu sees it); past its end, or without one, it reads as zeros. */
-static int expand_below(struct ic_image *img, uint64_t start, uint64_t end,
-                        struct ic_extent_list *out, struct ic_error *err)
-{
-    struct ic_image *b = img->backing;
-    uint64_t bsize = b ? ic_image_size(b) : 0, tail = b ? ic_image_qemu_length(b) : 0;
-    uint64_t pos = start;
-    while (pos < end && pos < bsize) {
-        struct ic_extent e;
-        uint64_t lim = end < bsize ? end : bsize;
-        if (ic_image_block_status(b, pos, lim - pos, &e, err) < 0)
-            return -1;
-        e.depth++;
-        if (ic_extent_list_add(out, &e, err) < 0)
-            return -1;
-        pos += e.length;
-    }
-    if (pos < end && pos < tail) {
-        uint64_t lim = end < tail ? end : tail;
-        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
-                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-        if (ic_extent_list_add(out, &e, err) < 0)
-            return -1;
-        pos = lim;
-    }
-    if (pos < end) {
-        struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
-        return ic_extent_list_add(out, &e, err);
-    }
-    return 0;
-}
-
 /* Ask the driver about the gap holding `off` and record what it says (and
- * what the backing chain says where a format's layer holds nothing). */
-static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
+ * what `below` says where a format's layer holds nothing). */
+static int learn(struct ic_image *img, uint64_t off, ic_status_below_fn *below_fn,
+                 struct ic_error *err)
 {
     uint64_t gap_start, gap_end;
     ic_imap_gap(&img->cache, off, img->size, &gap_start, &gap_end);
@@ -114,7 +81,7 @@ static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
         for (size_t i = 0; i < img->walk.count; i++) {
             const struct ic_extent *e = &img->walk.items[i];
             if ((e->flags & IC_EXT_BELOW
-                     ? expand_below(img, e->start, e->start + e->length, &below, err)
+                     ? below_fn(img, e->start, e->start + e->length, &below, err)
                      : ic_extent_list_add(&below, e, err)) < 0) {
                 ic_extent_list_free(&below);
                 return -1;
@@ -140,7 +107,8 @@ static int learn(struct ic_image *img, uint64_t off, struct ic_error *err)
 }
 
 int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
-                          struct ic_extent *out, struct ic_error *err)
+                          ic_status_below_fn *below, struct ic_extent *out,
+                          struct ic_error *err)
 {
     int ret = 0;
     pthread_mutex_lock(&img->cache_lock);
@@ -149,7 +117,7 @@ int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
         atomic_fetch_add(&img->cache_hits, 1);
     } else {
         atomic_fetch_add(&img->cache_misses, 1);
-        ret = learn(img, off, err);
+        ret = learn(img, off, below, err);
         if (ret == 0)
             iv = ic_imap_find(&img->cache, off);
     }

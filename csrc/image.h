@@ -69,7 +69,16 @@ int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);
  * hold, from the backing file (zeros past its end, or without one). */
 int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
                         struct ic_error *err);
+/* For format drivers: [off, off+len) of `file`, what lies past its end
+ * reading as zeros (as qemu reads a protocol past its end). */
+int ic_image_pread_padded(struct ic_image *file, void *buf, size_t len, uint64_t off,
+                          struct ic_error *err);
 /* For format drivers, of their protocol image (img->file): */
+/* The extent at guest offset `start`, at most `len` long, of data stored
+ * at `host` in `file`: data, and zeros where the file reads as zeros (a
+ * hole; past its end, all of `len`), as qemu's BDRV_BLOCK_RECURSE. */
+int ic_image_data_status(struct ic_image *file, uint64_t start, uint64_t host, uint64_t len,
+                         struct ic_extent *out, struct ic_error *err);
 int ic_image_truncate(struct ic_image *file, uint64_t size, struct ic_error *err);
 void ic_image_allocate(struct ic_image *file, uint64_t off, uint64_t len);
 uint64_t ic_image_allocated_bytes(struct ic_image *file);
@@ -95,10 +104,16 @@ void ic_image_free(struct ic_image *img);
 
 int ic_cache_init(struct ic_image *img);
 void ic_cache_destroy(struct ic_image *img);
+/* What a format's layer does not hold (IC_EXT_BELOW), [start, end):
+ * extents appended to `out` that cover it (image_io.c asks the backing
+ * chain), so that the cache knows nothing of the chain. */
+typedef int ic_status_below_fn(struct ic_image *img, uint64_t start, uint64_t end,
+                               struct ic_extent_list *out, struct ic_error *err);
 /* The extent at `off`, at most `len` long, from memory or the driver (and
- * the backing chain, for what a format's layer does not hold). */
+ * `below`, for what a format's layer does not hold). */
 int ic_cache_block_status(struct ic_image *img, uint64_t off, uint64_t len,
-                          struct ic_extent *out, struct ic_error *err);
+                          ic_status_below_fn *below, struct ic_extent *out,
+                          struct ic_error *err);
 /* Driver hooks after they changed the image. */
 void ic_cache_note(struct ic_image *img, const struct ic_extent *e);        /* now known to be e */
 void ic_cache_note_if_known(struct ic_image *img, const struct ic_extent *e);

@@ -99,6 +99,41 @@ static int check_range(const struct ic_image *img, uint64_t offset, uint64_t len
     return 0;
 }
 
+/* What a format's layer does not hold, [start, end), for the extent cache:
+ * the backing file answers, one level deeper (a raw backing file's length
+ * rounded up to 512 bytes, as qemu sees it); past its end, or without one,
+ * it reads as zeros. */
+static int status_below(struct ic_image *img, uint64_t start, uint64_t end,
+                        struct ic_extent_list *out, struct ic_error *err)
+{
+    struct ic_image *b = img->backing;
+    uint64_t bsize = b ? ic_image_size(b) : 0, tail = b ? ic_image_qemu_length(b) : 0;
+    uint64_t pos = start;
+    while (pos < end && pos < bsize) {
+        struct ic_extent e;
+        uint64_t lim = end < bsize ? end : bsize;
+        if (ic_image_block_status(b, pos, lim - pos, &e, err) < 0)
+            return -1;
+        e.depth++;
+        if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
+        pos += e.length;
+    }
+    if (pos < end && pos < tail) {
+        uint64_t lim = end < tail ? end : tail;
+        struct ic_extent e = {.start = pos, .length = lim - pos, .host_offset = pos, .depth = 1,
+                              .flags = IC_EXT_ZERO | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+        if (ic_extent_list_add(out, &e, err) < 0)
+            return -1;
+        pos = lim;
+    }
+    if (pos < end) {
+        struct ic_extent e = {.start = pos, .length = end - pos, .flags = IC_EXT_ZERO};
+        return ic_extent_list_add(out, &e, err);
+    }
+    return 0;
+}
+
 int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length,
                           struct ic_extent *out, struct ic_error *err)
 {
@@ -106,7 +141,7 @@ int ic_image_block_status(struct ic_image *img, uint64_t offset, uint64_t length
         return ic_error_value(err, "block status of an empty range");
     if (check_range(img, offset, length, err) < 0)
         return -1;
-    return ic_cache_block_status(img, offset, length, out, err);
+    return ic_cache_block_status(img, offset, length, status_below, out, err);
 }
 
 int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
@@ -119,7 +154,7 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
     uint64_t pos = start;
     while (pos < end) {
         struct ic_extent e;
-        if (ic_cache_block_status(img, pos, end - pos, &e, err) < 0)
+        if (ic_cache_block_status(img, pos, end - pos, status_below, &e, err) < 0)
             return -1;
         if (out->count > 0 && ic_extent_mergeable(&out->items[out->count - 1], &e))
             out->items[out->count - 1].length += e.length;
@@ -231,6 +266,11 @@ void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
     w->priv = NULL;
 }
 
+int ic_image_zero_allocates(const struct ic_image *img)
+{
+    return img->drv->zero && img->drv->zero_allocates;
+}
+
 int ic_image_places_in_order(const struct ic_image *img)
 {
     return img->drv->place != NULL;
@@ -283,18 +323,43 @@ void ic_image_settle_read(struct ic_image *img, uint64_t off, uint64_t len)
         img->drv->settle_read(img, off, len);
 }
 
-int ic_image_read_below(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
-                        struct ic_error *err)
+int ic_image_pread_padded(struct ic_image *file, void *vbuf, size_t len, uint64_t off,
+                          struct ic_error *err)
 {
     uint8_t *buf = vbuf;
-    uint64_t n = 0;
-    if (img->backing) {
-        uint64_t bsize = ic_image_size(img->backing);
-        n = off >= bsize ? 0 : (bsize - off < len ? bsize - off : len);
-        if (n && ic_image_pread(img->backing, buf, (size_t)n, off, err) < 0)
-            return -1;
+    uint64_t size = ic_image_size(file);
+    size_t n = off >= size ? 0 : (size - off < len ? (size_t)(size - off) : len);
+    if (n && ic_image_pread(file, buf, n, off, err) < 0)
+        return -1;
+    memset(buf + n, 0, len - n);
+    return 0;
+}
+
+int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                        struct ic_error *err)
+{
+    if (img->backing)
+        return ic_image_pread_padded(img->backing, buf, len, off, err);
+    memset(buf, 0, len);
+    return 0;
+}
+
+int ic_image_data_status(struct ic_image *file, uint64_t start, uint64_t host, uint64_t len,
+                         struct ic_extent *out, struct ic_error *err)
+{
+    uint64_t fsize = ic_image_size(file);
+    *out = (struct ic_extent){.start = start, .length = len, .host_offset = host,
+                              .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
+    if (host >= fsize) {
+        out->flags |= IC_EXT_ZERO;
+        return 0;
     }
-    memset(buf + n, 0, (size_t)(len - n));
+    struct ic_extent f;
+    if (ic_image_block_status(file, host, len < fsize - host ? len : fsize - host, &f, err) < 0)
+        return -1;
+    out->length = f.length;
+    if (f.flags & IC_EXT_ZERO)
+        out->flags |= IC_EXT_ZERO;
     return 0;
 }
 

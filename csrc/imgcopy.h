@@ -191,6 +191,9 @@ int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t 
 enum {
     IC_ZERO_MAY_UNMAP = 1u << 0, /* a hole is fine                           */
     IC_ZERO_FAST = 1u << 1,      /* fail with ENOTSUP rather than write zeros */
+    /* the range reads as zeros already: only give it disk space (a new
+     * file's fallocate), as cheaply as the driver can; without MAY_UNMAP */
+    IC_ZERO_ALLOCATE = 1u << 2,
 };
 int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsigned flags,
                   struct ic_error *err);
@@ -216,6 +219,9 @@ int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_e
 void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w);
 /* Whether place() must be called in guest order. */
 int ic_image_places_in_order(const struct ic_image *img);
+/* Whether a zero without IC_ZERO_MAY_UNMAP leaves the range allocated (a
+ * file, an NBD export): fully allocated output needs no written zeros. */
+int ic_image_zero_allocates(const struct ic_image *img);
 /* Writes must cover whole units of this many bytes (1: any range). */
 uint64_t ic_image_write_alignment(const struct ic_image *img);
 /* Zero ranges are cut into requests of at most this: local zeroing costs

@@ -11,7 +11,7 @@ import os
 import sys
 from typing import Any, List, Optional
 
-from .errors import ImageFormatError
+from .errors import ImageFormatError, describe_remedies
 from .image import Image
 from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_format, measure_image,
                       measure_size, parse_image_size, split_options, typed_options,
@@ -184,5 +184,9 @@ def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional
         reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
         raise MeasureError(f"Could not open '{filename}': Could not open '{path}': "
                            f"{reason}") from None
-    except (ImageFormatError, ValueError) as exc:  # a member that is not there
+    except ImageFormatError as exc:  # remedies spelt as flags (--member NAME)
+        from .cli import cli_spelling
+        raise MeasureError(f"Could not open '{filename}': {exc.reason}"
+                           f"{describe_remedies(exc.remedies, cli_spelling)}") from None
+    except ValueError as exc:  # a member that is not there
         raise MeasureError(f"Could not open '{filename}': {exc}") from None

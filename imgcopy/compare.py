@@ -8,6 +8,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
 from ._keywords import suggest_keywords
+from .errors import ImageFormatError
 from .image import Image, PathArg
 
 IDENTICAL = "Images are identical."
@@ -108,9 +109,18 @@ def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
     or ImageFormatError when an image cannot be opened or read (an error
     while comparing carries ``compare_step`` 3 (block status) or 4 (read),
     ``compare_image`` 0 or 1 and ``compare_offset``)."""
-    with Image(a, a_format, force_share=force_share, member=a_member,
-               external_files=external_files) as ia:
-        with Image(b, b_format, force_share=force_share, member=b_member,
-                   external_files=external_files) as ib:
+    with _open(a, a_format, a_member, "a", force_share, external_files) as ia:
+        with _open(b, b_format, b_member, "b", force_share, external_files) as ib:
             return compare_images(ia, ib, strict=strict, concurrency=concurrency,
                                   on_progress=on_progress)
+
+
+def _open(path: PathArg, fmt: Optional[str], member: Optional[str], side: str,
+          force_share: bool, external_files: bool) -> Image:
+    """Image ``a`` or ``b``; an error's remedies name compare()'s keywords
+    (``a_member``, not open()'s ``member``)."""
+    try:
+        return Image(path, fmt, force_share=force_share, member=member,
+                     external_files=external_files)
+    except ImageFormatError as exc:
+        raise exc.renamed({"format": f"{side}_format", "member": f"{side}_member"})

@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from .errors import ImageFormatError
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
 from ._keywords import suggest_keywords
 from .image import Image, PathArg, source_member
@@ -651,8 +652,12 @@ def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = N
         return measure_size(nbytes, target)
     if isinstance(src, Image):
         return measure_image(src, target)
-    with Image(src, src_format, force_share=force_share, member=src_member,  # type: ignore[arg-type]
-               external_files=src_external_files) as img:
+    try:
+        img = Image(src, src_format, force_share=force_share, member=src_member,  # type: ignore[arg-type]
+                    external_files=src_external_files)
+    except ImageFormatError as exc:  # remedies in measure()'s keywords
+        raise exc.renamed({"format": "src_format", "external_files": "src_external_files"})
+    with img:
         return measure_image(img, target)
 
 

@@ -45,7 +45,11 @@ class CopyOptions:
     """How a copy runs (qemu-img convert's flag, and the default, in brackets).
 
     ``sparse_threshold`` [-S, 4k]: zero runs at least this long inside data
-    become holes; 0 writes every byte (fully allocated).
+    become holes; 0: fully allocated, every block of the destination gets
+    disk space: zeros by zero requests that keep them allocated (a new
+    file's fallocate, FALLOC_FL_ZERO_RANGE, NBD WRITE_ZEROES without
+    may-trim), written as data only where the destination has no such
+    request (qcow2, a server without WRITE_ZEROES).
     ``concurrency`` [-m, 4]: worker threads.
     ``request_size`` [2M]: bytes per read or write request.
     ``out_of_order`` [-W, True]: writes may complete in any order; False

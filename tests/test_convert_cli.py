@@ -14,10 +14,10 @@ import time
 import pytest
 
 from .convert_helpers import STATS_KEYS, imgcopy_cmd
+from .servers import slow_export
 from .gen.sparse import garbage, make_sparse
 from .oracles import (assert_prefix_equal, assert_same_content, qemu_map, sha256_file,
                       sha256_range)
-from .units import GiB
 
 imgcopy = pytest.importorskip("imgcopy")
 
@@ -239,15 +239,16 @@ def _wait_for_progress(proc, timeout=20.0):
 def _interrupt(tmp_path, env, dest, merged=False):
     """Start a long copy with -p, SIGINT it once its progress shows.
     Returns (returncode, seconds from SIGINT to exit, stderr, stdout,
-    files the copy left in tmp_path besides its source); merged: stderr
-    goes to stdout's pipe (returned as stdout, in the order written)."""
-    src = str(tmp_path / "hole20g.raw")
-    make_sparse(src, 20 * GiB)
+    files the copy left in tmp_path); merged: stderr goes to stdout's pipe
+    (returned as stdout, in the order written)."""
+    with slow_export() as srv:
+        return _interrupt_copy(tmp_path, env, srv.uri, dest, merged)
+
+
+def _interrupt_copy(tmp_path, env, src, dest, merged=False):
     dst = str(tmp_path / "out.raw") if dest == "file" else "null:"
-    # a fully allocated copy of 20 GiB of hole: many seconds of zeros
-    args = ["-p", "-S", "0", src, dst]
-    if dest == "null":
-        args = ["--request-size", "4k"] + args
+    # 20 GiB of data to read 4 KiB at a time: many seconds
+    args = ["-p", "--request-size", "4k", src, dst]
     proc = subprocess.Popen(imgcopy_cmd() + ["convert"] + args, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merged else subprocess.PIPE, env=env)
     try:
@@ -261,7 +262,7 @@ def _interrupt(tmp_path, env, dest, merged=False):
         elapsed = time.monotonic() - t0
         out = (seen + proc.stdout.read()).decode(errors="replace")
         err = "" if merged else proc.stderr.read().decode(errors="replace")
-        left = sorted(set(os.listdir(str(tmp_path))) - {os.path.basename(src)})
+        left = sorted(os.listdir(str(tmp_path)))
     finally:
         if proc.poll() is None:
             proc.kill()

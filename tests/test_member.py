@@ -402,6 +402,11 @@ def test_compare_members(archive, extracted, tmp_path, capfdbinary):
     rc, o, e = _run_cli(capfdbinary, "compare", "--a-member", "disk.qcow2", "--b-member",
                         "nope.raw", tar, tar)
     assert rc == 2 and f"Could not open '{tar}/nope.raw'" in e and "no member" in e, e
+    # an archive without a member: the remedy is compare()'s keyword for that side
+    with pytest.raises(ImageFormatError) as exc:
+        imgcopy.compare(extracted["big.raw"], tar)
+    assert "b_member=" in str(exc.value) and "(pass member=" not in str(exc.value)
+    assert all(set(r.options) <= {"b_member", "b_format"} for r in exc.value.remedies)
 
 
 def test_check_member(archive, extracted, capfdbinary):
@@ -445,6 +450,11 @@ def test_measure_member(archive, extracted, capfdbinary):
     assert rc == 1 and f"Could not open '{tar}/nope'" in e and "no member 'nope'" in e, e
     rc, o, e = _run_cli(capfdbinary, "measure", "--member", "x", "--size", "1M")
     assert rc == 1 and "--member requires a filename" in e
+    # an archive without a member: the remedy spelt as the flag
+    rc, o, e = _run_cli(capfdbinary, "measure", tar)
+    assert rc == 1 and f"Could not open '{tar}'" in e and "--member " in e, e
+    with pytest.raises(ImageFormatError, match=r"\(pass member="):
+        imgcopy.measure(tar)
     with pytest.raises(ValueError, match="no member 'nope'"):
         imgcopy.measure(tar, member="nope")
 

@@ -174,6 +174,32 @@ def test_destination_that_cannot_say_gets_zeroed(source):
         assert_same_content(source, srv.uri, "raw", "raw")
 
 
+def test_fully_allocated_sends_zero_requests_not_zeros(tmp_path):
+    """-S 0 into an export: a 2 GiB source holding 2 bytes costs two small
+    writes and a few WRITE_ZEROES that keep the range allocated
+    (NBD_CMD_FLAG_NO_HOLE: never may-trim), as nbdcopy --allocated sends,
+    never 2 GiB of zeros on the wire; a server without WRITE_ZEROES gets
+    zeros written, as it has no such request."""
+    src = str(tmp_path / "two-bytes.raw")
+    make_sparse(src, 2 * GiB, [(4096, b"\x01"), (GiB + 17, b"\x02")])
+    with nbdkit("memory", "2G") as srv:
+        res = imgcopy.convert(src, srv.uri, sparse_threshold=0)
+        writes, zeros = srv.requests("Write"), srv.requests("Zero")
+        assert_same_content(src, srv.uri, "raw", "raw")
+    assert sum(w.count for w in writes) == res.bytes_written == 8192, writes
+    assert 0 < len(zeros) <= 4 and all(z.ok for z in zeros), zeros
+    assert all("trim" not in z.flags for z in zeros), [sorted(z.flags) for z in zeros]
+    assert sum(z.count for z in zeros) == res.bytes_zeroed == 2 * GiB - 8192
+    assert res.bytes_skipped == 0
+    small = str(tmp_path / "small.raw")
+    make_sparse(small, 64 * MiB, [(4096, b"\x01")])
+    with nbdkit("memory", "64M", filters=["nozero"]) as srv:
+        res = imgcopy.convert(small, srv.uri, sparse_threshold=0)
+        assert srv.count("Zero") == 0 and srv.bytes("Write") == 64 * MiB
+        assert res.bytes_skipped == 0
+        assert_same_content(small, srv.uri, "raw", "raw")
+
+
 def test_empty_disk_costs_three_zero_requests_at_most(tmp_path):
     """An empty 8 GiB disk: zero requests as long as NBD carries (32-bit
     lengths), never one per request_size; none when the export says it

@@ -24,11 +24,6 @@
 #include "../lock.h"
 #include "file.h"
 
-/* Extents a walk learns past the one asked for: enough that a forward
- * map costs one walk per this many extents, few enough that a query
- * stays cheap. */
-#define WALK_EXTRA_EXTENTS 256
-
 static struct raw_state *state(struct ic_image *img)
 {
     return img->drv_state;
@@ -473,6 +468,17 @@ static int zero_range(struct ic_image *img, uint64_t off, uint64_t len)
     return 0;
 }
 
+/* Disk space for a range that reads as zeros already (mode 0: never
+ * changes what it reads) */
+static int allocate_range(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (fallocate(s->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        return -errno;
+    ic_cache_forget(img, off, off + len); /* unwritten extents: fs-specific */
+    return 0;
+}
+
 static int blkzeroout(struct ic_image *img, uint64_t off, uint64_t len)
 {
     uint64_t range[2] = {off, len};
@@ -505,6 +511,8 @@ static int raw_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned f
     int r = -ENOTSUP;
     if (flags & IC_ZERO_MAY_UNMAP)
         r = try_method(img, NO_PUNCH_HOLE, punch_hole, off, len);
+    else if ((flags & IC_ZERO_ALLOCATE) && !s->is_blockdev)
+        r = try_method(img, NO_ALLOCATE, allocate_range, off, len);
     if (r == -ENOTSUP && !s->is_blockdev)
         r = try_method(img, NO_ZERO_RANGE, zero_range, off, len);
     if (r == -ENOTSUP && s->is_blockdev)
@@ -607,7 +615,7 @@ static int raw_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
     uint64_t pos = start;
     unsigned extra = 0;
     int in_data = -1; /* unknown */
-    while (pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS)) {
+    while (pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS)) {
         uint64_t next;
         int r;
         if (in_data != 1) {
@@ -651,6 +659,7 @@ const struct ic_driver ic_protocol_file = {
     .pread = raw_pread,
     .pwrite = raw_pwrite,
     .zero = raw_zero,
+    .zero_allocates = 1,
     .flush = raw_flush,
     .block_status = raw_block_status,
     .finish = ic_file_finish,

@@ -736,6 +736,7 @@ const struct ic_driver ic_protocol_nbd = {
     .pread = nbd_pread,
     .pwrite = nbd_pwrite,
     .zero = nbd_zero,
+    .zero_allocates = 1, /* WRITE_ZEROES with NO_HOLE, else written zeros */
     .flush = nbd_flush,
     .finish = nbd_finish,
     .block_status = nbd_block_status,

@@ -10,17 +10,6 @@
 /* The host file grows in steps, not one ftruncate per cluster. */
 #define GROW_STEP (64ull << 20)
 
-/* Entry `idx` of a refcount block of `bits`-bit entries. */
-static uint64_t refcount_at(const uint8_t *block, uint64_t idx, unsigned bits)
-{
-    uint64_t bitpos = idx * bits, v = 0;
-    if (bits < 8)
-        return (block[bitpos / 8] >> (bitpos % 8)) & ((1u << bits) - 1);
-    for (unsigned b = 0; b < bits / 8; b++)
-        v = v << 8 | block[bitpos / 8 + b];
-    return v;
-}
-
 static int grow_refcounts(struct qcow2_writer *w, uint64_t clusters)
 {
     if (clusters <= w->rc_len)
@@ -83,7 +72,7 @@ int qcow2_alloc_load(struct ic_image *img, struct ic_error *err)
         ret = ic_image_pread(s->file, block, csz, boff, err);
         for (uint64_t k = 0; ret == 0 && k < per_block; k++) {
             uint64_t cl = t * per_block + k;
-            uint64_t v = refcount_at(block, k, 16);
+            uint64_t v = qcow2_refcount_entry(block, k, 16);
             if (v && cl >= w->rc_len && grow_refcounts(w, cl + 1) < 0)
                 ret = ic_error_nomem(err);
             else if (cl < w->rc_len)
@@ -287,7 +276,7 @@ int qcow2_count_refcounted(struct ic_image *img, uint64_t end_cluster, uint64_t 
         if (qcow2_read_meta(img, block, csz, boff, "refcount block", &err) < 0)
             goto out;
         for (uint64_t k = first; k < last && *count < threshold; k++)
-            *count += refcount_at(block, k % per_block, bits) != 0;
+            *count += qcow2_refcount_entry(block, k % per_block, bits) != 0;
     }
     ret = 0;
 out:

@@ -165,16 +165,6 @@ static void reference(struct ck *c, uint64_t off, uint64_t len)
     }
 }
 
-static uint64_t stored_entry(const uint8_t *block, uint64_t idx, unsigned bits)
-{
-    uint64_t bitpos = idx * bits, v = 0;
-    if (bits < 8)
-        return (block[bitpos / 8] >> (bitpos % 8)) & ((1u << bits) - 1);
-    for (unsigned b = 0; b < bits / 8; b++)
-        v = v << 8 | block[bitpos / 8 + b];
-    return v;
-}
-
 /* qcow2_get_refcount: 0, or -errno */
 static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
 {
@@ -203,7 +193,7 @@ static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
             return -EIO;
         c->block_off = boff;
     }
-    *out = stored_entry(c->block, cluster % c->per_block, c->bits);
+    *out = qcow2_refcount_entry(c->block, cluster % c->per_block, c->bits);
     return 0;
 }
 

@@ -40,6 +40,16 @@ void qcow2_put_be32(uint8_t *p, uint32_t v)
         p[i] = (uint8_t)v;
 }
 
+uint64_t qcow2_refcount_entry(const uint8_t *block, uint64_t idx, unsigned bits)
+{
+    uint64_t bitpos = idx * bits, v = 0;
+    if (bits < 8)
+        return (block[bitpos / 8] >> (bitpos % 8)) & ((1u << bits) - 1);
+    for (unsigned b = 0; b < bits / 8; b++)
+        v = v << 8 | block[bitpos / 8 + b];
+    return v;
+}
+
 static uint16_t be16(const uint8_t *b)
 {
     return (uint16_t)(b[0] << 8 | b[1]);

@@ -110,6 +110,9 @@ uint64_t qcow2_be64(const void *p);
 uint32_t qcow2_be32(const void *p);
 void qcow2_put_be64(uint8_t *p, uint64_t v);
 void qcow2_put_be32(uint8_t *p, uint32_t v);
+/* Entry `idx` of a refcount block of `bits`-bit entries (1 to 64, a power
+ * of two; below 8 bits the first entry is the lowest bits of a byte). */
+uint64_t qcow2_refcount_entry(const uint8_t *block, uint64_t idx, unsigned bits);
 
 /* Every check qemu makes of a header on opening it, the error naming the
  * field as docs/interop/qcow2.txt spells it.  `buf` holds the first `len`

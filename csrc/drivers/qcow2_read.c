@@ -163,29 +163,15 @@ static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint6
                        struct ic_extent_list *out, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
-    uint32_t flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID;
     if (!preallocated(img)) {
         struct ic_extent e = {.start = start, .length = end - start, .host_offset = host,
-                              .flags = flags};
+                              .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
         return ic_extent_list_add(out, &e, err);
     }
-    uint64_t fsize = ic_image_size(s->file);
     for (uint64_t pos = start; pos < end;) {
-        uint64_t h = host + (pos - start);
-        struct ic_extent e = {.start = pos, .host_offset = h, .flags = flags};
-        if (h >= fsize) {
-            e.length = end - pos;
-            e.flags |= IC_EXT_ZERO;
-        } else {
-            struct ic_extent f;
-            uint64_t lim = end - pos < fsize - h ? end - pos : fsize - h;
-            if (ic_image_block_status(s->file, h, lim, &f, err) < 0)
-                return -1;
-            e.length = f.length;
-            if (f.flags & IC_EXT_ZERO)
-                e.flags |= IC_EXT_ZERO;
-        }
-        if (ic_extent_list_add(out, &e, err) < 0)
+        struct ic_extent e;
+        if (ic_image_data_status(s->file, pos, host + (pos - start), end - pos, &e, err) < 0 ||
+            ic_extent_list_add(out, &e, err) < 0)
             return -1;
         pos += e.length;
     }

@@ -9,9 +9,6 @@
 
 #include "tar.h"
 
-/* Extents a walk learns past the one asked for (as the file protocol) */
-#define WALK_EXTRA_EXTENTS 256
-
 struct member_state {
     struct ic_image *tar;
     uint64_t offset; /* of the member's data in the archive */
@@ -74,7 +71,7 @@ static int member_block_status(struct ic_image *img, uint64_t start, uint64_t en
     struct member_state *s = state(img);
     uint64_t pos = start;
     unsigned extra = 0;
-    while (pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS)) {
+    while (pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS)) {
         struct ic_extent e;
         uint64_t seeks = atomic_load(&s->tar->lseek_calls);
         int r = ic_image_block_status(s->tar, s->offset + pos, end - pos, &e, err);

@@ -381,35 +381,70 @@ static int bit_at(const uint8_t *bits, uint64_t i)
     return bits[i / 8] >> (i % 8) & 1;
 }
 
+/* The runs of present and absent sectors of a partially present block
+ * over [a, b) (offsets in the block): runs_start, then runs_next until it
+ * returns 0, then runs_end. */
+struct runs {
+    uint8_t *bits;
+    uint64_t ss, first, n, i, a, b;
+};
+
+static int runs_start(struct ic_image *img, uint64_t block, uint64_t a, uint64_t b,
+                      struct runs *r, struct ic_error *err)
+{
+    uint64_t ss = state_of(img)->m.logical_sector_size;
+    *r = (struct runs){.ss = ss, .first = a / ss, .a = a, .b = b};
+    r->n = (b + ss - 1) / ss - r->first;
+    if (!(r->bits = malloc((size_t)((r->n + 7) / 8))))
+        return ic_error_nomem(err);
+    if (read_bits(img, block, r->first, r->n, r->bits, err) < 0) {
+        free(r->bits);
+        return -1;
+    }
+    return 0;
+}
+
+/* The next run, [*x, *y) clipped to [a, b), and whether it is present. */
+static int runs_next(struct runs *r, uint64_t *x, uint64_t *y, int *present)
+{
+    if (r->i >= r->n)
+        return 0;
+    uint64_t j = r->i + 1;
+    *present = bit_at(r->bits, r->i);
+    while (j < r->n && bit_at(r->bits, j) == *present)
+        j++;
+    *x = (r->first + r->i) * r->ss;
+    *y = (r->first + j) * r->ss;
+    if (*x < r->a)
+        *x = r->a;
+    if (*y > r->b)
+        *y = r->b;
+    r->i = j;
+    return 1;
+}
+
+static void runs_end(struct runs *r)
+{
+    free(r->bits);
+}
+
 /* ---- reads -------------------------------------------------------------------- */
 
 static int read_partial(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
                         uint64_t block, uint64_t host, struct ic_error *err)
 {
     struct vhdx_state *s = state_of(img);
-    uint64_t ss = s->m.logical_sector_size, bs = s->m.block_size;
-    uint64_t in = off - block * bs;
-    uint64_t first = in / ss, n = (in + len + ss - 1) / ss - first;
-    uint8_t *bits = malloc((size_t)((n + 7) / 8));
-    if (!bits)
-        return ic_error_nomem(err);
-    int r = read_bits(img, block, first, n, bits, err);
-    for (uint64_t i = 0; r == 0 && i < n;) {
-        int set = bit_at(bits, i);
-        uint64_t j = i + 1;
-        while (j < n && bit_at(bits, j) == set)
-            j++;
-        uint64_t a = (first + i) * ss, b = (first + j) * ss;
-        if (a < in)
-            a = in;
-        if (b > in + len)
-            b = in + len;
+    uint64_t bs = s->m.block_size, in = off - block * bs, a, b;
+    struct runs runs;
+    int present, r = runs_start(img, block, in, in + len, &runs, err);
+    if (r < 0)
+        return -1;
+    while (r == 0 && runs_next(&runs, &a, &b, &present)) {
         uint8_t *p = buf + (a - in);
-        r = set ? ic_image_pread(s->file, p, (size_t)(b - a), host + a, err)
-                : ic_image_read_below(img, p, (size_t)(b - a), block * bs + a, err);
-        i = j;
+        r = present ? ic_image_pread(s->file, p, (size_t)(b - a), host + a, err)
+                    : ic_image_read_below(img, p, (size_t)(b - a), block * bs + a, err);
     }
-    free(bits);
+    runs_end(&runs);
     return r;
 }
 
@@ -473,28 +508,15 @@ static int add(struct ic_extent_list *out, uint64_t start, uint64_t len, uint32_
 static int status_partial(struct ic_image *img, uint64_t a, uint64_t b, uint64_t block,
                           uint64_t host, struct ic_extent_list *out, struct ic_error *err)
 {
-    struct vhdx_state *s = state_of(img);
-    uint64_t ss = s->m.logical_sector_size, base = block * s->m.block_size;
-    uint64_t first = (a - base) / ss, n = (b - base + ss - 1) / ss - first;
-    uint8_t *bits = malloc((size_t)((n + 7) / 8));
-    if (!bits)
-        return ic_error_nomem(err);
-    int r = read_bits(img, block, first, n, bits, err);
-    for (uint64_t i = 0; r == 0 && i < n;) {
-        int set = bit_at(bits, i);
-        uint64_t j = i + 1;
-        while (j < n && bit_at(bits, j) == set)
-            j++;
-        uint64_t x = base + (first + i) * ss, y = base + (first + j) * ss;
-        if (x < a)
-            x = a;
-        if (y > b)
-            y = b;
-        r = set ? add(out, x, y - x, DATA_FLAGS, host + (x - base), err)
-                : add(out, x, y - x, IC_EXT_BELOW, 0, err);
-        i = j;
-    }
-    free(bits);
+    uint64_t base = block * state_of(img)->m.block_size, x, y;
+    struct runs runs;
+    int present, r = runs_start(img, block, a - base, b - base, &runs, err);
+    if (r < 0)
+        return -1;
+    while (r == 0 && runs_next(&runs, &x, &y, &present))
+        r = present ? add(out, base + x, y - x, DATA_FLAGS, host + x, err)
+                    : add(out, base + x, y - x, IC_EXT_BELOW, 0, err);
+    runs_end(&runs);
     return r;
 }
 

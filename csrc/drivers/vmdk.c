@@ -289,8 +289,8 @@ static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t l
                 memset(buf, 0, (size_t)n);
                 break;
             case VMDK_DATA:
-                ret = vmdk_read_host(e->file, e->file_size, buf, n,
-                                     (uint64_t)entries[i] * VMDK_SECTOR + in, err);
+                ret = ic_image_pread_padded(e->file, buf, (size_t)n,
+                                            (uint64_t)entries[i] * VMDK_SECTOR + in, err);
                 break;
             case VMDK_COMPRESSED: {
                 if (!grain_buf && !(grain_buf = malloc((size_t)e->grain))) {
@@ -324,8 +324,8 @@ static int vmdk_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
         size_t xi = find_extent(s, off);
         const struct vmdk_extent *e = &s->ext[xi];
         uint64_t n = e->end - off < len ? e->end - off : len;
-        int r = e->flat ? vmdk_read_host(e->file, e->file_size, buf, n,
-                                         e->flat_offset + (off - e->start), err)
+        int r = e->flat ? ic_image_pread_padded(e->file, buf, (size_t)n,
+                                                e->flat_offset + (off - e->start), err)
                         : read_sparse(img, xi, buf, n, off, err);
         if (r < 0)
             return -1;
@@ -365,23 +365,10 @@ static int push(struct walk *w, const struct ic_extent *e, struct ic_error *err)
 static int status_flat(const struct vmdk_extent *e, uint64_t pos, uint64_t end, struct walk *w,
                        struct ic_error *err)
 {
-    uint32_t flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID;
     while (pos < end) {
         uint64_t h = e->flat_offset + (pos - e->start);
-        struct ic_extent x = {.start = pos, .host_offset = h, .flags = flags};
-        if (h >= e->file_size) {
-            x.length = end - pos;
-            x.flags |= IC_EXT_ZERO;
-        } else {
-            struct ic_extent f;
-            uint64_t lim = end - pos < e->file_size - h ? end - pos : e->file_size - h;
-            if (ic_image_block_status(e->file, h, lim, &f, err) < 0)
-                return -1;
-            x.length = f.length ? f.length : lim;
-            if (f.flags & IC_EXT_ZERO)
-                x.flags |= IC_EXT_ZERO;
-        }
-        if (push(w, &x, err) < 0)
+        struct ic_extent x;
+        if (ic_image_data_status(e->file, pos, h, end - pos, &x, err) < 0 || push(w, &x, err) < 0)
             return -1;
         pos += x.length;
     }

@@ -150,10 +150,6 @@ static inline struct vmdk_state *vmdk_state_of(struct ic_image *img)
     return img->drv_state;
 }
 
-/* Read [off, off+len) of `file`; what lies past its end reads as zeros
- * (qemu's reads of a protocol past its end). */
-int vmdk_read_host(struct ic_image *file, uint64_t file_size, void *buf, uint64_t len,
-                   uint64_t off, struct ic_error *err);
 /* Open the sparse extent in `e->file` (e->start set): header, footer,
  * grain directory.  `top`: img->file itself (a monolithic sparse or
  * stream image), whose embedded descriptor the caller reads. */

@@ -64,16 +64,6 @@ int vmdk_sparse_check(const struct vmdk_sparse_header *h, uint64_t file_size, co
     return 0;
 }
 
-int vmdk_read_host(struct ic_image *file, uint64_t file_size, void *buf, uint64_t len,
-                   uint64_t off, struct ic_error *err)
-{
-    uint64_t n = off >= file_size ? 0 : (file_size - off < len ? file_size - off : len);
-    if (n && ic_image_pread(file, buf, (size_t)n, off, err) < 0)
-        return -1;
-    memset((uint8_t *)buf + n, 0, (size_t)(len - n));
-    return 0;
-}
-
 /* A stream's footer: the header that counts, at the end of the file
  * between a footer marker and an end-of-stream marker. */
 static int read_footer(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sparse_header *h,
@@ -83,7 +73,7 @@ static int read_footer(struct ic_image *img, struct vmdk_extent *e, struct vmdk_
     uint64_t end = (e->file_size + VMDK_SECTOR - 1) / VMDK_SECTOR * VMDK_SECTOR;
     if (end < sizeof f)
         return vmdk_error(err, img->path, "invalid footer (file too small)");
-    if (vmdk_read_host(e->file, e->file_size, f, sizeof f, end - sizeof f, err) < 0)
+    if (ic_image_pread_padded(e->file, f, sizeof f, end - sizeof f, err) < 0)
         return -1;
     if (memcmp(f + 512, VMDK4_MAGIC, 4) != 0 || vmdk_le32(f + 8) != 0 ||
         vmdk_le32(f + 12) != VMDK_MARKER_FOOTER || vmdk_le64(f + 1024) != 0 ||
@@ -99,7 +89,7 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
     uint8_t head[512];
     if (e->file_size < 4)
         return vmdk_error(err, img->path, "file is too small, not a valid image");
-    if (vmdk_read_host(e->file, e->file_size, head, sizeof head, 0, err) < 0)
+    if (ic_image_pread_padded(e->file, head, sizeof head, 0, err) < 0)
         return -1;
     if (memcmp(head, VMDK3_MAGIC, 4) == 0)
         return vmdk_error(err, img->path, "VMDK3 (\"COWD\", vmfsSparse) extents are not "
@@ -134,7 +124,7 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
     e->gd = malloc((size_t)bytes);
     if (!e->gd)
         return ic_error_nomem(err);
-    if (vmdk_read_host(e->file, e->file_size, e->gd, bytes, h->gd_offset * VMDK_SECTOR, err) < 0)
+    if (ic_image_pread_padded(e->file, e->gd, (size_t)bytes, h->gd_offset * VMDK_SECTOR, err) < 0)
         return -1;
     for (uint64_t i = 0; i < e->gd_entries; i++)
         e->gd[i] = vmdk_le32((const uint8_t *)&e->gd[i]);
@@ -173,8 +163,8 @@ static struct vmdk_gt_slot *cached_table(struct ic_image *img, size_t xi, uint64
         }
     }
     slot->valid = 0;
-    if (vmdk_read_host(e->file, e->file_size, slot->table, bytes,
-                       (uint64_t)e->gd[gdi] * VMDK_SECTOR, err) < 0)
+    if (ic_image_pread_padded(e->file, slot->table, (size_t)bytes,
+                              (uint64_t)e->gd[gdi] * VMDK_SECTOR, err) < 0)
         return NULL;
     for (uint32_t i = 0; i < e->gtes; i++)
         slot->table[i] = vmdk_le32((const uint8_t *)&slot->table[i]);
@@ -213,7 +203,7 @@ int vmdk_sparse_inflate(struct ic_image *img, const struct vmdk_extent *e, uint3
     uint64_t off = (uint64_t)entry * VMDK_SECTOR, len = e->grain;
     if (e->has_marker) {
         uint8_t m[12];
-        if (vmdk_read_host(e->file, e->file_size, m, sizeof m, off, err) < 0)
+        if (ic_image_pread_padded(e->file, m, sizeof m, off, err) < 0)
             return -1;
         len = vmdk_le32(m + 8);
         off += sizeof m;

@@ -11,8 +11,6 @@
 #include "image.h"
 #include "vpc_format.h"
 
-/* extents appended past what block status was asked for */
-#define WALK_EXTRA_EXTENTS 256
 /* BAT entries checked per read at open */
 #define BAT_CHUNK 16384u
 
@@ -54,18 +52,6 @@ static uint64_t sectors_length(struct vpc_state *s)
     return fsize / VPC_SECTOR * VPC_SECTOR + (fsize % VPC_SECTOR ? VPC_SECTOR : 0);
 }
 
-static int read_file(struct vpc_state *s, void *vbuf, size_t len, uint64_t off,
-                     struct ic_error *err)
-{
-    uint8_t *buf = vbuf;
-    uint64_t fsize = ic_image_size(s->file);
-    size_t n = off >= fsize ? 0 : (fsize - off < len ? (size_t)(fsize - off) : len);
-    if (n && ic_image_pread(s->file, buf, n, off, err) < 0)
-        return -1;
-    memset(buf + n, 0, len - n);
-    return 0;
-}
-
 /* Where the footer is: a copy at 0 means a dynamic disk (qemu never looks
  * at the end of the file then), else a fixed disk's footer ends the file. */
 static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
@@ -75,7 +61,7 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
     if (fsize < VPC_FOOTER_SIZE)
         return ic_error_format(err, img->path, "file too small for a VHD footer "
                                "(%llu bytes)", (unsigned long long)fsize);
-    if (read_file(s, f, sizeof f, 0, err) < 0)
+    if (ic_image_pread_padded(s->file, f, sizeof f, 0, err) < 0)
         return -1;
     if (vpc_footer_magic(f)) {
         s->dynamic_layout = 1;
@@ -83,7 +69,7 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
             return -1;
         return vpc_check_type(s->footer.type, img->path, err);
     }
-    if (read_file(s, f, sizeof f, fsize - VPC_FOOTER_SIZE, err) < 0)
+    if (ic_image_pread_padded(s->file, f, sizeof f, fsize - VPC_FOOTER_SIZE, err) < 0)
         return -1;
     if (!vpc_footer_magic(f))
         return ic_error_format(err, img->path, "invalid VPC image (no \"conectix\" footer at "
@@ -125,7 +111,8 @@ static int load_bat(struct ic_image *img, struct vpc_state *s, struct ic_error *
     uint64_t block_span = (uint64_t)d->bitmap_size + d->block_size;
     for (uint64_t i = 0; i < entries;) {
         uint64_t n = entries - i < BAT_CHUNK ? entries - i : BAT_CHUNK;
-        if (read_file(s, chunk, (size_t)(n * 4), d->table_offset + i * 4, err) < 0) {
+        if (ic_image_pread_padded(s->file, chunk, (size_t)(n * 4), d->table_offset + i * 4,
+                                  err) < 0) {
             free(chunk);
             return -1;
         }
@@ -158,7 +145,7 @@ static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
         return ic_error_format(err, img->path, "dynamic VHD header at offset %llu lies past "
                                "the end of the file", (unsigned long long)off);
     uint8_t h[VPC_DYN_HEADER_SIZE];
-    if (read_file(s, h, sizeof h, off, err) < 0 ||
+    if (ic_image_pread_padded(s->file, h, sizeof h, off, err) < 0 ||
         vpc_parse_dyn_header(h, img->size, &s->dyn, img->path, err) < 0)
         return -1;
     if (load_bat(img, s, err) < 0)
@@ -198,7 +185,7 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
     /* a fixed disk is its file, zeros past its end (a footer claiming more
      * than the file holds) */
     if (s->footer.type == VPC_TYPE_FIXED)
-        return read_file(s, buf, len, off, err);
+        return ic_image_pread_padded(s->file, buf, len, off, err);
     uint64_t bs = s->dyn.block_size;
     while (len > 0) {
         uint64_t block = off / bs, in = off % bs;
@@ -206,8 +193,9 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
         uint32_t e = block < s->nblocks ? s->bat[block] : VPC_BAT_UNALLOCATED;
         if (e == VPC_BAT_UNALLOCATED)
             memset(buf, 0, n);
-        else if (read_file(s, buf, n, (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in,
-                           err) < 0)
+        else if (ic_image_pread_padded(s->file, buf, n,
+                                       (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in,
+                                       err) < 0)
             return -1;
         buf += n;
         off += n;
@@ -223,24 +211,11 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
 static int status_fixed(struct vpc_state *s, uint64_t start, uint64_t end, uint64_t want,
                         struct ic_extent_list *out, struct ic_error *err)
 {
-    uint64_t fsize = ic_image_size(s->file);
     unsigned extra = 0;
-    for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS);) {
-        struct ic_extent e = {.start = pos, .host_offset = pos,
-                              .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-        if (pos >= fsize) {
-            e.length = end - pos;
-            e.flags |= IC_EXT_ZERO;
-        } else {
-            struct ic_extent f;
-            uint64_t lim = end < fsize ? end : fsize;
-            if (ic_image_block_status(s->file, pos, lim - pos, &f, err) < 0)
-                return -1;
-            e.length = f.length;
-            if (f.flags & IC_EXT_ZERO)
-                e.flags |= IC_EXT_ZERO;
-        }
-        if (ic_extent_list_add(out, &e, err) < 0)
+    for (uint64_t pos = start; pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS);) {
+        struct ic_extent e;
+        if (ic_image_data_status(s->file, pos, pos, end - pos, &e, err) < 0 ||
+            ic_extent_list_add(out, &e, err) < 0)
             return -1;
         if (pos > want)
             extra++;
@@ -260,7 +235,7 @@ static int vpc_block_status(struct ic_image *img, uint64_t start, uint64_t end, 
         return status_fixed(s, start, end, want, out, err);
     uint64_t bs = s->dyn.block_size;
     unsigned extra = 0;
-    for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_EXTENTS);) {
+    for (uint64_t pos = start; pos < end && (pos <= want || extra < IC_WALK_EXTRA_EXTENTS);) {
         uint64_t block = pos / bs;
         uint32_t e = block < s->nblocks ? s->bat[block] : VPC_BAT_UNALLOCATED;
         struct ic_extent x = {.start = pos};
