@@ -9,8 +9,6 @@
 #include "image.h"
 #include "lock.h"
 #include "probe.h"
-#include "drivers/file.h"
-#include "drivers/tar.h"
 
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
                               uint64_t size)
@@ -69,36 +67,36 @@ static int probe_protocol(struct ic_image *p, const char **format, struct ic_err
     return 0;
 }
 
-/* Whether a protocol image starts with a tar header (read errors: no,
- * the format's own open then says what fails). */
-static int looks_like_tar(struct ic_image *p)
+/* The container format a protocol image's head looks like (probe.c), or
+ * NULL (read errors: NULL, the format's own open then says what fails). */
+static const char *container_look(struct ic_image *p)
 {
     uint8_t head[IC_PROBE_HEAD];
     if (p->size < sizeof head || ic_image_reads_as_hole(p, 0, sizeof head) ||
         ic_image_pread(p, head, sizeof head, 0, NULL) < 0)
-        return 0;
-    return ic_probe_is_tar(head, sizeof head);
+        return NULL;
+    return ic_probe_container(head, sizeof head);
 }
 
 static int open_protocol(const char *path, const char *member, unsigned flags,
                          struct ic_image **out, struct ic_error *err);
 
-/* A member of the tar archive at `path`: the archive opened by its own
- * protocol, and the member's bytes in it. */
+/* A member of the archive at `path`: the archive opened by its own
+ * protocol, and the member's bytes in it, by the registry's container. */
 static int open_member(const char *path, const char *member, unsigned flags,
                        struct ic_image **out, struct ic_error *err)
 {
-    struct ic_image *tar, *p;
-    if (open_protocol(path, NULL, flags, &tar, err) < 0)
+    const struct ic_driver *container = ic_container_for(NULL);
+    struct ic_image *archive, *p;
+    if (open_protocol(path, NULL, flags, &archive, err) < 0)
         return -1;
-    if (!(p = ic_image_new(path, &ic_protocol_tar_member, flags, 0)) ||
-        !(p->member = strdup(member))) {
+    if (!(p = ic_image_new(path, container, flags, 0)) || !(p->member = strdup(member))) {
         if (p)
             ic_image_free(p);
-        ic_image_close(tar);
+        ic_image_close(archive);
         return ic_error_nomem(err);
     }
-    if (ic_tar_member_attach(p, tar, member, err) < 0) {
+    if (container->open_on(p, archive, member, err) < 0) {
         ic_image_close(p);
         return -1;
     }
@@ -190,6 +188,13 @@ static int lock_protocol(struct ic_image *p, const struct ic_driver *drv, unsign
 
 /* ---- the backing chain -------------------------------------------------- */
 
+/* Where a protocol image's bytes start in the file its identity names
+ * (a member in its archive). */
+static uint64_t file_offset(const struct ic_image *p)
+{
+    return p->drv->file_offset ? p->drv->file_offset(p) : 0;
+}
+
 /* Two names of one disk: the same inode, or device nodes of the same
  * block device. */
 static int same_file(const struct ic_file_id *a, const struct ic_file_id *b)
@@ -214,7 +219,7 @@ static int join_chain(struct ic_image *img, struct ic_image *p, const struct ic_
         img->meta_budget = above->meta_budget;
     }
     struct ic_file_id id = {0};
-    uint64_t member = ic_tar_member_offset(p);
+    uint64_t member = file_offset(p);
     if (!p->drv->identity || !p->drv->identity(p, &id.dev, &id.ino, &id.rdev))
         return 0;
     for (unsigned k = 0; k < img->chain_len; k++)
@@ -286,7 +291,7 @@ static int same_bytes(struct ic_image *a, struct ic_image *b)
     if (!a->drv->identity || !b->drv->identity || !a->drv->identity(a, &x.dev, &x.ino, &x.rdev) ||
         !b->drv->identity(b, &y.dev, &y.ino, &y.rdev))
         return 0;
-    return same_file(&x, &y) && ic_tar_member_offset(a) == ic_tar_member_offset(b);
+    return same_file(&x, &y) && file_offset(a) == file_offset(b);
 }
 
 /* A name the image holds, opened beneath the image's directory. */
@@ -303,7 +308,7 @@ static int open_beneath(struct ic_image *img, const char *name, const char *path
     struct ic_image *p = ic_image_new(path, &ic_protocol_file, flags, 0);
     if (!p)
         return ic_error_nomem(err);
-    if (ic_file_open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
+    if (ic_protocol_file.open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
         ic_image_close(p);
         return -1;
     }
@@ -425,10 +430,14 @@ static int open_link(const char *path, const char *member, const char *format, u
     const char *name = format;
     if (!name && probe_protocol(p, &name, err) < 0)
         goto fail;
-    /* a tar archive (an OVA) is no disk, probed or named as one: its disks
-     * are members (raw reads its bytes, on purpose) */
-    if (strcmp(name, "tar") == 0 || (format && strcmp(name, "raw") != 0 && looks_like_tar(p))) {
-        ic_tar_refuse_as_disk(p, path, member, err);
+    /* a container (a tar archive, an OVA) is no disk, probed or named as
+     * one: its disks are members (raw reads its bytes, on purpose) */
+    const struct ic_driver *container = ic_container_for(name);
+    const char *look;
+    if (!container && format && strcmp(name, "raw") != 0 && (look = container_look(p)))
+        container = ic_container_for(look);
+    if (container) {
+        container->refuse_as_disk(p, path, member, err);
         goto fail;
     }
     if (!ic_format_readable(name)) {

@@ -101,6 +101,11 @@ static int tar_number(const uint8_t *f, size_t n, uint64_t *out)
     return digits > 0;
 }
 
+const char *ic_probe_container(const uint8_t *head, size_t hlen)
+{
+    return ic_probe_is_tar(head, hlen) ? "tar" : NULL;
+}
+
 int ic_probe_is_tar(const uint8_t *head, size_t hlen)
 {
     if (hlen < 512)

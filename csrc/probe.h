@@ -18,5 +18,8 @@ const char *ic_probe_format(const uint8_t *head, size_t hlen, const uint8_t *tai
 /* Whether `head` (hlen bytes) starts with a tar header (ustar or v7, its
  * checksum right): ic_probe_format's "tar". */
 int ic_probe_is_tar(const uint8_t *head, size_t hlen);
+/* The container format (registry.c's ic_container_for) `head` starts
+ * with, whatever format it is named as ("tar"), or NULL. */
+const char *ic_probe_container(const uint8_t *head, size_t hlen);
 
 #endif

@@ -672,4 +672,5 @@ const struct ic_driver ic_protocol_file = {
     .settle_written = raw_settle_written,
     .settle_read = raw_settle_read,
     .copy_range = raw_copy_range,
+    .open_beneath = ic_file_open_beneath,
 };
