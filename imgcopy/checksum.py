@@ -10,7 +10,7 @@ from . import _core
 from .errors import Error
 from ._keywords import suggest_keywords
 from .image import Image, PathArg
-from .progress import close_progress, make_progress
+from .progress import _progress_adapter, close_progress, make_progress
 from .sizes import Size, parse_size
 
 DEFAULT_ALGORITHM = "sha256"
@@ -82,8 +82,6 @@ def image_checksum(img: Image, algorithm: str = DEFAULT_ALGORITHM,
         raise ValueError("length must be positive")
     size = img.size if length is None else length
     bar = make_progress(progress, size, os.path.basename(img.filename))
-    # imported here: convert imports this module
-    from .convert import _progress_adapter
     try:
         return _core.checksum(img._img, algorithm, block_size=block_size,
                               threads=threads or 0, length=length or 0,

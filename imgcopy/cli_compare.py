@@ -9,7 +9,7 @@ import argparse
 import errno
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .compare import CompareResult, compare_images
 from .errors import ImageFormatError
@@ -47,10 +47,17 @@ class UsageError(Exception):
     pass
 
 
-def add_compare_parser(sub: "argparse._SubParsersAction") -> None:
-    """Listed in ``imgcopy --help``; main() hands the arguments to run()."""
-    sub.add_parser("compare", help="compare two images (like qemu-img compare)",
-                   add_help=False)
+def register(subparsers: Any) -> None:
+    """Listed in ``imgcopy --help``.  Its arguments are handed over untouched
+    (argparse takes none of them as options): parsed as qemu-img parses them."""
+    p = subparsers.add_parser("compare", help="compare two images (like qemu-img compare)",
+                              add_help=False, prefix_chars="\x01")
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run, parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    return _run(list(args.argv))
 
 
 def _getopt(argv: List[str]) -> Tuple[List[Tuple[str, Optional[str]]], List[str]]:
@@ -137,7 +144,7 @@ def open_failure(filename: str, exc: BaseException, fmt: Optional[str]) -> str:
     return f"Could not open '{filename}': {exc}"
 
 
-def run(argv: List[str]) -> int:
+def _run(argv: List[str]) -> int:
     try:
         opts, names = _getopt(argv)
     except UsageError as exc:

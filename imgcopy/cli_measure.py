@@ -12,7 +12,7 @@ import sys
 from typing import Any, List, Optional
 
 from .errors import ImageFormatError, describe_remedies
-from .image import Image
+from .image import FORMATS, Image, display_name
 from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_format, measure_image,
                       measure_size, parse_image_size, split_options, typed_options,
                       valid_option_list)
@@ -47,11 +47,11 @@ _LONG = ["help", "image-opts", "object=", "output=", "size=", "force-share", "me
          "external-files"]
 
 
-def register(sub: Any) -> None:
+def register(subparsers: Any) -> None:
     """Add the measure command to the CLI's subparsers.  Its arguments are
     handed over untouched (argparse takes none of them as options)."""
-    p = sub.add_parser("measure", help="how large a new raw or qcow2 image would be "
-                                       "(like qemu-img measure)",
+    p = subparsers.add_parser("measure", help="how large a new raw or qcow2 image would be "
+                                              "(like qemu-img measure)",
                        add_help=False, prefix_chars="\x01")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, parser=p)
@@ -164,8 +164,6 @@ def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional
           external_files: bool = False) -> Image:
     """The source, or qemu-img's "Could not open" report (a member named
     ``archive/member``)."""
-    from .image import FORMATS, display_name
-
     path = filename
     filename = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:

@@ -13,7 +13,7 @@ from .errors import ImageFormatError, Remedy
 from ._keywords import suggest_keywords
 from .image import Image, PathArg, _check_format, source_member
 from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
-from .progress import close_progress, make_progress
+from .progress import Progress, _progress_adapter, close_progress, make_progress
 from .sizes import Size, parse_size
 
 if TYPE_CHECKING:
@@ -22,8 +22,6 @@ if TYPE_CHECKING:
 NULL_TARGET = "null:"
 # the formats the C core writes, and "null", the null target's name
 DEST_FORMATS = _core.writable_formats() + ("null",)
-
-Progress = Union[Callable[[int, int], Any], Any, None]
 
 
 @dataclass
@@ -59,31 +57,6 @@ class CopyResult:
             if d[name] is None:
                 del d[name]
         return d
-
-
-def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]]:
-    """A callable (done, total), or an object with .update(n) such as tqdm
-    (whose total, if None, is set to the copy's).  The copy reports 100%
-    once, when every byte is written and before the destination is
-    committed: raising there still cancels it."""
-    if progress is None:
-        return None
-    update = getattr(progress, "update", None)
-    if update is None and not callable(progress):
-        raise TypeError("progress must be a callable (done, total) or have an update(n) method")
-    last = [0]
-
-    def report(done: int, total: int) -> None:
-        if done == last[0] and done:
-            return
-        if update is not None:
-            if getattr(progress, "total", 0) is None:  # a bar made before the size was known
-                setattr(progress, "total", total)
-            update(done - last[0])
-        else:
-            progress(done, total)
-        last[0] = done
-    return report
 
 
 def _check_not_read(source: Image, dst: str) -> None:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
-from .extents import QEMU_SECTOR, human_size, packed_struct
+from .extents import QEMU_SECTOR, packed_struct
 from ._keywords import suggest_keywords
 from .image import Image, PathArg, open as open_image
+from .sizes import human_size
 from .uris import is_nbd_uri, qemu_filename
 
 _U64 = 1 << 64

@@ -5,11 +5,11 @@ from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .convert import NULL_TARGET
-from .extents import human_size, packed_struct
+from .extents import packed_struct
 from ._keywords import suggest_keywords
 from .image import Image, PathArg, source_member
 from .options import CopyOptions, with_keywords
-from .sizes import Size
+from .sizes import Size, human_size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
 # struct ic_request, as the C core packs requests: offset, length, kind

@@ -12,9 +12,12 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional, Union
 
-from .extents import human_size
+from .sizes import human_size
+
+# what convert() and checksum() take as progress=
+Progress = Union[Callable[[int, int], Any], Any, None]
 
 
 class TextBar:
@@ -264,3 +267,28 @@ def close_progress(bar: Any, progress: Any) -> None:
     object): for a copy that stopped before the end."""
     if bar is not None and bar is not progress:
         bar.close()
+
+
+def _progress_adapter(progress: Progress) -> Optional[Callable[[int, int], None]]:
+    """A callable (done, total), or an object with .update(n) such as tqdm
+    (whose total, if None, is set to the copy's).  The copy reports 100%
+    once, when every byte is written and before the destination is
+    committed: raising there still cancels it."""
+    if progress is None:
+        return None
+    update = getattr(progress, "update", None)
+    if update is None and not callable(progress):
+        raise TypeError("progress must be a callable (done, total) or have an update(n) method")
+    last = [0]
+
+    def report(done: int, total: int) -> None:
+        if done == last[0] and done:
+            return
+        if update is not None:
+            if getattr(progress, "total", 0) is None:  # a bar made before the size was known
+                setattr(progress, "total", total)
+            update(done - last[0])
+        else:
+            progress(done, total)
+        last[0] = done
+    return report

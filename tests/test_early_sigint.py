@@ -96,7 +96,7 @@ def test_sigint_at_early_delays(long_source, imgcopy_env, how):
     """From the package's first statement on: the command's message and
     130.  Before it, Python's own start: until the interpreter has a SIGINT
     handler the signal kills it (status -2, nothing printed); while it
-    imports its site module (or runpy, for -m) CPython fails in its own way;
+    imports its site module, or sets up its standard streams (or runpy, for -m) CPython fails in its own way;
     while bin/imgcopy
     (pip's wrapper) or runpy locates the package, the KeyboardInterrupt is
     raised at their import line.  None of these shows a frame of imgcopy's."""
@@ -120,6 +120,7 @@ def test_sigint_at_early_delays(long_source, imgcopy_env, how):
         else:
             assert PACKAGE_DIR not in err, (delay, p.returncode, err)  # no traceback of ours
             assert (p.returncode == -signal.SIGINT or "init_import_site" in err or
+                    "init_sys_streams" in err or
                     err.startswith("Could not import runpy module")), (delay, p.returncode, err)
             assert err == "" or err.rstrip("\n").endswith("KeyboardInterrupt"), err
     assert ours, "no delay reached imgcopy's code"
