@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any, List, Optional
 
+from .cli_common import cli_spelling
 from .errors import ImageFormatError, describe_remedies
 from .image import FORMATS, Image, display_name
 from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_format, measure_image,
@@ -183,7 +184,6 @@ def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional
         raise MeasureError(f"Could not open '{filename}': Could not open '{path}': "
                            f"{reason}") from None
     except ImageFormatError as exc:  # remedies spelt as flags (--member NAME)
-        from .cli import cli_spelling
         raise MeasureError(f"Could not open '{filename}': {exc.reason}"
                            f"{describe_remedies(exc.remedies, cli_spelling)}") from None
     except ValueError as exc:  # a member that is not there
