@@ -162,13 +162,14 @@ def _refusal(call):
     return e.value
 
 
-def _names_the_disks(exc, first="disk1.vmdk"):
+def _names_the_disks(exc, first="disk1.vmdk", member="member", format="format"):
+    """``member`` and ``format``: the call's own names of open()'s keywords."""
     text = str(exc)
     assert "tar archive" in text and "'disk1.vmdk' (vmdk)" in text and \
         "'disk2.vmdk' (vmdk)" in text, text
     assert "vm.ovf" not in text and "vm.mf" not in text, text   # not disks
-    assert exc.remedies[0].options == {"member": first}, exc.remedies
-    assert {"format": "raw"} in [r.options for r in exc.remedies]
+    assert exc.remedies[0].options == {member: first}, exc.remedies
+    assert {format: "raw"} in [r.options for r in exc.remedies]
     return text
 
 
@@ -177,15 +178,18 @@ def test_ova_without_member_refused_everywhere(ova, tmp_path, fmt):
     """Probed or named as a format, the archive is no disk: every entry
     point says so and names the disks in it."""
     archive, _ = ova
-    calls = [lambda: imgcopy.open(archive, format=fmt),
-             lambda: imgcopy.map(archive, format=fmt),
-             lambda: imgcopy.info(archive, format=fmt),
-             lambda: imgcopy.checksum(archive, format=fmt),
-             lambda: imgcopy.check(archive, format=fmt),
-             lambda: imgcopy.measure(archive, src_format=fmt, dst_format="qcow2"),
-             lambda: imgcopy.compare(archive, archive, a_format=fmt, b_format=fmt)]
-    for call in calls:
-        _names_the_disks(_refusal(call))
+    # the remedies in each call's keywords (compare's a_member, measure's src_format)
+    calls = [(lambda: imgcopy.open(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.map(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.info(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.checksum(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.check(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.measure(archive, src_format=fmt, dst_format="qcow2"), "member",
+              "src_format"),
+             (lambda: imgcopy.compare(archive, archive, a_format=fmt, b_format=fmt),
+              "a_member", "a_format")]
+    for call, member, format in calls:
+        _names_the_disks(_refusal(call), member=member, format=format)
     dst = str(tmp_path / "x.qcow2")
     exc = _refusal(lambda: imgcopy.convert(archive, dst, src_format=fmt, dst_format="qcow2"))
     assert 'src_member="disk1.vmdk"' in str(exc) and 'src_format="raw"' in str(exc), str(exc)
