@@ -19,6 +19,7 @@ from imgcopy import progress as P
 from .convert_helpers import imgcopy_cmd
 from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import needs_qemu_img
+from .servers import slow_export
 from .units import MiB
 
 REPORT = re.compile(rb"    \((\d+\.\d\d)/100%\)\r")
@@ -138,8 +139,11 @@ def test_convert_prints_qemus_bytes(images, tmp_path, imgcopy_env, fmt):
                   str(tmp_path / "theirs")], imgcopy_env)
     assert theirs.returncode == ours.returncode == 0, (theirs.stderr, ours.stderr)
     assert theirs.stdout == q(0, 100, 100).encode() + b"\n"
-    assert ours.stdout == theirs.stdout
     assert ours.stderr == b""
+    # the same bytes unless this copy outlasted a report's slice (a loaded
+    # machine): then qemu-img's framing, with reports on the way
+    if ours.stdout != theirs.stdout:
+        check_reports(ours.stdout)
 
 
 @needs_qemu_img
@@ -172,10 +176,11 @@ def test_convert_reports_along_the_way_are_framed_as_qemus(images, tmp_path, img
                  imgcopy_env)
     assert theirs.returncode == 0, theirs.stderr
     assert len(check_reports(theirs.stdout)) > 3
-    hole = str(tmp_path / "hole.raw")   # seconds of zeros, none of them written
-    make_sparse(hole, 8 << 30)
-    ours = run(imgcopy_cmd() + ["convert", "-p", "-S", "0", "--request-size", "64k", hole,
-                                "null:"], imgcopy_env)
+    # a second or two of data read 4 KiB at a time (zeros now cost a copy
+    # next to nothing: they cannot make it last)
+    with slow_export("96M") as srv:
+        ours = run(imgcopy_cmd() + ["convert", "-p", "--request-size", "4k", srv.uri,
+                                    "null:"], imgcopy_env)
     assert ours.returncode == 0, ours.stderr
     assert len(check_reports(ours.stdout)) > 3, ours.stdout     # some on the way
     assert ours.stderr == b""
