@@ -12,8 +12,7 @@ import time
 import pytest
 
 from .convert_helpers import imgcopy_cmd
-from .gen.sparse import make_sparse
-from .units import GiB
+from .servers import slow_export
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE_DIR = os.path.join(REPO, "imgcopy") + os.sep
@@ -52,21 +51,22 @@ def hooked_env(tmp_path, imgcopy_env):
 
 
 @pytest.fixture(scope="module")
-def long_source(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("early") / "hole.raw")
-    make_sparse(path, 20 * GiB)
-    return path
+def long_source():
+    """Seconds of data to read 4 KiB at a time (zeros cost a copy next to
+    nothing: they cannot make one last)."""
+    with slow_export() as srv:
+        yield srv.uri
 
 
 def commands(source):
-    args = ["convert", "-S", "0", "--request-size", "4k", source, "null:"]
+    args = ["convert", "--request-size", "4k", source, "null:"]
     return {"script": imgcopy_cmd() + args, "module": [sys.executable, "-m", "imgcopy"] + args}
 
 
 @pytest.mark.parametrize("how", ["script", "module"])
 @pytest.mark.parametrize("module", MODULES)
 def test_sigint_during_an_import(long_source, hooked_env, how, module):
-    cmd = commands(long_source)[how][:-6] + ["--version"]  # imports all, then ends
+    cmd = commands(long_source)[how][:-4] + ["--version"]  # imports all, then ends
     if how == "script" and not cmd[0].endswith("imgcopy"):
         pytest.skip("no imgcopy console script next to %s" % sys.executable)
     env = dict(hooked_env, IMGCOPY_TEST_SIGINT_AT=module)
@@ -114,13 +114,15 @@ def test_sigint_at_early_delays(long_source, imgcopy_env, how):
                 p.kill()
                 p.wait()
         err = err.decode(errors="replace")
-        if p.returncode == 130:
-            assert err == "imgcopy: interrupted\n" and out == b"", (delay, err)
+        if err == "imgcopy: interrupted\n":
+            # the command's answer; its status 130, or (a signal caught as
+            # the interpreter ends) death by SIGINT, which a shell shows as 130
+            assert p.returncode in (130, -signal.SIGINT) and out == b"", (delay, p.returncode)
             ours += 1
         else:
-            assert PACKAGE_DIR not in err, (delay, p.returncode, err)  # no traceback of ours
-            assert (p.returncode == -signal.SIGINT or "init_import_site" in err or
-                    "init_sys_streams" in err or
-                    err.startswith("Could not import runpy module")), (delay, p.returncode, err)
-            assert err == "" or err.rstrip("\n").endswith("KeyboardInterrupt"), err
+            # Python's own start: no frame of imgcopy's, whatever it prints
+            assert PACKAGE_DIR not in err, (delay, p.returncode, err)
+            assert p.returncode in (-signal.SIGINT, 1, 120), (delay, p.returncode, err)
+            assert (err == "" or err.rstrip("\n").endswith("KeyboardInterrupt") or
+                    err.startswith("Could not import runpy module")), (delay, err)
     assert ours, "no delay reached imgcopy's code"
