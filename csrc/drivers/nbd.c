@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "../error.h"
@@ -53,6 +54,7 @@ struct nbd_request {
 struct nbd_conn {
     struct nbd_state *st;
     struct nbd_handle *h;
+    int shut; /* aborted: its socket shut down (by its I/O thread) */
     pthread_t thread;
     int thread_started;
     int wake_fd;
@@ -77,6 +79,7 @@ struct nbd_state {
     uint64_t bytes_in_flight;
     unsigned unwaited; /* writes and zeroes not completed yet */
     int unflushed;     /* written or zeroed since the last flush */
+    int aborted;       /* nbd_abort: every request fails at once */
     /* the first failure of a request nobody waited for */
     int failed_errno;
     enum nbd_op failed_op;
@@ -188,6 +191,20 @@ static void submit(struct nbd_conn *c, struct nbd_request *r)
         complete(r, lib->get_errno() ? lib->get_errno() : EIO);
 }
 
+/* An aborted connection's socket is shut down by its own thread (the
+ * descriptor is libnbd's, valid while the handle lives): the thread then
+ * reads its end, libnbd fails every request in flight (their callbacks run
+ * as usual: nothing leaks, nobody waits on) and the handle is dead, so
+ * later requests fail at once and closing waits for nothing. */
+static void shut_down(struct nbd_conn *c)
+{
+    const struct nbd_lib *lib = c->st->lib;
+    int fd = lib->aio_get_fd(c->h);
+    if (fd >= 0)
+        (void)shutdown(fd, SHUT_RDWR); /* ENOTCONN: the server went first */
+    c->shut = 1;
+}
+
 /* Only this thread calls libnbd on its handle (completions run here too),
  * so the handle's lock and st->lock are never taken in both orders. */
 static void *conn_thread(void *arg)
@@ -212,7 +229,10 @@ static void *conn_thread(void *arg)
         if (!c->head)
             c->tail = NULL;
         int stop = c->stop && !c->head;
+        int aborted = st->aborted;
         pthread_mutex_unlock(&st->lock);
+        if (aborted && alive && !c->shut)
+            shut_down(c);
         while (batch) {
             struct nbd_request *next = batch->next;
             batch->next = NULL;
@@ -274,6 +294,10 @@ static int run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_co
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);
+    if (st->aborted) {
+        pthread_mutex_unlock(&st->lock);
+        return ECANCELED;
+    }
     if (on) {
         if (on->tail)
             on->tail->next = r;
@@ -310,13 +334,16 @@ static int queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic
     while (((r->op == OP_WRITE && st->bytes_in_flight &&
              st->bytes_in_flight + r->len > NBD_BYTES_IN_FLIGHT) ||
             st->unwaited >= st->max_requests * st->nactive) &&
-           !st->failed_errno)
+           !st->failed_errno && !st->aborted)
         pthread_cond_wait(&st->changed, &st->lock);
-    if (st->failed_errno) {
+    if (st->failed_errno || st->aborted) {
+        int aborted = !st->failed_errno;
+        enum nbd_op op = r->op;
+        uint64_t off = r->off;
         pthread_mutex_unlock(&st->lock);
         free(r->buf);
         free(r);
-        return failed(img, err);
+        return aborted ? request_error(img, op, off, ECANCELED, err) : failed(img, err);
     }
     if (r->op == OP_WRITE)
         st->bytes_in_flight += r->len;
@@ -474,6 +501,20 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     pthread_cond_broadcast(&st->changed); /* a writer may have room now */
     pthread_mutex_unlock(&st->lock);
     return 0;
+}
+
+/* Cancelled: every connection is shut down instead of drained (see
+ * shut_down); requests not yet queued fail at once. */
+static void nbd_abort(struct ic_image *img)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    st->aborted = 1;
+    for (unsigned i = 0; i < st->nconns; i++)
+        if (st->conns[i].thread_started)
+            wake(&st->conns[i]);
+    pthread_cond_broadcast(&st->changed); /* writers waiting for room */
+    pthread_mutex_unlock(&st->lock);
 }
 
 static int nbd_create(struct ic_image *img, const char *path, int *fresh, struct ic_error *err)
@@ -745,4 +786,5 @@ const struct ic_driver ic_protocol_nbd = {
     .zero_limit = nbd_zero_limit,
     .preferred_size = nbd_preferred_size,
     .tune = nbd_tune,
+    .abort = nbd_abort,
 };
