@@ -4,6 +4,7 @@ qemu-img compare, requests with nbdkit's own log."""
 import errno
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 import imgcopy
 from .convert_helpers import check_result, imgcopy_cmd
-from .gen.sparse import make_sparse
+from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import (assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map,
                       qemu_map_human)
 from .servers import nbdkit, needs_libnbd, needs_nbdkit, needs_qemu_nbd, qemu_nbd
@@ -374,6 +375,43 @@ def test_ctrl_c_does_not_wait_for_a_slow_server(tmp_path, imgcopy_env, way):
         assert status == 130 and "interrupted" in err, (status, err[-500:])
         assert elapsed < 0.5, "run %d: %.2f s from SIGINT to exit" % (run, elapsed)
         assert not os.path.exists(dst)
+
+
+@pytest.mark.parametrize("connections", [1, None], ids=["one-connection", "multi-conn"])
+def test_dead_server_is_blamed_on_the_first_request_in_flight(tmp_path, connections):
+    """kill -9 of the destination's server mid-copy, every write taking
+    half a second (dozens in flight): the error names the write of lowest
+    offset the server held unanswered, not the last one issued (which
+    libnbd happened to fail first, or one refused after the death)."""
+    src = str(tmp_path / "data.raw")
+    piece = seeded_bytes(MiB)
+    make_sparse(src, 64 * MiB, [(off, piece) for off in range(0, 64 * MiB, MiB)])
+    killed = []
+
+    def kill(srv):
+        killed.append(time.time())
+        os.kill(srv.pid, signal.SIGKILL)
+
+    with nbdkit("memory", "64M", "delay-write=500ms", filters=["delay"]) as srv:
+        killer = threading.Timer(0.7, kill, (srv,))
+        killer.start()
+        try:
+            with pytest.raises(OSError) as e:
+                imgcopy.convert(src, srv.uri, request_size="256k", connections=connections,
+                                concurrency=1 if connections == 1 else 4)
+        finally:
+            killer.join()
+        writes = srv.requests("Write", settle=False)
+        srv.stop()
+    blamed = re.search(r"NBD write at offset (\d+)", str(e.value))
+    assert blamed and e.value.filename == srv.uri, e.value
+    pending = sorted(w.offset for w in writes if not w.done)
+    assert killed and pending, writes
+    # (a write the server answered a moment before it died may still have
+    # been on its way back)
+    just_answered = {w.offset for w in writes if w.done and w.end > killed[0] - 0.05}
+    offset = int(blamed.group(1))
+    assert offset == pending[0] or offset in just_answered, (offset, pending[:8])
 
 
 def test_without_libnbd(source, tmp_path, imgcopy_env):

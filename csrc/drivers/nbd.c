@@ -7,9 +7,10 @@
  * and polls the socket.  Reads, block status and flushes wait for their
  * reply; writes and zeroes do not: a write's bytes are copied, and the
  * caller goes on while up to NBD_BYTES_IN_FLIGHT bytes travel.  Their
- * first failure is kept and returned by every later call and by flush and
- * finish, so a failed write can never end in a reported success.  Several
- * connections are used when the server allows it (multi-conn). */
+ * first failure (the lowest offset of those in flight) is kept and returned by
+ * every later call and by flush and finish, so a failed write can never
+ * end in a reported success.  Several connections are used when the
+ * server allows it (multi-conn). */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -42,6 +43,8 @@ struct nbd_request {
     void *buf; /* read into; a write's own copy (freed at completion) */
     uint64_t off, len;
     uint32_t flags;
+    int refused;  /* libnbd refused it: it never went out (a dead connection) */
+    struct nbd_conn *conn; /* the connection it went to */
     int waited; /* the caller waits: it frees the request */
     int done;
     int error;
@@ -61,6 +64,9 @@ struct nbd_conn {
     /* under st->lock */
     struct nbd_request *head, *tail;
     int stop;
+    /* unwaited requests that failed, held until published (settle) */
+    struct nbd_request *failures;
+    int settled; /* dead, or its thread gone */
 };
 
 struct nbd_state {
@@ -78,12 +84,17 @@ struct nbd_state {
     pthread_cond_t changed; /* a request completed */
     uint64_t bytes_in_flight;
     unsigned unwaited; /* writes and zeroes not completed yet */
+    unsigned nthreads;  /* connections whose I/O thread started */
+    unsigned nsettled;  /* of them, dead or gone */
+    int dying;          /* a connection died: the others are shut down */
+    atomic_uint held;   /* failures not yet published */
     int unflushed;     /* written or zeroed since the last flush */
     int aborted;       /* nbd_abort: every request fails at once */
-    /* the first failure of a request nobody waited for */
+    /* the first failure of a request nobody waited for (first_failure) */
     int failed_errno;
     enum nbd_op failed_op;
     uint64_t failed_off;
+    int failed_refused;
     void *zeros; /* max_block zero bytes, for servers without WRITE_ZEROES */
 };
 
@@ -115,6 +126,24 @@ static int handle_error(struct ic_image *img, const struct nbd_lib *lib, const c
 
 /* ---- the I/O thread of a connection ------------------------------------ */
 
+static void wake(struct nbd_conn *c);
+
+/* An unwaited request is over (st->lock held): it frees its room. */
+static void retire_locked(struct nbd_state *st, struct nbd_request *r)
+{
+    if (r->op == OP_WRITE)
+        st->bytes_in_flight -= r->len;
+    st->unwaited--;
+    free(r->buf);
+    free(r);
+}
+
+/* Runs on the connection's I/O thread only (libnbd's callbacks, a refused
+ * submission).  A failed unwaited request is held back (settle): a
+ * connection that dies fails everything in flight in one libnbd call, in
+ * libnbd's order, and when a server dies every connection does; the
+ * failure kept must be the first of them (first_failure), not whichever
+ * libnbd reported first. */
 static void complete(struct nbd_request *r, int error)
 {
     struct nbd_state *st = r->st;
@@ -122,19 +151,77 @@ static void complete(struct nbd_request *r, int error)
     if (r->waited) {
         r->error = error;
         r->done = 1;
+    } else if (error) {
+        r->error = error;
+        r->next = r->conn->failures;
+        r->conn->failures = r;
+        atomic_fetch_add(&st->held, 1);
     } else {
-        if (error && !st->failed_errno) {
-            st->failed_errno = error;
-            st->failed_op = r->op;
-            st->failed_off = r->off;
-        }
-        if (r->op == OP_WRITE)
-            st->bytes_in_flight -= r->len;
-        st->unwaited--;
-        free(r->buf);
-        free(r);
+        retire_locked(st, r);
     }
     pthread_cond_broadcast(&st->changed);
+    pthread_mutex_unlock(&st->lock);
+}
+
+/* Whether failed request `r` says better what went wrong than the failure
+ * kept so far: one that went out (was in flight when the server failed or
+ * died) over one libnbd refused afterwards, then the lowest offset. */
+static int first_failure(const struct nbd_state *st, const struct nbd_request *r)
+{
+    if (!st->failed_errno || r->refused != st->failed_refused)
+        return !st->failed_errno || !r->refused;
+    return r->off < st->failed_off;
+}
+
+/* Every held failure at once (st->lock held): the first (first_failure)
+ * is kept, also against a failure kept before; then their room is freed,
+ * so that nobody sees the room before the failure. */
+static void publish_locked(struct nbd_state *st)
+{
+    for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++) {
+        struct nbd_conn *c = &st->conns[i];
+        while (c->failures) {
+            struct nbd_request *r = c->failures;
+            c->failures = r->next;
+            if (first_failure(st, r)) {
+                st->failed_errno = r->error;
+                st->failed_op = r->op;
+                st->failed_off = r->off;
+                st->failed_refused = r->refused;
+            }
+            atomic_fetch_sub(&st->held, 1);
+            retire_locked(st, r);
+        }
+    }
+    pthread_cond_broadcast(&st->changed);
+}
+
+/* After each libnbd call of the I/O thread (and as it exits).  The
+ * failures of a live connection are published at once; once one has
+ * died, the others are shut down too (see the loop) and nothing is
+ * published until every connection has settled (is dead, or its thread
+ * gone), so that the failure kept is the first of them all. */
+static void settle(struct nbd_conn *c, int exiting)
+{
+    struct nbd_state *st = c->st;
+    const struct nbd_lib *lib = st->lib;
+    int died = !exiting && (lib->aio_is_dead(c->h) || lib->aio_is_closed(c->h));
+    int settles = (died || exiting) && !c->settled; /* only this thread sets it */
+    if (!atomic_load(&st->held) && !settles)
+        return;
+    pthread_mutex_lock(&st->lock);
+    if (settles) {
+        c->settled = 1;
+        st->nsettled++;
+        if (died && !st->dying) {
+            st->dying = 1;
+            for (unsigned i = 0; i < st->nconns; i++)
+                if (&st->conns[i] != c && st->conns[i].thread_started)
+                    wake(&st->conns[i]);
+        }
+    }
+    if (!st->dying || st->nsettled == st->nthreads || exiting)
+        publish_locked(st);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -187,8 +274,10 @@ static void submit(struct nbd_conn *c, struct nbd_request *r)
         break;
     }
     }
-    if (cookie < 0) /* refused before it was sent: libnbd calls no callback */
+    if (cookie < 0) { /* refused before it was sent: libnbd calls no callback */
+        r->refused = 1;
         complete(r, lib->get_errno() ? lib->get_errno() : EIO);
+    }
 }
 
 /* An aborted connection's socket is shut down by its own thread (the
@@ -229,9 +318,10 @@ static void *conn_thread(void *arg)
         if (!c->head)
             c->tail = NULL;
         int stop = c->stop && !c->head;
-        int aborted = st->aborted;
+        /* cancelled, or another connection died: this one goes down too */
+        int down = st->aborted || st->dying;
         pthread_mutex_unlock(&st->lock);
-        if (aborted && alive && !c->shut)
+        if (down && alive && !c->shut)
             shut_down(c);
         while (batch) {
             struct nbd_request *next = batch->next;
@@ -239,9 +329,10 @@ static void *conn_thread(void *arg)
             submit(c, batch);
             batch = next;
         }
+        settle(c, 0);
         alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
         if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
-            return NULL;
+            break;
         struct pollfd fds[2] = {{.fd = c->wake_fd, .events = POLLIN}, {.fd = -1}};
         if (alive) {
             unsigned dir = lib->aio_get_direction(c->h);
@@ -252,19 +343,22 @@ static void *conn_thread(void *arg)
         if (poll(fds, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
-            return NULL; /* cannot happen with valid descriptors */
+            break; /* cannot happen with valid descriptors */
         }
         if (fds[0].revents & POLLIN) {
             uint64_t n;
             if (read(c->wake_fd, &n, sizeof n) < 0 && errno != EAGAIN)
-                return NULL;
+                break;
         }
         /* a hang-up or error is read: libnbd then fails what is in flight */
         if (fds[1].revents & (POLLIN | POLLHUP | POLLERR))
             lib->aio_notify_read(c->h);
         else if (fds[1].revents & POLLOUT)
             lib->aio_notify_write(c->h);
+        settle(c, 0);
     }
+    settle(c, 1);
+    return NULL;
 }
 
 static void wake(struct nbd_conn *c)
@@ -280,6 +374,7 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
 {
     struct nbd_conn *c = &st->conns[st->next_conn++ % st->nactive];
     r->st = st;
+    r->conn = c;
     if (c->tail)
         c->tail->next = r;
     else
@@ -299,6 +394,7 @@ static int run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_co
         return ECANCELED;
     }
     if (on) {
+        r->conn = on;
         if (on->tail)
             on->tail->next = r;
         else
@@ -421,6 +517,9 @@ static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error
     if (e)
         return ic_error_os(err, e, img->path, "start NBD I/O thread");
     c->thread_started = 1;
+    pthread_mutex_lock(&st->lock);
+    st->nthreads++;
+    pthread_mutex_unlock(&st->lock);
     return 0;
 }
 
@@ -442,6 +541,7 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     st->lib = lib;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->changed, NULL);
+    atomic_init(&st->held, 0);
     for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++)
         st->conns[i].wake_fd = -1;
     img->drv_state = st;
