@@ -31,6 +31,22 @@ static void interrupt_turns(void *ctx)
     pthread_mutex_unlock(&c->turn_lock);
 }
 
+/* A stopped copy (cancelled, or failed) waits for nothing in flight:
+ * requests to a slow remote endpoint fail at once (its connections shut
+ * down), so that the items, the planner and closing the images return
+ * within moments. */
+static void abort_endpoints(struct ic_copy *c)
+{
+    ic_image_abort(c->src);
+    ic_image_abort(c->dst);
+}
+
+static void interrupt_copy(void *ctx)
+{
+    interrupt_turns(ctx);
+    abort_endpoints(ctx);
+}
+
 /* Every item done: make the destination durable. */
 static int complete_copy(void *ctx, struct ic_error *err)
 {
@@ -435,7 +451,7 @@ static const struct ic_job_ops copy_ops = {
     .run = run_item,
     .item_cost = item_cost,
     .complete = complete_copy,
-    .interrupt = interrupt_turns,
+    .interrupt = interrupt_copy,
 };
 
 /* ---- life cycle -------------------------------------------------------- */

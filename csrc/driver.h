@@ -129,6 +129,10 @@ struct ic_driver {
      * requests in flight per connection a copy uses */
     int (*tune)(struct ic_image *img, unsigned connections, unsigned requests,
                 struct ic_error *err);
+    /* stop now: what is in flight fails at once, later requests fail (a
+     * remote endpoint shuts its connections down instead of draining
+     * them); the image is good for nothing but closing.  Any thread. */
+    void (*abort)(struct ic_image *img);
     /* copy in the kernel to another image of the same driver; -1 with
      * errnum ENOTSUP when it cannot */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

@@ -301,6 +301,15 @@ int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
     return 0;
 }
 
+void ic_image_abort(struct ic_image *img)
+{
+    for (; img; img = img->backing) {
+        for (struct ic_image *i = img; i; i = i->file)
+            if (i->drv->abort)
+                i->drv->abort(i);
+    }
+}
+
 uint64_t ic_image_preferred_size(const struct ic_image *img)
 {
     return img->drv->preferred_size ? img->drv->preferred_size(img) : 0;

@@ -242,6 +242,11 @@ uint64_t ic_image_preferred_size(const struct ic_image *img);
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
                   struct ic_error *err);
 
+/* A cancelled copy's endpoints: requests in flight fail at once instead of
+ * being waited for (a remote endpoint's connections are shut down); the
+ * image, its protocol and its backing chain can then only be closed. */
+void ic_image_abort(struct ic_image *img);
+
 /* Page-cache hygiene for a copy: wait for the writeback of a range written
  * a while ago and drop its pages; drop the pages of a range read once.
  * Hints only: they never fail. */

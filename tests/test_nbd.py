@@ -4,6 +4,9 @@ qemu-img compare, requests with nbdkit's own log."""
 import errno
 import json
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -12,8 +15,8 @@ import time
 import pytest
 
 import imgcopy
-from .convert_helpers import check_result
-from .gen.sparse import make_sparse
+from .convert_helpers import check_result, imgcopy_cmd
+from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import (assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map,
                       qemu_map_human)
 from .servers import nbdkit, needs_libnbd, needs_nbdkit, needs_qemu_nbd, qemu_nbd
@@ -320,6 +323,95 @@ def test_server_gone_mid_copy_is_an_error_not_a_hang(source):
         finally:
             killer.join()
     assert time.monotonic() - t0 < 20
+
+
+def _sigint_to_exit(argv, env, cwd):
+    """Run `imgcopy convert -p ARGV`, SIGINT it once its bar shows and
+    requests are in flight; (seconds from SIGINT to exit, status, stderr)."""
+    proc = subprocess.Popen(imgcopy_cmd() + ["convert", "-p"] + argv, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd)
+    try:
+        seen, deadline = b"", time.monotonic() + 20
+        while b"%" not in seen and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 1)[0]:
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                assert chunk, "exited (%s) before it copied: %r" % (proc.wait(), seen)
+                seen += chunk
+        time.sleep(0.3)  # well into the copy: the server holds many requests
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("imgcopy did not stop within 20 s of SIGINT")
+        return time.monotonic() - t0, proc.returncode, (seen + proc.stderr.read()).decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("way", ["into", "from"])
+def test_ctrl_c_does_not_wait_for_a_slow_server(tmp_path, imgcopy_env, way):
+    """Ctrl-C against a server that takes seconds to answer what is in
+    flight (rate-limited to 100 Mbit/s: 64 MiB of writes queued, or four
+    8 MiB reads): imgcopy exits within a tenth of a second or so, the
+    connections shut down rather than drained, in either direction."""
+    dst = str(tmp_path / "out.raw")
+    # one thread per connection: nbdkit before 1.33.10 asserts when a client
+    # hangs up while two of its threads have replies to send (its commit
+    # 9d82aa4f; nbdcopy's Ctrl-C does it too)
+    one = ["--threads=1"]
+    for run in range(3):
+        with nbdkit("pattern", "1G", "rate=100M", filters=["rate"], log=False, extra=one) as slow, \
+                nbdkit("pattern", "1G", log=False, extra=one) as fast, \
+                nbdkit("memory", "1G", "rate=100M", filters=["rate"], log=False,
+                       extra=one) as slow_dst:
+            # from: 8 MiB reads, one per worker, in flight: seconds of them
+            argv = ([fast.uri, slow_dst.uri] if way == "into"
+                    else ["--request-size", "8M", slow.uri, dst])
+            elapsed, status, err = _sigint_to_exit(argv, imgcopy_env, str(tmp_path))
+        assert status == 130 and "interrupted" in err, (status, err[-500:])
+        assert elapsed < 0.5, "run %d: %.2f s from SIGINT to exit" % (run, elapsed)
+        assert not os.path.exists(dst)
+
+
+@pytest.mark.parametrize("connections", [1, None], ids=["one-connection", "multi-conn"])
+def test_dead_server_is_blamed_on_the_first_request_in_flight(tmp_path, connections):
+    """kill -9 of the destination's server mid-copy, every write taking
+    half a second (dozens in flight): the error names the write of lowest
+    offset the server held unanswered, not the last one issued (which
+    libnbd happened to fail first, or one refused after the death)."""
+    src = str(tmp_path / "data.raw")
+    piece = seeded_bytes(MiB)
+    make_sparse(src, 64 * MiB, [(off, piece) for off in range(0, 64 * MiB, MiB)])
+    killed = []
+
+    def kill(srv):
+        killed.append(time.time())
+        os.kill(srv.pid, signal.SIGKILL)
+
+    with nbdkit("memory", "64M", "delay-write=500ms", filters=["delay"]) as srv:
+        killer = threading.Timer(0.7, kill, (srv,))
+        killer.start()
+        try:
+            with pytest.raises(OSError) as e:
+                imgcopy.convert(src, srv.uri, request_size="256k", connections=connections,
+                                concurrency=1 if connections == 1 else 4)
+        finally:
+            killer.join()
+        writes = srv.requests("Write", settle=False)
+        srv.stop()
+    blamed = re.search(r"NBD write at offset (\d+)", str(e.value))
+    assert blamed and e.value.filename == srv.uri, e.value
+    pending = sorted(w.offset for w in writes if not w.done)
+    assert killed and pending, writes
+    # (a write the server answered a moment before it died may still have
+    # been on its way back)
+    just_answered = {w.offset for w in writes if w.done and w.end > killed[0] - 0.05}
+    offset = int(blamed.group(1))
+    assert offset == pending[0] or offset in just_answered, (offset, pending[:8])
 
 
 def test_without_libnbd(source, tmp_path, imgcopy_env):
