@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
-from .convert import NULL_TARGET
 from .extents import packed_struct
 from ._keywords import suggest_keywords
 from .image import Image, PathArg, source_member
+from .job import null_destination
 from .options import CopyOptions, with_keywords
 from .sizes import Size, human_size
 
@@ -105,7 +105,7 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, member: Optional[str
                             request_size=request_size, concurrency=concurrency,
                             target_is_zero=target_is_zero)
     with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
-        sink, _ = _core.create(NULL_TARGET, "null", source.size)
+        sink = null_destination(source.size)  # a copy's, into the null target
         try:
             report = _core.copy(source._img, sink, log=True,
                                 **options.engine_options(offload=False, flush=False))
