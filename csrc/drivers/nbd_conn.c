@@ -1,0 +1,370 @@
+/* The NBD driver's connections (nbd_internal.h): each has one I/O thread
+ * that owns its libnbd handle, submits the requests callers queue and
+ * polls the socket; completions settle the requests, and the first
+ * failure of one nobody waits for is kept for every later call. */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "nbd_internal.h"
+
+static const char *const op_names[] = {
+    [OP_READ] = "read", [OP_WRITE] = "write", [OP_ZERO] = "zero",
+    [OP_FLUSH] = "flush", [OP_STATUS] = "block status",
+};
+
+int nbd_request_error(struct ic_image *img, enum nbd_op op, uint64_t off, int errnum,
+                         struct ic_error *err)
+{
+    return ic_error_os(err, errnum ? errnum : EIO, img->path, "NBD %s at offset %" PRIu64,
+                       op_names[op], off);
+}
+
+int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char *what,
+                        struct ic_error *err)
+{
+    int errnum = lib->get_errno();
+    const char *msg = lib->get_error();
+    return ic_error_os(err, errnum ? errnum : EIO, img->path, "%s: %s", what,
+                       msg ? msg : "libnbd nbd_failed");
+}
+
+/* ---- the I/O thread of a connection ------------------------------------ */
+
+/* An unwaited request is over (st->lock held): it frees its room. */
+static void retire_locked(struct nbd_state *st, struct nbd_request *r)
+{
+    if (r->op == OP_WRITE)
+        st->bytes_in_flight -= r->len;
+    st->unwaited--;
+    free(r->buf);
+    free(r);
+}
+
+/* Runs on the connection's I/O thread only (libnbd's callbacks, a refused
+ * submission).  A nbd_failed unwaited request is held back (settle): a
+ * connection that dies fails everything in flight in one libnbd call, in
+ * libnbd's order, and when a server dies every connection does; the
+ * failure kept must be the first of them (first_failure), not whichever
+ * libnbd reported first. */
+static void complete(struct nbd_request *r, int error)
+{
+    struct nbd_state *st = r->st;
+    pthread_mutex_lock(&st->lock);
+    if (r->waited) {
+        r->error = error;
+        r->done = 1;
+    } else if (error) {
+        r->error = error;
+        r->next = r->conn->failures;
+        r->conn->failures = r;
+        atomic_fetch_add(&st->held, 1);
+    } else {
+        retire_locked(st, r);
+    }
+    pthread_cond_broadcast(&st->changed);
+    pthread_mutex_unlock(&st->lock);
+}
+
+/* Whether nbd_failed request `r` says better what went wrong than the failure
+ * kept so far: one that went out (was in flight when the server nbd_failed or
+ * died) over one libnbd refused afterwards, then the lowest offset. */
+static int first_failure(const struct nbd_state *st, const struct nbd_request *r)
+{
+    if (!st->failed_errno || r->refused != st->failed_refused)
+        return !st->failed_errno || !r->refused;
+    return r->off < st->failed_off;
+}
+
+/* Every held failure at once (st->lock held): the first (first_failure)
+ * is kept, also against a failure kept before; then their room is freed,
+ * so that nobody sees the room before the failure. */
+static void publish_locked(struct nbd_state *st)
+{
+    for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++) {
+        struct nbd_conn *c = &st->conns[i];
+        while (c->failures) {
+            struct nbd_request *r = c->failures;
+            c->failures = r->next;
+            if (first_failure(st, r)) {
+                st->failed_errno = r->error;
+                st->failed_op = r->op;
+                st->failed_off = r->off;
+                st->failed_refused = r->refused;
+            }
+            atomic_fetch_sub(&st->held, 1);
+            retire_locked(st, r);
+        }
+    }
+    pthread_cond_broadcast(&st->changed);
+}
+
+/* After each libnbd call of the I/O thread (and as it exits).  The
+ * failures of a live connection are published at once; once one has
+ * died, the others are shut down too (see the loop) and nothing is
+ * published until every connection has settled (is dead, or its thread
+ * gone), so that the failure kept is the first of them all. */
+static void settle(struct nbd_conn *c, int exiting)
+{
+    struct nbd_state *st = c->st;
+    const struct nbd_lib *lib = st->lib;
+    int died = !exiting && (lib->aio_is_dead(c->h) || lib->aio_is_closed(c->h));
+    int settles = (died || exiting) && !c->settled; /* only this thread sets it */
+    if (!atomic_load(&st->held) && !settles)
+        return;
+    pthread_mutex_lock(&st->lock);
+    if (settles) {
+        c->settled = 1;
+        st->nsettled++;
+        if (died && !st->dying) {
+            st->dying = 1;
+            for (unsigned i = 0; i < st->nconns; i++)
+                if (&st->conns[i] != c && st->conns[i].thread_started)
+                    nbd_wake(&st->conns[i]);
+        }
+    }
+    if (!st->dying || st->nsettled == st->nthreads || exiting)
+        publish_locked(st);
+    pthread_mutex_unlock(&st->lock);
+}
+
+static int on_complete(void *user_data, int *error)
+{
+    complete(user_data, *error);
+    return 1; /* retire the command */
+}
+
+static int on_extents(void *user_data, const char *context, uint64_t offset,
+                      uint32_t *entries, size_t count, int *error)
+{
+    (void)offset;
+    (void)error;
+    struct nbd_request *r = user_data;
+    uint32_t **into = strcmp(context, "base:allocation") == 0 ? &r->alloc
+                      : strcmp(context, "qemu:allocation-depth") == 0 ? &r->depth
+                                                                     : NULL;
+    size_t *n = into == &r->alloc ? &r->nalloc : &r->ndepth;
+    if (!into || *into || !count)
+        return 0; /* another context, or a second answer: ignored */
+    if (!(*into = malloc(count * sizeof *entries)))
+        return 0; /* treated as no answer: everything reads as data */
+    memcpy(*into, entries, count * sizeof *entries);
+    *n = count & ~(size_t)1;
+    return 0;
+}
+
+static void submit(struct nbd_conn *c, struct nbd_request *r)
+{
+    const struct nbd_lib *lib = c->st->lib;
+    nbd_completion_callback done = {.callback = on_complete, .user_data = r};
+    int64_t cookie = -1;
+    switch (r->op) {
+    case OP_READ:
+        cookie = lib->aio_pread(c->h, r->buf, (size_t)r->len, r->off, done, 0);
+        break;
+    case OP_WRITE:
+        cookie = lib->aio_pwrite(c->h, r->buf, (size_t)r->len, r->off, done, 0);
+        break;
+    case OP_ZERO:
+        cookie = lib->aio_zero(c->h, r->len, r->off, done, r->flags);
+        break;
+    case OP_FLUSH:
+        cookie = lib->aio_flush(c->h, done, 0);
+        break;
+    case OP_STATUS: {
+        nbd_extent_callback extents = {.callback = on_extents, .user_data = r};
+        cookie = lib->aio_block_status(c->h, r->len, r->off, extents, done, 0);
+        break;
+    }
+    }
+    if (cookie < 0) { /* refused before it was sent: libnbd calls no callback */
+        r->refused = 1;
+        complete(r, lib->get_errno() ? lib->get_errno() : EIO);
+    }
+}
+
+/* An aborted connection's socket is shut down by its own thread (the
+ * descriptor is libnbd's, valid while the handle lives): the thread then
+ * reads its end, libnbd fails every request in flight (their callbacks run
+ * as usual: nothing leaks, nobody waits on) and the handle is dead, so
+ * later requests fail at once and closing waits for nothing. */
+void nbd_shut_down(struct nbd_conn *c)
+{
+    const struct nbd_lib *lib = c->st->lib;
+    int fd = lib->aio_get_fd(c->h);
+    if (fd >= 0)
+        (void)shutdown(fd, SHUT_RDWR); /* ENOTCONN: the server went first */
+    c->shut = 1;
+}
+
+/* Only this thread calls libnbd on its handle (completions run here too),
+ * so the handle's lock and st->lock are never taken in both orders. */
+void *nbd_conn_thread(void *arg)
+{
+    struct nbd_conn *c = arg;
+    struct nbd_state *st = c->st;
+    const struct nbd_lib *lib = st->lib;
+    for (;;) {
+        int alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
+        int64_t in_flight = alive ? lib->aio_in_flight(c->h) : 0;
+        /* what the queue holds, as far as the requests in flight allow (a
+         * dead connection fails them all at once) */
+        struct nbd_request *batch = NULL, **last = &batch;
+        pthread_mutex_lock(&st->lock);
+        while (c->head && (!alive || in_flight < (int64_t)st->max_requests)) {
+            *last = c->head;
+            c->head = c->head->next;
+            last = &(*last)->next;
+            in_flight++;
+        }
+        *last = NULL;
+        if (!c->head)
+            c->tail = NULL;
+        int stop = c->stop && !c->head;
+        /* cancelled, or another connection died: this one goes down too */
+        int down = st->aborted || st->dying;
+        pthread_mutex_unlock(&st->lock);
+        if (down && alive && !c->shut)
+            nbd_shut_down(c);
+        while (batch) {
+            struct nbd_request *next = batch->next;
+            batch->next = NULL;
+            submit(c, batch);
+            batch = next;
+        }
+        settle(c, 0);
+        alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
+        if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
+            break;
+        struct pollfd fds[2] = {{.fd = c->wake_fd, .events = POLLIN}, {.fd = -1}};
+        if (alive) {
+            unsigned dir = lib->aio_get_direction(c->h);
+            fds[1].fd = lib->aio_get_fd(c->h);
+            fds[1].events = (short)(((dir & NBD_DIRECTION_READ) ? POLLIN : 0) |
+                                    ((dir & NBD_DIRECTION_WRITE) ? POLLOUT : 0));
+        }
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* cannot happen with valid descriptors */
+        }
+        if (fds[0].revents & POLLIN) {
+            uint64_t n;
+            if (read(c->wake_fd, &n, sizeof n) < 0 && errno != EAGAIN)
+                break;
+        }
+        /* a hang-up or error is read: libnbd then fails what is in flight */
+        if (fds[1].revents & (POLLIN | POLLHUP | POLLERR))
+            lib->aio_notify_read(c->h);
+        else if (fds[1].revents & POLLOUT)
+            lib->aio_notify_write(c->h);
+        settle(c, 0);
+    }
+    settle(c, 1);
+    return NULL;
+}
+
+void nbd_wake(struct nbd_conn *c)
+{
+    uint64_t one = 1;
+    /* a full counter (never here) still wakes the thread */
+    if (write(c->wake_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        abort();
+}
+
+/* Queue `r` on a connection, round robin; st->lock is held. */
+static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
+{
+    struct nbd_conn *c = &st->conns[st->next_conn++ % st->nactive];
+    r->st = st;
+    r->conn = c;
+    if (c->tail)
+        c->tail->next = r;
+    else
+        c->head = r;
+    c->tail = r;
+    nbd_wake(c);
+}
+
+/* Run `r` and wait for its reply: 0, or its errno */
+int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
+{
+    r->waited = 1;
+    r->st = st;
+    pthread_mutex_lock(&st->lock);
+    if (st->aborted) {
+        pthread_mutex_unlock(&st->lock);
+        return ECANCELED;
+    }
+    if (on) {
+        r->conn = on;
+        if (on->tail)
+            on->tail->next = r;
+        else
+            on->head = r;
+        on->tail = r;
+        nbd_wake(on);
+    } else {
+        enqueue_locked(st, r);
+    }
+    while (!r->done)
+        pthread_cond_wait(&st->changed, &st->lock);
+    pthread_mutex_unlock(&st->lock);
+    return r->error;
+}
+
+/* The first failure of a write or zero nobody waited for, as an error */
+int nbd_failed(struct ic_image *img, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    int errnum = st->failed_errno;
+    enum nbd_op op = st->failed_op;
+    uint64_t off = st->failed_off;
+    pthread_mutex_unlock(&st->lock);
+    return errnum ? nbd_request_error(img, op, off, errnum, err) : 0;
+}
+
+/* Queue a write or zero nobody waits for, once the bytes in flight allow */
+int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    while (((r->op == OP_WRITE && st->bytes_in_flight &&
+             st->bytes_in_flight + r->len > NBD_BYTES_IN_FLIGHT) ||
+            st->unwaited >= st->max_requests * st->nactive) &&
+           !st->failed_errno && !st->aborted)
+        pthread_cond_wait(&st->changed, &st->lock);
+    if (st->failed_errno || st->aborted) {
+        int aborted = !st->failed_errno;
+        enum nbd_op op = r->op;
+        uint64_t off = r->off;
+        pthread_mutex_unlock(&st->lock);
+        free(r->buf);
+        free(r);
+        return aborted ? nbd_request_error(img, op, off, ECANCELED, err) : nbd_failed(img, err);
+    }
+    if (r->op == OP_WRITE)
+        st->bytes_in_flight += r->len;
+    st->unwaited++;
+    st->unflushed = 1;
+    enqueue_locked(st, r);
+    pthread_mutex_unlock(&st->lock);
+    return 0;
+}
+
+/* Wait until every write and zero has its reply; their first failure */
+int nbd_drain(struct ic_image *img, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    while (st->unwaited)
+        pthread_cond_wait(&st->changed, &st->lock);
+    pthread_mutex_unlock(&st->lock);
+    return nbd_failed(img, err);
+}

@@ -1,0 +1,105 @@
+/* The NBD driver's shared state: nbd.c opens, reads, writes and asks
+ * block status; nbd_conn.c runs each connection's I/O thread and the
+ * queue of requests in flight. */
+#ifndef IMGCOPY_NBD_INTERNAL_H
+#define IMGCOPY_NBD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "../error.h"
+#include "../image.h"
+#include "nbd_lib.h"
+
+/* Bytes of writes in flight before a writer waits (nbdcopy: 64 requests) */
+#define NBD_BYTES_IN_FLIGHT (64u << 20)
+#define NBD_MAX_CONNECTIONS 16
+/* A request's length field is 32 bits; zero requests stay aligned */
+#define NBD_MAX_ZERO (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
+#define NBD_MAX_STATUS (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
+
+enum nbd_op { OP_READ, OP_WRITE, OP_ZERO, OP_FLUSH, OP_STATUS };
+
+struct nbd_state;
+
+struct nbd_request {
+    enum nbd_op op;
+    struct nbd_state *st;
+    void *buf; /* read into; a write's own copy (freed at completion) */
+    uint64_t off, len;
+    uint32_t flags;
+    int refused;  /* libnbd refused it: it never went out (a dead connection) */
+    struct nbd_conn *conn; /* the connection it went to */
+    int waited; /* the caller waits: it frees the request */
+    int done;
+    int error;
+    /* block status: the answer, per context */
+    uint32_t *alloc, *depth;
+    size_t nalloc, ndepth;
+    struct nbd_request *next;
+};
+
+struct nbd_conn {
+    struct nbd_state *st;
+    struct nbd_handle *h;
+    int shut; /* aborted: its socket shut down (by its I/O thread) */
+    pthread_t thread;
+    int thread_started;
+    int wake_fd;
+    /* under st->lock */
+    struct nbd_request *head, *tail;
+    int stop;
+    /* unwaited requests that failed, held until published (settle) */
+    struct nbd_request *failures;
+    int settled; /* dead, or its thread gone */
+};
+
+struct nbd_state {
+    const struct nbd_lib *lib;
+    struct nbd_conn conns[NBD_MAX_CONNECTIONS];
+    unsigned nconns;    /* connected (under lock once the first runs) */
+    unsigned nactive;   /* of them, those requests go to */
+    unsigned next_conn;
+    unsigned max_requests; /* in flight per connection */
+    int multi_conn;
+    uint64_t min_block, pref_block, max_block;
+    int can_zero, can_fast_zero, can_flush, has_alloc, has_depth;
+    _Atomic uint32_t deepest; /* the deepest allocation-depth answered */
+    pthread_mutex_t lock;
+    pthread_cond_t changed; /* a request completed */
+    uint64_t bytes_in_flight;
+    unsigned unwaited; /* writes and zeroes not completed yet */
+    unsigned nthreads;  /* connections whose I/O thread started */
+    unsigned nsettled;  /* of them, dead or gone */
+    int dying;          /* a connection died: the others are shut down */
+    atomic_uint held;   /* failures not yet published */
+    int unflushed;     /* written or zeroed since the last flush */
+    int aborted;       /* nbd_abort: every request fails at once */
+    /* the first failure of a request nobody waited for (first_failure) */
+    int failed_errno;
+    enum nbd_op failed_op;
+    uint64_t failed_off;
+    int failed_refused;
+    void *zeros; /* max_block zero bytes, for servers without WRITE_ZEROES */
+};
+
+static inline struct nbd_state *nbd_state_of(struct ic_image *img)
+{
+    return img->drv_state;
+}
+
+/* nbd_conn.c */
+int nbd_request_error(struct ic_image *img, enum nbd_op op, uint64_t off, int errnum,
+                         struct ic_error *err);
+int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char *what,
+                        struct ic_error *err);
+void nbd_shut_down(struct nbd_conn *c);
+void *nbd_conn_thread(void *arg);
+void nbd_wake(struct nbd_conn *c);
+int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
+int nbd_failed(struct ic_image *img, struct ic_error *err);
+int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
+int nbd_drain(struct ic_image *img, struct ic_error *err);
+
+#endif
