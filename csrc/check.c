@@ -18,9 +18,13 @@ static size_t capacity(size_t used)
     return cap;
 }
 
+/* The longest line (the rest is cut) and the room a line needs below the
+ * cap. */
+#define LINE_MAX_BYTES 1024
+
 int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
 {
-    char line[1024];
+    char line[LINE_MAX_BYTES];
     if (r->messages_len + sizeof line > IC_CHECK_MESSAGES_MAX)
         return 0; /* qemu would go on printing; nobody reads that far */
     va_list ap;
@@ -48,10 +52,23 @@ int ic_check_message(struct ic_check_result *r, const char *fmt, ...)
 
 int ic_check_repeat(struct ic_check_result *r, size_t from, size_t to)
 {
-    size_t len = to - from;
-    if (!r->messages || to > r->messages_len || from >= to ||
-        r->messages_len + len > IC_CHECK_MESSAGES_MAX)
+    if (!r->messages || to > r->messages_len || from >= to)
         return 0;
+    size_t len = to - from;
+    if (r->messages_len + len + LINE_MAX_BYTES > IC_CHECK_MESSAGES_MAX) {
+        /* near the cap: the lines ic_check_message would still have
+         * appended, one by one, so that a repeat is the same text as the
+         * messages given again */
+        size_t keep = 0;
+        while (from + keep < to && r->messages_len + keep + LINE_MAX_BYTES <=
+                                       IC_CHECK_MESSAGES_MAX) {
+            const char *nl = memchr(r->messages + from + keep, '\n', to - from - keep);
+            keep = nl ? (size_t)(nl + 1 - (r->messages + from)) : to - from;
+        }
+        len = keep;
+        if (!len)
+            return 0;
+    }
     size_t cap = capacity(r->messages_len + 1);
     if (r->messages_len + len + 1 > cap) {
         char *grown = realloc(r->messages, capacity(r->messages_len + len + 1));

@@ -574,3 +574,27 @@ def test_l1_entries_naming_one_l2_table(tmp_path, capfd, monkeypatch, bits):
     assert out[0] == 2
     if bits == 1:
         assert "overflow" in out[2]
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_l2_table_named_until_counts_saturate(tmp_path, capfd, monkeypatch, bits):
+    """Six L1 entries name one L2 table, two of whose entries name one host
+    cluster: with 1 or 2 refcount bits the counts reach the maximum, some
+    in the middle of a pass (that pass is scanned again), then stay there
+    (every reference an overflow: those passes are replayed).  qemu's
+    output, overflow lines and counters included."""
+    require_qemu()
+    p = create(tmp_path / "saturate.qcow2", 8 * MiB, f"refcount_bits={bits}",
+               "cluster_size=4096")
+    qemu_io(p, ["write -P 1 0 12k", "write -P 2 1m 8k"], fmt="qcow2")
+    q = Qcow2.__new__(Qcow2)
+    q.path = p
+    with open(p, "rb") as f:
+        q.l1_offset = struct.unpack(">Q", f.read(48)[40:48])[0]
+    q.u64(q.l2_entry_offset(0, 3), q.u64(q.l2_entry_offset(0, 0)))
+    first = q.u64(q.l1_entry_offset(0))
+    for i in range(1, 6):
+        q.u64(q.l1_entry_offset(i), first)
+    out = assert_same(capfd, monkeypatch, p)
+    assert out[0] == 2
+    assert out[2].count("ERROR: overflow cluster") > 6

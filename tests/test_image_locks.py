@@ -151,29 +151,33 @@ def hold_qemu_io(procs, *args):
     return p
 
 
-def wait_for_locks(path, p, timeout=TIMEOUT):
-    """The locks on path once some are there and they stopped changing (p must keep running)."""
+def hold_qemu_img_convert(procs, *args, timeout=TIMEOUT):
+    """``qemu-img convert ARGS`` (a raw source) parked in its copy: its source and target stay
+    open, with qemu-img convert's locks on them, until the test kills it.  At one byte a second
+    (-r 1) qemu copies the first chunk at once and waits days before the next one (every
+    source here has data in two places).  Returns once the source's first sector is in the
+    target: qemu writes only after it has opened both images, and it takes or changes no lock
+    until it ends, so their locks are final -- whatever the load, no guess at how long
+    opening takes or at how long the copy lasts."""
+    src, dst = args[-2], args[-1]
+    with open(src, "rb") as f:
+        first = f.read(512)
+    assert first.strip(b"\0"), "%s must start with data" % src
+    p = procs.start([QEMU_IMG, "convert", "-r", "1", *args])
     deadline = time.monotonic() + timeout
-    last = None
     while True:
-        cur = file_locks(path) if os.path.exists(path) else set()
-        if cur and cur == last:
-            return cur
-        last = cur
+        # a raw target has it at offset 0, a qcow2 target in the cluster allocated for it
+        if os.path.exists(dst):
+            with open(dst, "rb") as f:
+                if first in f.read():
+                    break
         if p.poll() is not None:
-            raise AssertionError("%s ended (%s) before locking %s: %r"
-                                 % (p.args, p.returncode, path, p.stdout.read()))
+            raise AssertionError("%s ended (%s) before copying: %r"
+                                 % (p.args, p.returncode, p.stdout.read()))
         if time.monotonic() > deadline:
-            raise AssertionError("%s never locked %s" % (p.args, path))
-        time.sleep(0.05)
-
-
-def hold_qemu_img_convert(procs, *args):
-    """A slow (rate-limited) ``qemu-img convert ARGS``: its source and target stay open, with
-    qemu-img convert's locks on them, until the test kills it."""
-    p = procs.start([QEMU_IMG, "convert", "-r", "1M", *args])
-    wait_for_locks(args[-1], p)
-    wait_for_locks(args[-2], p)
+            raise AssertionError("%s copied nothing in %ss" % (p.args, timeout))
+        time.sleep(0.01)
+    assert file_locks(src) and file_locks(dst), "qemu-img convert copies without locks"
     return p
 
 

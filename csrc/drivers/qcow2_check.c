@@ -31,9 +31,10 @@
 /* L1 entries read at a time */
 #define L1_CHUNK 8192u
 
-/* A host cluster and the references one L2 table's pass made to it. */
+/* A host cluster and the references one L2 table's pass made to it: n
+ * raised its count, `over` found it at the maximum (qemu's overflow). */
 struct ref_count {
-    uint64_t cluster, n;
+    uint64_t cluster, n, over;
 };
 
 /* L2 tables whose passes are remembered, by offset (hashed), and the most
@@ -43,9 +44,12 @@ struct ref_count {
 #define REPLAY_MAX_CLUSTERS 256u
 
 /* What one L2 table's pass did (check_l2, with fragmentation counted or
- * not): its messages, a run of the message buffer (none of them depends
- * on the counts: the pass had no overflow), the references it added per
- * cluster and its counter deltas. */
+ * not): its messages, a run of the message buffer, the references it made
+ * per cluster and its counter deltas.  A pass is remembered only when
+ * each cluster it references was either at the maximum count all along
+ * (every reference an overflow: its messages are the same while the count
+ * stays there, and it does forever) or never reached it; then the
+ * messages depend on nothing but the table. */
 struct slot {
     uint64_t offset; /* UINT64_MAX: empty */
     int frag;
@@ -73,6 +77,7 @@ struct ck {
     uint64_t count_max;
     uint64_t *l2;      /* one L2 table */
     uint64_t l2_at;    /* where it was read from; UINT64_MAX: nowhere */
+    uint64_t l2_live;  /* its entries inside the file; the rest are zeros */
     uint64_t visited;  /* L2 entries */
     /* the stored refcounts */
     uint64_t *reftable;
@@ -89,7 +94,6 @@ struct ck {
     struct slot *slots;         /* REPLAY_SLOTS */
     struct copied_slot *copied; /* REPLAY_SLOTS */
     struct slot *rec;           /* the pass being recorded, or NULL */
-    int rec_overflowed;
 };
 
 #define MSG(c, ...)                                                                          \
@@ -115,14 +119,21 @@ static int beyond(const struct ck *c, uint64_t off, uint64_t len)
            off + len > (uint64_t)INT64_MAX;
 }
 
-/* One more reference to cluster k in the pass being recorded; too many
- * clusters and the pass is not remembered. */
-static void record(struct ck *c, uint64_t k)
+/* One more reference to cluster k in the pass being recorded (an
+ * overflow or not); too many clusters, or one that reaches the maximum
+ * during the pass, and the pass is not remembered. */
+static void record(struct ck *c, uint64_t k, int overflow)
 {
     struct slot *sl = c->rec;
     for (size_t i = sl->nrefs; i-- > 0;) {
-        if (sl->refs[i].cluster == k) {
-            sl->refs[i].n++;
+        struct ref_count *rc = &sl->refs[i];
+        if (rc->cluster == k) {
+            if (overflow ? rc->n != 0 : rc->over != 0)
+                c->rec = NULL;
+            else if (overflow)
+                rc->over++;
+            else
+                rc->n++;
             return;
         }
     }
@@ -130,7 +141,7 @@ static void record(struct ck *c, uint64_t k)
         c->rec = NULL;
         return;
     }
-    sl->refs[sl->nrefs++] = (struct ref_count){k, 1};
+    sl->refs[sl->nrefs++] = (struct ref_count){k, !overflow, !!overflow};
 }
 
 static void reference(struct ck *c, uint64_t off, uint64_t len)
@@ -156,12 +167,13 @@ static void reference(struct ck *c, uint64_t off, uint64_t len)
                    "convert to create a clean copy if the image cannot be opened for "
                    "writing\n");
             c->r->corruptions++;
-            c->rec_overflowed = 1;
+            if (c->rec)
+                record(c, k, 1);
             continue;
         }
         c->counts[k]++;
         if (c->rec)
-            record(c, k);
+            record(c, k, 0);
     }
 }
 
@@ -197,12 +209,32 @@ static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
     return 0;
 }
 
-/* A table's bytes as qemu reads them (bdrv_pread): -1 stops the check. */
-static int read_table(struct ck *c, void *buf, uint64_t len, uint64_t off, const char *what,
-                      const char *message)
+/* How many of the n 8-byte entries of a table at `off` hold bytes of the
+ * file: the rest read as zeros (qcow2_read_meta, as qemu reads past the
+ * end), and a zero entry names nothing. */
+static uint64_t live_entries(const struct ck *c, uint64_t off, uint64_t n)
 {
-    if (off > QCOW2_MAX_OFFSET || len > QCOW2_MAX_OFFSET - off ||
-        qcow2_read_meta(c->img, buf, len, off, what, c->err) < 0) {
+    if (off >= c->file_len)
+        return 0;
+    uint64_t live = (c->file_len - off + 7) / 8;
+    return live < n ? live : n;
+}
+
+/* Whether qemu's read (bdrv_pread) of [off, off + len) fails: past the
+ * largest offset. */
+static int unreadable(uint64_t off, uint64_t len)
+{
+    return off > QCOW2_MAX_OFFSET || len > QCOW2_MAX_OFFSET - off;
+}
+
+/* A table of n entries as qemu reads it (bdrv_pread): -1 stops the check.
+ * Only its `*live` first entries are read, those inside the file (the rest
+ * are zeros): a hostile header's table far past the end costs nothing. */
+static int read_table(struct ck *c, void *buf, uint64_t n, uint64_t off, uint64_t *live,
+                      const char *what, const char *message)
+{
+    *live = live_entries(c, off, n);
+    if (unreadable(off, n * 8) || qcow2_read_meta(c->img, buf, *live * 8, off, what, c->err) < 0) {
         MSG(c, "%s", message);
         return stop(c, EIO);
     }
@@ -220,13 +252,17 @@ static struct slot *slot_of(struct ck *c, uint64_t l2_offset)
     return &c->slots[slot_index(l2_offset)];
 }
 
-/* A remembered pass again, when it adds the same: no count it raises
- * overflows now.  0 when it cannot (the table is scanned again). */
+/* A remembered pass again, when it does the same: no count it raises
+ * reaches the maximum now, and the counts it found at the maximum are
+ * there still.  0 when it cannot (the table is scanned again). */
 static int replay(struct ck *c, const struct slot *sl)
 {
-    for (size_t i = 0; i < sl->nrefs; i++)
-        if (c->count_max - c->counts[sl->refs[i].cluster] < sl->refs[i].n)
+    for (size_t i = 0; i < sl->nrefs; i++) {
+        const struct ref_count *rc = &sl->refs[i];
+        uint64_t have = c->counts[rc->cluster];
+        if (rc->over ? have != c->count_max : c->count_max - have < rc->n)
             return 0;
+    }
     if (ic_check_repeat(c->r, sl->text_from, sl->text_to) < 0)
         c->nomem = 1;
     for (size_t i = 0; i < sl->nrefs; i++) {
@@ -247,10 +283,10 @@ static int replay(struct ck *c, const struct slot *sl)
 static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
 {
     const struct qcow2_header *h = &c->s->h;
-    uint64_t n = c->s->l2_entries, next_contiguous = 0;
+    uint64_t next_contiguous = 0;
     struct slot *sl = slot_of(c, l2_offset);
     int again = sl->offset == l2_offset && sl->frag == frag;
-    c->visited += again ? sl->nrefs + 1 : n;
+    c->visited += again ? sl->nrefs + 1 : live_entries(c, l2_offset, c->s->l2_entries);
     if (c->visited > MAX_L2_ENTRIES_VISITED) {
         ic_error_format(c->err, c->img->path, "corrupt qcow2 image: more than %llu L2 "
                         "entries to check (L1 tables naming the same L2 tables over and "
@@ -262,8 +298,8 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
     /* L1 entries naming one table again cost no second read */
     if (l2_offset != c->l2_at) {
         c->l2_at = UINT64_MAX;
-        if (read_table(c, c->l2, c->csz, l2_offset, "unreadable L2 table",
-                       "ERROR: I/O error in check_refcounts_l2\n") < 0)
+        if (read_table(c, c->l2, c->s->l2_entries, l2_offset, &c->l2_live,
+                       "unreadable L2 table", "ERROR: I/O error in check_refcounts_l2\n") < 0)
             return -1;
         c->l2_at = l2_offset;
     }
@@ -273,8 +309,8 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
     sl->nrefs = 0;
     sl->text_from = c->r->messages_len;
     c->rec = sl;
-    c->rec_overflowed = 0;
-    for (uint64_t i = 0; i < n; i++) {
+    /* the entries past the end of the file are zeros: unallocated */
+    for (uint64_t i = 0; i < c->l2_live; i++) {
         uint64_t e = qcow2_be64(&c->l2[i]);
         if (e & QCOW2_OFLAG_COMPRESSED) {
             uint64_t host, len;
@@ -318,7 +354,7 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
         }
         reference(c, off, c->csz);
     }
-    if (c->rec && !c->rec_overflowed) {
+    if (c->rec) {
         sl->offset = l2_offset;
         sl->frag = frag;
         sl->text_to = c->r->messages_len;
@@ -332,7 +368,9 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
 }
 
 /* check_refcounts_l1.  The table is read from disk (in chunks: a
- * snapshot's may be 32 MiB). */
+ * snapshot's may be 32 MiB), up to the end of the file: past it, its
+ * entries are zeros (unallocated), and only whether qemu could read them
+ * matters. */
 static int check_l1(struct ck *c, uint64_t l1_offset, uint64_t l1_size, int frag)
 {
     if (!l1_size)
@@ -340,11 +378,21 @@ static int check_l1(struct ck *c, uint64_t l1_offset, uint64_t l1_size, int frag
     reference(c, l1_offset, l1_size * 8);
     uint64_t chunk[L1_CHUNK];
     for (uint64_t first = 0; first < l1_size; first += L1_CHUNK) {
-        uint64_t n = l1_size - first < L1_CHUNK ? l1_size - first : L1_CHUNK;
-        if (read_table(c, chunk, n * 8, l1_offset + first * 8, "unreadable L1 table",
+        uint64_t n = l1_size - first < L1_CHUNK ? l1_size - first : L1_CHUNK, live;
+        uint64_t off = l1_offset + first * 8;
+        if (!unreadable(off, n * 8) && !live_entries(c, off, n)) {
+            /* this chunk and every one after it: zeros, or qemu's error
+             * (for the first chunk past QCOW2_MAX_OFFSET) */
+            if (!unreadable(off, (l1_size - first) * 8))
+                break;
+            first += (QCOW2_MAX_OFFSET - off) / 8 / L1_CHUNK * L1_CHUNK;
+            n = l1_size - first < L1_CHUNK ? l1_size - first : L1_CHUNK;
+            off = l1_offset + first * 8;
+        }
+        if (read_table(c, chunk, n, off, &live, "unreadable L1 table",
                        "ERROR: I/O error in check_refcounts_l1\n") < 0)
             return -1;
-        for (uint64_t i = 0; i < n; i++) {
+        for (uint64_t i = 0; i < live; i++) {
             uint64_t e = qcow2_be64(&chunk[i]);
             if (!e)
                 continue;
@@ -514,7 +562,9 @@ static uint64_t compare(struct ck *c)
 static int check_copied(struct ck *c)
 {
     struct qcow2_state *s = c->s;
-    for (uint64_t i = 0; i < s->h.l1_size; i++) {
+    /* the entries past the end of the file are zeros (open read them so) */
+    uint64_t l1_live = live_entries(c, s->h.l1_table_offset, s->h.l1_size);
+    for (uint64_t i = 0; i < l1_live; i++) {
         uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
         if (!l2_offset)
             continue;
@@ -534,8 +584,9 @@ static int check_copied(struct ck *c)
             continue;
         }
         c->l2_at = UINT64_MAX;
+        uint64_t live = live_entries(c, l2_offset, s->l2_entries);
         if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
-            qcow2_read_meta(c->img, c->l2, c->csz, l2_offset, "unreadable L2 table",
+            qcow2_read_meta(c->img, c->l2, live * 8, l2_offset, "unreadable L2 table",
                             c->err) < 0) {
             MSG(c, "ERROR: Could not read L2 table: %s\n", strerror(EIO));
             return stop(c, EIO);
@@ -543,7 +594,8 @@ static int check_copied(struct ck *c)
         uint64_t corruptions = c->r->corruptions;
         int signaled = c->signaled;
         size_t text_from = c->r->messages_len;
-        for (uint64_t j = 0; j < s->l2_entries; j++) {
+        /* the entries past the end of the file are zeros: unallocated */
+        for (uint64_t j = 0; j < live; j++) {
             uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
             if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
                 continue;

@@ -9,8 +9,52 @@
 #include "check.h"            /* the tests' CHECK (tests/c/check.h) */
 #include "../../csrc/check_messages.h" /* the check's messages */
 
+/* Lines of several lengths at the start of r, then filler lines until
+ * fewer than 1024 + room bytes are left below the cap (1024: what a line
+ * needs); [0, *run_end) is the run. */
+static void fill_near_cap(struct ic_check_result *r, size_t room, size_t *run_end)
+{
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < 40; i++)
+        CHECK(ic_check_message(r, "run line %d %0*d\n", i, 10 + 7 * i, 0) == 0, "run");
+    *run_end = r->messages_len;
+    while (r->messages_len + 1024 + room < IC_CHECK_MESSAGES_MAX) {
+        size_t chunk = r->messages_len < (1u << 20) ? r->messages_len : (1u << 20);
+        if (r->messages_len + chunk + 1024 + room < IC_CHECK_MESSAGES_MAX)
+            CHECK(ic_check_repeat(r, 0, chunk) == 0, "fill");
+        else
+            CHECK(ic_check_message(r, "%0200d\n", 0) == 0, "fill");
+    }
+}
+
+/* Near the cap, repeating a run appends what giving its lines again
+ * would: the lines that still fit, whole (a pass over an L2 table
+ * replayed has the text of the pass scanned again). */
+static void test_repeat_near_the_cap(void)
+{
+    for (size_t room = 0; room < 4000; room += 333) {
+        struct ic_check_result a, b;
+        size_t run_end;
+        fill_near_cap(&a, room, &run_end);
+        fill_near_cap(&b, room, &run_end);
+        size_t before = a.messages_len;
+        CHECK(ic_check_repeat(&a, 0, run_end) == 0, "repeat");
+        for (int i = 0; i < 40; i++)
+            CHECK(ic_check_message(&b, "run line %d %0*d\n", i, 10 + 7 * i, 0) == 0, "again");
+        CHECK(a.messages_len == b.messages_len, "room %zu: repeat %zu bytes, lines again %zu",
+              room, a.messages_len - before, b.messages_len - before);
+        CHECK(memcmp(a.messages, b.messages, a.messages_len + 1) == 0, "room %zu: same text",
+              room);
+        CHECK(a.messages_len <= IC_CHECK_MESSAGES_MAX, "capped");
+        CHECK(a.messages[a.messages_len - 1] == '\n', "whole lines");
+        ic_check_result_free(&a);
+        ic_check_result_free(&b);
+    }
+}
+
 int main(void)
 {
+    test_repeat_near_the_cap();
     struct ic_check_result r;
     memset(&r, 0, sizeof r);
     CHECK(ic_check_message(&r, "ERROR cluster %d refcount=%d reference=%d\n", 5, 0, 1) == 0,

@@ -304,7 +304,8 @@ def _prealloc_refcount_order(order: int) -> Callable[[], bytes]:
     return build
 
 
-def _all_l1_same_l2(cluster_bits: int, l1_size: int) -> Callable[[], bytes]:
+def _all_l1_same_l2(cluster_bits: int, l1_size: int, refcount_order: int = 4,
+                    data_is_l1: bool = False) -> Callable[[], bytes]:
     """Extent amplification: every L1 entry points at the same L2 table,
     whose entries alternate zero and data clusters (all data at one host
     cluster past the end of the file, so no two extents merge).  A file of
@@ -313,7 +314,10 @@ def _all_l1_same_l2(cluster_bits: int, l1_size: int) -> Callable[[], bytes]:
     end of the disk, or a map of its last 64 MiB, must cost work and memory
     about the clusters asked for, not about everything before them.  The
     refcount table (one cluster) is empty: qemu opens the image, nothing
-    looks preallocated."""
+    looks preallocated.  `data_is_l1`: the data cluster is the L1 table's
+    first cluster, inside the file, whose reference count a check raises
+    (to its maximum at once with refcount_order 0: every reference after
+    the L1 table's own is an overflow)."""
     def build():
         cs = 1 << cluster_bits
         l2_entries = cs // 8
@@ -324,11 +328,12 @@ def _all_l1_same_l2(cluster_bits: int, l1_size: int) -> Callable[[], bytes]:
         l1_clusters = -(-l1_size * 8 // cs)
         l2_off = l1_off + l1_clusters * cs
         reftable = l2_off + cs
-        data = reftable + 16 * cs
+        data = l1_off if data_is_l1 else reftable + 16 * cs
         for fmt, off, v in ((">I", OFF_VERSION, 3), (">I", OFF_CLUSTER_BITS, cluster_bits),
                             (">Q", OFF_SIZE, size), (">I", OFF_L1_SIZE, l1_size),
                             (">Q", OFF_L1_OFFSET, l1_off), (">Q", OFF_REFTABLE_OFFSET, reftable),
-                            (">I", OFF_REFTABLE_CLUSTERS, 1), (">I", OFF_REFCOUNT_ORDER, 4),
+                            (">I", OFF_REFTABLE_CLUSTERS, 1),
+                            (">I", OFF_REFCOUNT_ORDER, refcount_order),
                             (">I", OFF_HEADER_LENGTH, HEADER_LENGTH)):
             put(hdr, fmt, off, v)
         l1 = b"".join(struct.pack(">Q", COPIED | l2_off) for _ in range(l1_size))
@@ -577,6 +582,10 @@ case("amplify-512-l1-8k", "any", _all_l1_same_l2(9, 8192),
      "512 B clusters, 8192 L1 entries -> one L2 table: 512 Ki alternating clusters")
 case("amplify-64k-l1-8k", "any", _all_l1_same_l2(16, 8192),
      "64 KiB clusters, 8192 L1 entries -> one L2 table: 64 Mi alternating clusters, 4 TiB")
+case("check-amplify-saturated-refcount", "any", _all_l1_same_l2(16, 8192, 0, True),
+     "as amplify-64k-l1-8k, 1-bit refcounts, the data cluster is the L1 table's: a check "
+     "finds 32 Mi references to a cluster whose count is at its maximum (qemu's overflow, "
+     "each); the passes over the table are the same, each costs no scan")
 
 CASES_BY_NAME: Dict[str, Case] = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"
