@@ -10,8 +10,10 @@ that the checkout itself imports what was built, from anywhere.
 Optional libraries, used when their headers are found (Debian packages in
 brackets): libdeflate [libdeflate-dev] compresses and inflates qcow2's
 deflate clusters faster than zlib; libzstd [libzstd-dev] reads and writes
-zstd-compressed qcow2.  IMGCOPY_WITHOUT=libdeflate,zstd builds without
-them even where they are installed."""
+zstd-compressed qcow2.  The build prints which it found and which are
+missing; IMGCOPY_REQUIRE=libdeflate,zstd makes a missing one an error, and
+IMGCOPY_WITHOUT=libdeflate,zstd builds without them even where they are
+installed (unknown names are errors in both)."""
 import glob
 import hashlib
 import os
@@ -42,11 +44,35 @@ if os.environ.get("IMGCOPY_SANITIZE") == "1":
     ldflags += san
 
 
-# name: (header, library, the macro the core tests)
+# name: (header, library, the macro the core tests, what it brings,
+#        Debian/Ubuntu package, Fedora package)
 OPTIONAL_LIBRARIES = {
-    "libdeflate": ("libdeflate.h", "deflate", "IMGCOPY_HAVE_LIBDEFLATE"),
-    "zstd": ("zstd.h", "zstd", "IMGCOPY_HAVE_ZSTD"),
+    "libdeflate": ("libdeflate.h", "deflate", "IMGCOPY_HAVE_LIBDEFLATE",
+                   "faster deflate (qcow2, vmdk); without it zlib does it",
+                   "libdeflate-dev", "libdeflate-devel"),
+    "zstd": ("zstd.h", "zstd", "IMGCOPY_HAVE_ZSTD",
+             "zstd-compressed qcow2; without it such images are refused",
+             "libzstd-dev", "libzstd-devel"),
 }
+# loaded at run time (dlopen): not needed to build, named in the summary
+RUN_TIME_LIBRARIES = {"libnbd": ("nbd:// URIs", "libnbd0", "libnbd"),
+                      "libcrypto": ("checksums", "libssl3", "openssl-libs")}
+
+
+def named(variable: str) -> set:
+    """The optional libraries an environment variable names (IMGCOPY_WITHOUT,
+    IMGCOPY_REQUIRE: comma-separated); an unknown name is an error."""
+    names = {n.strip() for n in os.environ.get(variable, "").split(",") if n.strip()}
+    unknown = names - set(OPTIONAL_LIBRARIES)
+    if unknown:
+        sys.exit(f"{variable}: unknown {', '.join(sorted(unknown))} "
+                 f"(known: {', '.join(OPTIONAL_LIBRARIES)})")
+    return names
+
+
+WITHOUT, REQUIRE = named("IMGCOPY_WITHOUT"), named("IMGCOPY_REQUIRE")
+if WITHOUT & REQUIRE:
+    sys.exit(f"IMGCOPY_WITHOUT and IMGCOPY_REQUIRE both name {', '.join(sorted(WITHOUT & REQUIRE))}")
 
 
 def links(header: str, library: str) -> bool:
@@ -62,27 +88,33 @@ def links(header: str, library: str) -> bool:
 
 
 def optional_libraries():
-    """(macros, libraries) of the optional libraries this build uses."""
-    without = set(filter(None, os.environ.get("IMGCOPY_WITHOUT", "").split(",")))
-    unknown = without - set(OPTIONAL_LIBRARIES)
-    if unknown:
-        sys.exit(f"IMGCOPY_WITHOUT: unknown {', '.join(sorted(unknown))} "
-                 f"(known: {', '.join(OPTIONAL_LIBRARIES)})")
-    macros, libraries = [], []
-    for name, (header, library, macro) in OPTIONAL_LIBRARIES.items():
-        if name in without:
-            continue
-        if links(header, library):
+    """(macros, libraries) of the optional libraries this build uses.
+    Prints what was found and what is missing (with the packages that bring
+    it); a missing library IMGCOPY_REQUIRE names is an error."""
+    macros, libraries, lines, required_missing = [], [], [], []
+    for name, (header, library, macro, brings, debian, fedora) in OPTIONAL_LIBRARIES.items():
+        install = f"{debian} (Debian, Ubuntu) or {fedora} (Fedora)"
+        if name in WITHOUT:
+            lines.append(f"  {name:<11} left out  (IMGCOPY_WITHOUT): {brings}")
+        elif links(header, library):
             macros.append((macro, "1"))
             libraries.append(library)
+            lines.append(f"  {name:<11} found     {brings}")
         else:
-            print(f"imgcopy: building without {name} ({header} or -l{library} not found)",
-                  file=sys.stderr)
+            lines.append(f"  {name:<11} MISSING   {brings}; install {install} and rebuild")
+            if name in REQUIRE:
+                required_missing.append(f"{name} ({header} or -l{library} not found): "
+                                        f"install {install}")
+    for name, (brings, debian, fedora) in RUN_TIME_LIBRARIES.items():
+        lines.append(f"  {name:<11} run time  {brings}: loaded when used "
+                     f"({debian} or {fedora}), not needed to build")
+    print("imgcopy: optional libraries (`imgcopy --version` lists what a build has; "
+          "IMGCOPY_REQUIRE=libdeflate,zstd makes a missing one an error):\n" + "\n".join(lines),
+          file=sys.stderr)
+    if required_missing:
+        sys.exit("imgcopy: IMGCOPY_REQUIRE names a library that is missing: "
+                 + "; ".join(required_missing))
     return macros, libraries
-
-
-OPTIONAL_MACROS, OPTIONAL_LINKS = optional_libraries()
-cflags += [f"-D{name}={value}" for name, value in OPTIONAL_MACROS]
 
 
 class BuildExt(build_ext):
@@ -91,10 +123,19 @@ class BuildExt(build_ext):
     rebuilds the extension although its sources are older; the sources
     compile in parallel."""
 
-    def finalize_options(self):
-        super().finalize_options()
-        self.flags_tag = hashlib.sha1(" ".join(cflags + ldflags).encode()).hexdigest()[:10]
-        self.build_temp = os.path.join(self.build_temp, self.flags_tag)
+    def run(self):
+        # here, not at import: only a build looks for the optional libraries
+        # (an sdist does not), and looks once
+        if not hasattr(self, "flags_tag"):
+            macros, libraries = optional_libraries()
+            optional = [f"-D{name}={value}" for name, value in macros]
+            for ext in self.extensions:
+                ext.extra_compile_args = cflags + optional
+                ext.libraries = ["z"] + libraries
+            flags = " ".join(cflags + optional + ldflags)
+            self.flags_tag = hashlib.sha1(flags.encode()).hexdigest()[:10]
+            self.build_temp = os.path.join(self.build_temp, self.flags_tag)
+        super().run()
 
     def build_extension(self, ext):
         # where the flags of the library at `target` are recorded
@@ -132,9 +173,9 @@ setup(
             sources=CORE_SOURCES + sorted(glob.glob("csrc/py/*.c")),
             depends=HEADERS,
             include_dirs=["csrc"],
-            extra_compile_args=cflags,
+            extra_compile_args=cflags,  # and the optional libraries' (BuildExt.run)
             extra_link_args=ldflags,
-            libraries=["z"] + OPTIONAL_LINKS,
+            libraries=["z"],
         )
     ],
 )

@@ -164,6 +164,21 @@ const char *ic_compression_library(enum ic_compression_type type)
     return NULL;
 }
 
+const char *ic_compression_lib_version(const char *lib)
+{
+    if (strcmp(lib, "zlib") == 0)
+        return zlibVersion();
+#ifdef IMGCOPY_HAVE_LIBDEFLATE
+    if (strcmp(lib, "libdeflate") == 0)
+        return LIBDEFLATE_VERSION_STRING;
+#endif
+#ifdef IMGCOPY_HAVE_ZSTD
+    if (strcmp(lib, "zstd") == 0)
+        return ZSTD_versionString();
+#endif
+    return NULL;
+}
+
 int ic_compression_max_level(enum ic_compression_type type)
 {
     if (!ic_compression_available(type))

@@ -24,6 +24,10 @@ int ic_compression_available(enum ic_compression_type type);
 /* The library that does `type` and its version ("libdeflate 1.14",
  * "zlib 1.2.13", "libzstd 1.5.4"), or NULL where the build has none. */
 const char *ic_compression_library(enum ic_compression_type type);
+/* The version of a library this build compresses with: "zlib" (always
+ * linked), "libdeflate", "zstd" (libzstd's, at run time); NULL where the
+ * build has none. */
+const char *ic_compression_lib_version(const char *lib);
 /* The highest level `type` takes (0: unavailable). */
 int ic_compression_max_level(enum ic_compression_type type);
 /* The level 0 stands for: the fastest that still compresses no worse

@@ -31,6 +31,22 @@ static void interrupt_turns(void *ctx)
     pthread_mutex_unlock(&c->turn_lock);
 }
 
+/* A stopped copy (cancelled, or failed) waits for nothing in flight:
+ * requests to a slow remote endpoint fail at once (its connections shut
+ * down), so that the items, the planner and closing the images return
+ * within moments. */
+static void abort_endpoints(struct ic_copy *c)
+{
+    ic_image_abort(c->src);
+    ic_image_abort(c->dst);
+}
+
+static void interrupt_copy(void *ctx)
+{
+    interrupt_turns(ctx);
+    abort_endpoints(ctx);
+}
+
 /* Every item done: make the destination durable. */
 static int complete_copy(void *ctx, struct ic_error *err)
 {
@@ -47,6 +63,7 @@ struct action {
     const uint8_t *buf; /* data */
     int data;
     int skip; /* zeros the destination reads already */
+    int allocated; /* zeros that stay allocated (fully allocated output) */
 };
 
 /* Writes whose writeback a worker lets run behind it before it waits for
@@ -167,12 +184,37 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     if (len == 0)
         return;
     struct action *last = w->nacts ? &w->acts[w->nacts - 1] : NULL;
-    if (last && last->data == data && last->off + last->len == off &&
+    if (last && last->data == data && !last->allocated && last->off + last->len == off &&
         (!data || last->buf + last->len == buf)) {
         last->len += len;
         return;
     }
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .buf = buf, .data = data};
+}
+
+/* Fully allocated zeros: a zero request that keeps them allocated where
+ * the destination has one, else zeros written as data. */
+static void add_allocated_zeros(struct worker *w, uint64_t off, uint64_t len)
+{
+    if (!w->c->zero_allocates) {
+        add_action(w, off, len, w->c->zeros, 1);
+        return;
+    }
+    w->acts[w->nacts++] = (struct action){.off = off, .len = len, .allocated = 1};
+}
+
+/* Whether the destination reads zeros at the action's range already. */
+static int reads_zeros(const struct ic_copy *c, const struct action *a)
+{
+    return c->opt.target_is_zero || ic_known_zeros_cover(&c->dst_zeros, a->off, a->len);
+}
+
+/* Allocated zeros: where the destination reads zeros already, it only
+ * needs the space (a new file: fallocate) */
+static int zero_allocated(struct worker *w, const struct action *a)
+{
+    unsigned flags = reads_zeros(w->c, a) ? IC_ZERO_ALLOCATE : 0;
+    return ic_image_zero(w->c->dst, a->off, a->len, flags, &w->err);
 }
 
 static int read_for_sparse(void *ctx, void *buf, uint64_t off, uint64_t len)
@@ -232,13 +274,12 @@ static int execute(struct worker *w, struct turns *t)
     int ret = 0;
     for (size_t k = 0; k < w->nacts; k++) {
         struct action *a = &w->acts[k];
-        a->skip = !a->data && (c->opt.target_is_zero ||
-                               ic_known_zeros_cover(&c->dst_zeros, a->off, a->len));
+        a->skip = !a->data && !a->allocated && reads_zeros(c, a);
     }
     for (size_t k = 0; k < w->nacts && ret == 0; k++) {
         const struct action *a = &w->acts[k];
-        if (a->skip)
-            continue; /* counted at commit */
+        if (a->skip || a->allocated)
+            continue; /* done at commit */
         struct ic_staged_write *st = &w->staged[nstaged];
         *st = (struct ic_staged_write){.off = a->off, .len = a->len,
                                        .buf = a->data ? a->buf : NULL};
@@ -269,7 +310,8 @@ static int execute(struct worker *w, struct turns *t)
             ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
         }
-        ret = ic_image_commit(c->dst, &w->staged[committed++], &w->err);
+        ret = a->allocated ? zero_allocated(w, a)
+                           : ic_image_commit(c->dst, &w->staged[committed++], &w->err);
         if (ret < 0)
             break;
         ic_request_log_add(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
@@ -332,8 +374,8 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
         return 0;
     }
     if (it->kind == RUN_ZERO) {
-        if (c->opt.sparse_threshold == 0) /* fully allocated: zeros are data */
-            add_action(w, it->start, len, c->zeros, 1);
+        if (c->opt.sparse_threshold == 0) /* fully allocated */
+            add_allocated_zeros(w, it->start, len);
         else
             add_action(w, it->start, len, NULL, 0);
         return execute(w, t);
@@ -409,7 +451,7 @@ static const struct ic_job_ops copy_ops = {
     .run = run_item,
     .item_cost = item_cost,
     .complete = complete_copy,
-    .interrupt = interrupt_turns,
+    .interrupt = interrupt_copy,
 };
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -458,11 +500,33 @@ static struct worker *new_worker(struct ic_copy *c)
     return w;
 }
 
-int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *opt,
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out)
+{
+    (void)src; /* no rule reads the source yet */
+    *out = (struct ic_copy_facts){
+        .dst_preferred = ic_image_preferred_size(dst),
+        .dst_write_align = ic_image_write_alignment(dst),
+        .dst_places_in_order = ic_image_places_in_order(dst),
+        .dst_fresh = ic_image_fresh(dst),
+        .dst_discards = strcmp(ic_image_format(dst), "null") == 0,
+    };
+}
+
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out)
+{
+    *out = c->opt;
+}
+
+int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_copy_options *asked,
                   struct ic_copy **out, struct ic_error *err)
 {
-    if (ic_copy_options_check(opt, err) < 0)
+    struct ic_copy_facts facts;
+    ic_copy_facts_of(src, dst, &facts);
+    struct ic_copy_options effective;
+    if (ic_copy_options_effective(asked, &facts, &effective, err) < 0)
         return -1;
+    const struct ic_copy_options *opt = &effective;
     if (!ic_image_writable(dst))
         return ic_error_readonly(err, ic_image_path(dst));
     if (ic_image_size(dst) < ic_image_size(src))
@@ -478,36 +542,14 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->src = src;
     c->dst = dst;
     c->opt = *opt;
-    c->write_align = ic_image_write_alignment(dst);
+    c->write_align = facts.dst_write_align;
     c->zero_limit = ic_image_zero_limit(dst);
-    /* requests and holes at least as long as the destination handles well
-     * (an NBD server's preferred block size), as the NBD spec asks */
-    uint64_t preferred = ic_image_preferred_size(dst);
-    if (preferred > IC_MAX_SPARSE_THRESHOLD)
-        preferred = IC_MAX_SPARSE_THRESHOLD;
-    if (c->opt.sparse_threshold && c->opt.sparse_threshold < preferred)
-        c->opt.sparse_threshold = preferred;
-    if (c->opt.request_size < preferred)
-        c->opt.request_size = preferred;
-    if (c->write_align > 1) {
-        /* whole units only: a hole is a unit of zeros, nothing less (as
-         * qemu-img aligns -S up to the destination's request alignment); a
-         * format that writes whole clusters (compression) judges each
-         * cluster on its own, as qemu-img -c does */
-        if (c->opt.request_size % c->write_align)
-            c->opt.request_size = (c->opt.request_size / c->write_align + 1) * c->write_align;
-        if (c->opt.sparse_threshold &&
-            (c->opt.sparse_threshold < c->write_align || ic_image_places_in_order(dst)))
-            c->opt.sparse_threshold = c->write_align;
-    }
-    /* blocks tile the requests, so that none straddles two work items and
-     * the output never depends on the request size */
-    uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
-    if (c->opt.request_size % g)
-        c->opt.request_size = (c->opt.request_size / g + 1) * g;
+    c->zero_allocates = ic_image_zero_allocates(dst);
+    ic_image_written(dst); /* no longer known to read as zeros */
     size_t queue_depth = 4 * (size_t)opt->concurrency;
     c->workers = calloc(opt->concurrency, sizeof *c->workers);
-    if (opt->sparse_threshold == 0)
+    int written_zeros = opt->sparse_threshold == 0 && !c->zero_allocates;
+    if (written_zeros)
         c->zeros = calloc(1, c->opt.request_size);
     /* items in flight: those queued and one per slot; twice that many
      * turn slots keep any two waiting items on different ones */
@@ -526,7 +568,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         if (!(c->workers[c->nworkers] = new_worker(c)))
             break;
     if (!c->workers || c->nworkers < opt->concurrency || !c->turn_changed ||
-        (opt->sparse_threshold == 0 && !c->zeros)) {
+        (written_zeros && !c->zeros)) {
         free_copy(c);
         return ic_error_nomem(err);
     }
@@ -538,7 +580,6 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
             free_copy(c);
             return -1;
         }
-        c->opt.offload = 0; /* the kernel's copy shows us no data */
     }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);

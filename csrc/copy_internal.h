@@ -40,7 +40,10 @@ struct ic_copy {
     struct ic_copy_options opt;
     uint64_t write_align; /* the destination writes whole units of this */
     uint64_t zero_limit;  /* the longest zero request the destination takes */
-    uint8_t *zeros; /* request_size zero bytes, for fully allocated output */
+    /* fully allocated output: zero requests keep ranges allocated (else
+     * zeros are written as data, from `zeros`: request_size bytes) */
+    int zero_allocates;
+    uint8_t *zeros;
 
     struct ic_job *job;       /* job.c runs the planner and the items */
     struct worker **workers;  /* per slot: buffers, staged writes */

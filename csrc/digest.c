@@ -1,5 +1,4 @@
 /* Digests through libcrypto, loaded at run time (digest.h says why). */
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,6 +7,7 @@
 #include <strings.h>
 
 #include "digest.h"
+#include "runtime_lib.h"
 
 #define LIBCRYPTO_SONAME "libcrypto.so.3"
 #define LIBCRYPTO_FALLBACK "libcrypto.so"
@@ -30,6 +30,7 @@ static struct {
     int (*init_ex)(EVP_MD_CTX *ctx, const EVP_MD *type, void *engine);
     int (*update)(EVP_MD_CTX *ctx, const void *d, size_t cnt);
     int (*final_ex)(EVP_MD_CTX *ctx, unsigned char *md, unsigned int *s);
+    const char *(*version)(int type); /* OpenSSL_version, 1.1 and later */
 } lib;
 
 struct ic_digest {
@@ -61,8 +62,6 @@ static struct ic_digest algorithms[] = {
 };
 #define NALGS (sizeof algorithms / sizeof algorithms[0])
 
-static const char *missing; /* NULL: loaded */
-static char missing_detail[256];
 static pthread_once_t loaded = PTHREAD_ONCE_INIT;
 
 static void resolve(struct ic_digest *a)
@@ -79,31 +78,17 @@ static void resolve(struct ic_digest *a)
     a->size = (size_t)size;
 }
 
-/* IMGCOPY_LIBCRYPTO names another build (or none, to see what a machine
- * without it does) */
+static const char *const libcrypto_sonames[] = {LIBCRYPTO_SONAME, LIBCRYPTO_FALLBACK, NULL};
+static struct ic_runtime_lib libcrypto = {
+    .env = "IMGCOPY_LIBCRYPTO", /* another build (or none: a machine without it) */
+    .sonames = libcrypto_sonames,
+    .needs = "OpenSSL 1.1 or later",
+};
+
 static void load(void)
 {
-    const char *name = getenv("IMGCOPY_LIBCRYPTO");
-    void *so = NULL;
-    if (name && name[0]) {
-        so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    } else {
-        name = LIBCRYPTO_SONAME;
-        so = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-        if (!so)
-            so = dlopen(LIBCRYPTO_FALLBACK, RTLD_NOW | RTLD_LOCAL);
-    }
-    if (!so) {
-        const char *why = dlerror();
-        snprintf(missing_detail, sizeof missing_detail, "%s", why ? why : name);
-        missing = name;
-        return;
-    }
-    const struct {
-        const char *name, *alias; /* alias: the 1.1 name */
-        void **slot;
-        int required;
-    } symbols[] = {
+    /* alias: the 1.1 name */
+    const struct ic_runtime_symbol symbols[] = {
         {"EVP_MD_fetch", NULL, (void **)&lib.md_fetch, 0},
         {"EVP_MD_is_a", NULL, (void **)&lib.md_is_a, 0},
         {"EVP_get_digestbyname", NULL, (void **)&lib.get_digestbyname, 1},
@@ -114,19 +99,10 @@ static void load(void)
         {"EVP_DigestInit_ex", NULL, (void **)&lib.init_ex, 1},
         {"EVP_DigestUpdate", NULL, (void **)&lib.update, 1},
         {"EVP_DigestFinal_ex", NULL, (void **)&lib.final_ex, 1},
+        {"OpenSSL_version", NULL, (void **)&lib.version, 0},
     };
-    for (size_t i = 0; i < sizeof symbols / sizeof symbols[0]; i++) {
-        /* POSIX: a function pointer travels through void * */
-        *symbols[i].slot = dlsym(so, symbols[i].name);
-        if (!*symbols[i].slot && symbols[i].alias)
-            *symbols[i].slot = dlsym(so, symbols[i].alias);
-        if (!*symbols[i].slot && symbols[i].required) {
-            snprintf(missing_detail, sizeof missing_detail, "%s lacks %s (OpenSSL 1.1 or later "
-                     "is needed)", name, symbols[i].name);
-            missing = symbols[i].name;
-            return;
-        }
-    }
+    if (ic_runtime_lib_load(&libcrypto, symbols, sizeof symbols / sizeof symbols[0], NULL) < 0)
+        return;
     for (size_t i = 0; i < NALGS; i++)
         resolve(&algorithms[i]);
 }
@@ -134,11 +110,20 @@ static void load(void)
 static int available(struct ic_error *err)
 {
     pthread_once(&loaded, load);
-    if (!missing)
+    if (!libcrypto.missing)
         return 0;
     return ic_error_os(err, ENOSYS, NULL,
                        "checksums need OpenSSL's libcrypto: install libssl3 (Debian, Ubuntu) "
-                       "or openssl-libs (Fedora): %s", missing_detail);
+                       "or openssl-libs (Fedora): %s", libcrypto.detail);
+}
+
+const char *ic_digest_lib_version(void)
+{
+    if (available(NULL) < 0)
+        return NULL;
+    /* 0: OPENSSL_VERSION, "OpenSSL 3.0.11 19 Sep 2023" */
+    const char *v = lib.version ? lib.version(0) : NULL;
+    return v ? v : "(version unknown)";
 }
 
 int ic_digest_names(const char **names, size_t cap, struct ic_error *err)

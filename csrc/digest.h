@@ -40,6 +40,10 @@ int ic_digest_end(struct ic_digest_ctx *ctx, uint8_t *out, struct ic_error *err)
 int ic_digest_once(struct ic_digest_ctx *ctx, const void *buf, size_t len, uint8_t *out,
                    struct ic_error *err);
 
+/* The version of the libcrypto loaded ("OpenSSL 3.0.11 19 Sep 2023"),
+ * loading it; NULL when it is missing. */
+const char *ic_digest_lib_version(void);
+
 /* `len` bytes as lowercase hex into `hex` (2 * len + 1 bytes). */
 void ic_digest_hex(const uint8_t *digest, size_t len, char *hex);
 

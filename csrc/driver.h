@@ -1,8 +1,10 @@
 /* What a protocol or format driver provides to the image layer.  Every
  * operation returns 0 or -1 with details in `err`; none exits or prints.
  *
- * A protocol driver reaches bytes (a file or block device, the null sink;
- * later NBD, a member of a tar file).  A format driver interprets the bytes
+ * A protocol driver reaches bytes (drivers/file.c: a file or block device;
+ * nbd.c: an NBD export; tar.c: a member of a tar archive, itself a
+ * protocol image; null.c: the null sink).  A format driver (qcow2, vmdk,
+ * vhdx, vpc) interprets the bytes
  * of a child image, img->file, which is a protocol image; it answers for
  * its own layer only: block status says where its layer does not hold a
  * range (IC_EXT_BELOW), and reads of such ranges go to
@@ -61,6 +63,10 @@ struct ic_driver {
                   struct ic_error *err);
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                 struct ic_error *err);
+    /* zero without IC_ZERO_MAY_UNMAP leaves the range allocated (a hole
+     * punched only when asked): a format that makes zero clusters instead
+     * gets fully allocated zeros written as data */
+    int zero_allocates;
     int (*flush)(struct ic_image *img, struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
      * `end`, covering `want` and, cheaply, more after it (up to
@@ -123,20 +129,50 @@ struct ic_driver {
      * requests in flight per connection a copy uses */
     int (*tune)(struct ic_image *img, unsigned connections, unsigned requests,
                 struct ic_error *err);
+    /* stop now: what is in flight fails at once, later requests fail (a
+     * remote endpoint shuts its connections down instead of draining
+     * them); the image is good for nothing but closing.  Any thread. */
+    void (*abort)(struct ic_image *img);
     /* copy in the kernel to another image of the same driver; -1 with
      * errnum ENOTSUP when it cannot */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
                       struct ic_error *err);
+
+    /* Containers: a protocol whose image is one member of another image,
+     * the container (a tar archive's member, tar.c), chosen by the
+     * registry (ic_container_for), never named by the image layer. */
+    /* `img` (from ic_image_new with this driver) becomes the member `name`
+     * of the container `child`, an open protocol image; fill img->size.
+     * `img` owns `child` from now on, even when this fails. */
+    int (*open_on)(struct ic_image *img, struct ic_image *child, const char *name,
+                   struct ic_error *err);
+    /* Where this image's bytes start in the host file its identity names
+     * (members of one archive told apart; without it: 0). */
+    uint64_t (*file_offset)(const struct ic_image *img);
+    /* Refuse `container` (a protocol image holding this driver's kind of
+     * container; `path` for the message, `member` if it is a member of
+     * another one) opened as a disk image: a format error saying why it is
+     * no disk and which members are.  Returns -1. */
+    int (*refuse_as_disk)(struct ic_image *container, const char *path, const char *member,
+                          struct ic_error *err);
+    /* The file protocol: open `name` beneath the directory `dir` (see
+     * ic_file_open_beneath in drivers/file.h) */
+    int (*open_beneath)(struct ic_image *img, const char *owner, const char *what,
+                        const char *dir, const char *name, struct ic_error *err);
 };
 
 /* registry.c: every protocol and format, and lookups in them */
 const struct ic_driver *ic_format_driver(const char *name);  /* NULL: raw or unknown */
 const struct ic_driver *ic_protocol_for(const char *path);
+/* The container driver (open_on) for images of the probed format `format`
+ * ("tar"), or NULL when that format is no container; NULL `format`: the
+ * container a member name opens (members open without probing). */
+const struct ic_driver *ic_container_for(const char *format);
 
 extern const struct ic_driver ic_protocol_file;
 extern const struct ic_driver ic_protocol_null;
 extern const struct ic_driver ic_protocol_nbd;
-/* chosen by a member name, never by a path (ic_image_open_member) */
+/* chosen by a member name, never by a path (ic_container_for) */
 extern const struct ic_driver ic_protocol_tar_member;
 extern const struct ic_driver ic_format_qcow2;
 extern const struct ic_driver ic_format_vmdk;

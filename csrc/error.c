@@ -16,6 +16,7 @@ static void set(struct ic_error *err, enum ic_error_kind kind, int errnum, const
     err->kind = kind;
     err->errnum = errnum;
     err->remedy = IC_REMEDY_NONE;
+    err->remedy_arg[0] = '\0';
     memcpy(err->path, where, sizeof where);
     memcpy(err->msg, msg, sizeof msg);
 }
@@ -24,6 +25,15 @@ int ic_error_remedy(struct ic_error *err, enum ic_remedy remedy)
 {
     if (err)
         err->remedy = remedy;
+    return -1;
+}
+
+int ic_error_remedy_member(struct ic_error *err, const char *member)
+{
+    if (err && strlen(member) < sizeof err->remedy_arg) {
+        err->remedy = IC_REMEDY_MEMBER;
+        snprintf(err->remedy_arg, sizeof err->remedy_arg, "%s", member);
+    }
     return -1;
 }
 

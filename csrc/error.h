@@ -18,6 +18,7 @@ enum ic_remedy {
     IC_REMEDY_AS_RAW, /* open the file as raw bytes (an image format we lack) */
     IC_REMEDY_FORCE,  /* read a dirty or corrupt-flagged image read-only      */
     IC_REMEDY_FORCE_SHARE, /* read an image another process writes (qemu -U) */
+    IC_REMEDY_MEMBER, /* read a member of the tar archive (remedy_arg), or its raw bytes */
 };
 
 #define IC_ERROR_PATH_MAX 4096
@@ -29,6 +30,7 @@ struct ic_error {
     enum ic_remedy remedy;
     char path[IC_ERROR_PATH_MAX];
     char msg[IC_ERROR_MSG_MAX];
+    char remedy_arg[256]; /* IC_REMEDY_MEMBER: the member's name */
 };
 
 /* Each returns -1 so that failures read `return ic_error_os(...)`.
@@ -41,6 +43,8 @@ int ic_error_format(struct ic_error *err, const char *path, const char *fmt, ...
     __attribute__((format(printf, 3, 4)));
 /* Set err->remedy (after one of the above); returns -1 too. */
 int ic_error_remedy(struct ic_error *err, enum ic_remedy remedy);
+/* IC_REMEDY_MEMBER, naming the member (a longer name: no remedy). */
+int ic_error_remedy_member(struct ic_error *err, const char *member);
 int ic_error_nomem(struct ic_error *err);
 int ic_error_readonly(struct ic_error *err, const char *path);
 void ic_error_clear(struct ic_error *err);

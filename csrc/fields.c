@@ -10,7 +10,7 @@ const struct ic_field ic_copy_option_fields[] = {
     FIELD(struct ic_copy_options, request_size, IC_FIELD_U64),
     FIELD(struct ic_copy_options, concurrency, IC_FIELD_UNSIGNED),
     FIELD(struct ic_copy_options, out_of_order, IC_FIELD_FLAG),
-    FIELD(struct ic_copy_options, target_is_zero, IC_FIELD_FLAG),
+    FIELD(struct ic_copy_options, target_is_zero, IC_FIELD_AUTO_FLAG),
     FIELD(struct ic_copy_options, offload, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, flush, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, connections, IC_FIELD_UNSIGNED),

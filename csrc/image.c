@@ -9,8 +9,6 @@
 #include "image.h"
 #include "lock.h"
 #include "probe.h"
-#include "drivers/file.h"
-#include "drivers/tar.h"
 
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
                               uint64_t size)
@@ -69,25 +67,36 @@ static int probe_protocol(struct ic_image *p, const char **format, struct ic_err
     return 0;
 }
 
+/* The container format a protocol image's head looks like (probe.c), or
+ * NULL (read errors: NULL, the format's own open then says what fails). */
+static const char *container_look(struct ic_image *p)
+{
+    uint8_t head[IC_PROBE_HEAD];
+    if (p->size < sizeof head || ic_image_reads_as_hole(p, 0, sizeof head) ||
+        ic_image_pread(p, head, sizeof head, 0, NULL) < 0)
+        return NULL;
+    return ic_probe_container(head, sizeof head);
+}
+
 static int open_protocol(const char *path, const char *member, unsigned flags,
                          struct ic_image **out, struct ic_error *err);
 
-/* A member of the tar archive at `path`: the archive opened by its own
- * protocol, and the member's bytes in it. */
+/* A member of the archive at `path`: the archive opened by its own
+ * protocol, and the member's bytes in it, by the registry's container. */
 static int open_member(const char *path, const char *member, unsigned flags,
                        struct ic_image **out, struct ic_error *err)
 {
-    struct ic_image *tar, *p;
-    if (open_protocol(path, NULL, flags, &tar, err) < 0)
+    const struct ic_driver *container = ic_container_for(NULL);
+    struct ic_image *archive, *p;
+    if (open_protocol(path, NULL, flags, &archive, err) < 0)
         return -1;
-    if (!(p = ic_image_new(path, &ic_protocol_tar_member, flags, 0)) ||
-        !(p->member = strdup(member))) {
+    if (!(p = ic_image_new(path, container, flags, 0)) || !(p->member = strdup(member))) {
         if (p)
             ic_image_free(p);
-        ic_image_close(tar);
+        ic_image_close(archive);
         return ic_error_nomem(err);
     }
-    if (ic_tar_member_attach(p, tar, member, err) < 0) {
+    if (container->open_on(p, archive, member, err) < 0) {
         ic_image_close(p);
         return -1;
     }
@@ -179,6 +188,13 @@ static int lock_protocol(struct ic_image *p, const struct ic_driver *drv, unsign
 
 /* ---- the backing chain -------------------------------------------------- */
 
+/* Where a protocol image's bytes start in the file its identity names
+ * (a member in its archive). */
+static uint64_t file_offset(const struct ic_image *p)
+{
+    return p->drv->file_offset ? p->drv->file_offset(p) : 0;
+}
+
 /* Two names of one disk: the same inode, or device nodes of the same
  * block device. */
 static int same_file(const struct ic_file_id *a, const struct ic_file_id *b)
@@ -203,7 +219,7 @@ static int join_chain(struct ic_image *img, struct ic_image *p, const struct ic_
         img->meta_budget = above->meta_budget;
     }
     struct ic_file_id id = {0};
-    uint64_t member = ic_tar_member_offset(p);
+    uint64_t member = file_offset(p);
     if (!p->drv->identity || !p->drv->identity(p, &id.dev, &id.ino, &id.rdev))
         return 0;
     for (unsigned k = 0; k < img->chain_len; k++)
@@ -275,7 +291,7 @@ static int same_bytes(struct ic_image *a, struct ic_image *b)
     if (!a->drv->identity || !b->drv->identity || !a->drv->identity(a, &x.dev, &x.ino, &x.rdev) ||
         !b->drv->identity(b, &y.dev, &y.ino, &y.rdev))
         return 0;
-    return same_file(&x, &y) && ic_tar_member_offset(a) == ic_tar_member_offset(b);
+    return same_file(&x, &y) && file_offset(a) == file_offset(b);
 }
 
 /* A name the image holds, opened beneath the image's directory. */
@@ -292,7 +308,7 @@ static int open_beneath(struct ic_image *img, const char *name, const char *path
     struct ic_image *p = ic_image_new(path, &ic_protocol_file, flags, 0);
     if (!p)
         return ic_error_nomem(err);
-    if (ic_file_open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
+    if (ic_protocol_file.open_beneath(p, img->path, "extent file", dir, name, err) < 0) {
         ic_image_close(p);
         return -1;
     }
@@ -341,6 +357,18 @@ int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_
     return 0;
 }
 
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member)
+{
+    const char *name = img->backing_name;
+    if (!name[0])
+        return 0;
+    *is_member = img->member != NULL;
+    if (img->member)
+        return sibling_member(img, name, "backing file", out, cap, NULL) == 0;
+    return backing_path(img, name, out, cap, NULL) == 0 && ic_protocol_for(out) == &ic_protocol_file;
+}
+
 /* Open what `img` names as its backing file, read-only, below it.  What an
  * image names is part of its (possibly hostile) content: an unusable
  * backing file is a format error of the overlay; I/O errors stay I/O. */
@@ -365,8 +393,19 @@ static int open_backing(struct ic_image *img, const char *name, const char *form
     if (open_link(member ? img->path : path, member, format, flags, img, &img->backing, err) ==
         0)
         return 0;
-    if (err && err->remedy == IC_REMEDY_AS_RAW) /* no caller option changes a backing file */
+    /* no caller option changes a backing file */
+    if (err && (err->remedy == IC_REMEDY_AS_RAW || err->remedy == IC_REMEDY_MEMBER))
         err->remedy = IC_REMEDY_NONE;
+    if (err && (err->kind == IC_ERR_OS || err->kind == IC_ERR_FORMAT) &&
+        strcmp(err->path, member ? img->path : path) == 0) {
+        /* whose backing file it is ("PATH: No such file or directory
+         * (open, the backing file of TOP)") */
+        char msg[sizeof err->msg];
+        if (snprintf(msg, sizeof msg, err->kind == IC_ERR_OS ? "%s, the backing file of %s"
+                                                              : "%s (the backing file of %s)",
+                     err->msg, img->member ? img->member : img->path) > 0)
+            memcpy(err->msg, msg, sizeof msg); /* cut if need be */
+    }
     if (err && err->kind == IC_ERR_VALUE) {
         /* "PATH: reason" says PATH once, in our own words */
         const char *reason = err->msg;
@@ -391,6 +430,16 @@ static int open_link(const char *path, const char *member, const char *format, u
     const char *name = format;
     if (!name && probe_protocol(p, &name, err) < 0)
         goto fail;
+    /* a container (a tar archive, an OVA) is no disk, probed or named as
+     * one: its disks are members (raw reads its bytes, on purpose) */
+    const struct ic_driver *container = ic_container_for(name);
+    const char *look;
+    if (!container && format && strcmp(name, "raw") != 0 && (look = container_look(p)))
+        container = ic_container_for(look);
+    if (container) {
+        container->refuse_as_disk(p, path, member, err);
+        goto fail;
+    }
     if (!ic_format_readable(name)) {
         /* "qcow" is qcow2's magic with version 1: say so */
         ic_error_format(err, path, "this is a %s image%s, a format imgcopy cannot read yet", name,
@@ -420,7 +469,7 @@ static int open_link(const char *path, const char *member, const char *format, u
     img->lock_shared = shared;
     if (join_chain(img, img->file ? img->file : img, above, err) < 0 ||
         (drv && drv->open(img, err) < 0) ||
-        (img->backing_name[0] &&
+        (img->backing_name[0] && !(flags & IC_OPEN_NO_BACKING) &&
          open_backing(img, img->backing_name, img->backing_format[0] ? img->backing_format
                                                                      : NULL, err) < 0))
         goto fail;
@@ -449,6 +498,9 @@ int ic_image_open_member(const char *path, const char *member, const char *forma
     if (member && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "%s: member '%s' of a tar archive can only be read: it "
                               "cannot be opened for writing or be a destination", path, member);
+    if ((flags & IC_OPEN_NO_BACKING) && (flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "an image opened without its backing file can only be "
+                              "read");
     if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "force_share reads an image others may write: it cannot "
                               "open one for writing");
@@ -517,6 +569,8 @@ int ic_image_create(const char *path, const char *format, uint64_t size, unsigne
         if (r < 0)
             goto fail;
     }
+    /* what the copy into it may skip (calloc'ed: 0 for opened images) */
+    atomic_store(&img->fresh, *fresh);
     *out = img;
     return 0;
 fail:

@@ -45,6 +45,8 @@ struct ic_image {
     uint64_t meta_budget; /* left for the images from here down the chain */
     unsigned lock_perm, lock_shared; /* what this image does to its chain (lock.h) */
     const struct ic_create_options *create_opts; /* during create() only */
+    /* made by ic_image_create() reading as zeros, and not written since */
+    atomic_int fresh;
 
     /* extent cache (extent_cache.c) */
     pthread_mutex_t cache_lock;
@@ -54,6 +56,11 @@ struct ic_image {
     atomic_uint_fast64_t cache_misses;
     atomic_uint_fast64_t lseek_calls; /* counted by drivers */
 };
+
+/* Whether the image still reads as the zeros ic_image_create() made; a
+ * write (or a copy into it) makes it not. */
+int ic_image_fresh(const struct ic_image *img);
+void ic_image_written(struct ic_image *img);
 
 /* Reserve metadata memory from the chain's budget; -1 when it is spent. */
 int ic_image_take_meta_budget(struct ic_image *img, uint64_t bytes);

@@ -83,6 +83,17 @@ int ic_image_has_backing_file(const struct ic_image *img)
     return img->backing != NULL;
 }
 
+int ic_image_fresh(const struct ic_image *img)
+{
+    return atomic_load_explicit(&((struct ic_image *)img)->fresh, memory_order_relaxed);
+}
+
+void ic_image_written(struct ic_image *img)
+{
+    if (atomic_load_explicit(&img->fresh, memory_order_relaxed))
+        atomic_store_explicit(&img->fresh, 0, memory_order_relaxed);
+}
+
 int ic_image_writable(const struct ic_image *img)
 {
     return (img->open_flags & IC_OPEN_RDWR) != 0;
@@ -180,6 +191,7 @@ int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t 
         return ic_error_readonly(err, img->path);
     if (check_range(img, offset, len, err) < 0)
         return -1;
+    ic_image_written(img);
     return img->drv->pwrite(img, buf, len, offset, err);
 }
 
@@ -205,6 +217,7 @@ int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsign
         return -1;
     if (length == 0)
         return 0;
+    ic_image_written(img);
     if (img->drv->zero)
         return img->drv->zero(img, offset, length, flags, err);
     if (flags & IC_ZERO_FAST)
@@ -264,6 +277,11 @@ void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w)
     w->priv = NULL;
 }
 
+int ic_image_zero_allocates(const struct ic_image *img)
+{
+    return img->drv->zero && img->drv->zero_allocates;
+}
+
 int ic_image_places_in_order(const struct ic_image *img)
 {
     return img->drv->place != NULL;
@@ -281,6 +299,15 @@ int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
         if (i->drv->tune && i->drv->tune(i, connections, requests, err) < 0)
             return -1;
     return 0;
+}
+
+void ic_image_abort(struct ic_image *img)
+{
+    for (; img; img = img->backing) {
+        for (struct ic_image *i = img; i; i = i->file)
+            if (i->drv->abort)
+                i->drv->abort(i);
+    }
 }
 
 uint64_t ic_image_preferred_size(const struct ic_image *img)

@@ -68,6 +68,10 @@ enum {
      * descriptor's extents with absolute paths or ".."): off by default, as
      * an untrusted image must not make imgcopy read arbitrary files */
     IC_OPEN_EXTERNAL_FILES = 1u << 7,
+    /* Open the image alone, not the backing file it names (qemu-img info
+     * without --backing-chain): for describing it only, as what it does
+     * not hold then reads as zeros; read-only */
+    IC_OPEN_NO_BACKING = 1u << 8,
 };
 
 struct ic_image;
@@ -128,6 +132,12 @@ int ic_create_options_set_compression_type(struct ic_create_options *o, const ch
 /* The library this build compresses compression type `name` with, and its
  * version ("libdeflate 1.14", "libzstd 1.5.4"), or NULL: none. */
 const char *ic_compression_type_library(const char *name);
+/* The libraries this build can use, as ic_library_version() names them:
+ * zlib, libdeflate, zstd (linked), libnbd, libcrypto (loaded at run time). */
+extern const char *const ic_libraries[];
+/* The version of library `name` this build has ("1.5.4"), loading the
+ * run-time ones; NULL where the build lacks it or the machine does. */
+const char *ic_library_version(const char *name);
 /* Whether a new image of `format` (NULL: raw; "null": the null sink) can
  * be laid out as `opts` (NULL: the defaults) says; ic_image_create()
  * checks this before it touches anything. */
@@ -153,6 +163,12 @@ const char *ic_image_path(const struct ic_image *img);
 int ic_image_writable(const struct ic_image *img);
 /* The image this one reads unallocated ranges from, or NULL. */
 struct ic_image *ic_image_backing(const struct ic_image *img);
+/* Where the image's backing file is (opened or not): the path the image
+ * layer opens, or (*is_member set) the member of the image's own archive.
+ * 0 without a backing file, or one that cannot be a file (too long a
+ * name, another protocol, a member's name leaving its directory). */
+int ic_image_backing_location(const struct ic_image *img, char *out, size_t cap,
+                              int *is_member);
 /* The file of this image or of its backing chain that `path` names (the
  * same inode, or the same block device), or NULL: a destination must
  * never be a file its source reads. */
@@ -180,6 +196,9 @@ int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t 
 enum {
     IC_ZERO_MAY_UNMAP = 1u << 0, /* a hole is fine                           */
     IC_ZERO_FAST = 1u << 1,      /* fail with ENOTSUP rather than write zeros */
+    /* the range reads as zeros already: only give it disk space (a new
+     * file's fallocate), as cheaply as the driver can; without MAY_UNMAP */
+    IC_ZERO_ALLOCATE = 1u << 2,
 };
 int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsigned flags,
                   struct ic_error *err);
@@ -205,6 +224,9 @@ int ic_image_commit(struct ic_image *img, struct ic_staged_write *w, struct ic_e
 void ic_image_unstage(struct ic_image *img, struct ic_staged_write *w);
 /* Whether place() must be called in guest order. */
 int ic_image_places_in_order(const struct ic_image *img);
+/* Whether a zero without IC_ZERO_MAY_UNMAP leaves the range allocated (a
+ * file, an NBD export): fully allocated output needs no written zeros. */
+int ic_image_zero_allocates(const struct ic_image *img);
 /* Writes must cover whole units of this many bytes (1: any range). */
 uint64_t ic_image_write_alignment(const struct ic_image *img);
 /* Zero ranges are cut into requests of at most this: local zeroing costs
@@ -219,6 +241,11 @@ uint64_t ic_image_preferred_size(const struct ic_image *img);
  * image's protocol) uses; nothing for local files. */
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
                   struct ic_error *err);
+
+/* A cancelled copy's endpoints: requests in flight fail at once instead of
+ * being waited for (a remote endpoint's connections are shut down); the
+ * image, its protocol and its backing chain can then only be closed. */
+void ic_image_abort(struct ic_image *img);
 
 /* Page-cache hygiene for a copy: wait for the writeback of a range written
  * a while ago and drop its pages; drop the pages of a range read once.
@@ -310,6 +337,9 @@ void ic_request_log_free(struct ic_request_log *log);
  * recorded or memory ran out (*count says which: 0 or how many). */
 const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_t *count);
 
+/* An option the copy decides from its images (ic_copy_options_effective) */
+#define IC_AUTO (-1)
+
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
@@ -318,7 +348,9 @@ struct ic_copy_options {
     uint64_t request_size;     /* bytes per read/write request             */
     unsigned concurrency;      /* work items in flight (a private pool's threads) */
     int out_of_order;          /* writes may complete in any order         */
-    int target_is_zero;        /* skip zero ranges instead of zeroing them */
+    /* skip zero ranges instead of zeroing them; IC_AUTO: when the
+     * destination is one ic_image_create() made reading as zeros */
+    int target_is_zero;
     int offload;               /* copy_file_range for data                 */
     int flush;                 /* make the destination durable at the end  */
     /* remote endpoints (NBD) */
@@ -340,6 +372,23 @@ struct ic_copy_options {
  * checks them before it touches the destination. */
 void ic_copy_options_init(struct ic_copy_options *o);
 int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err);
+
+/* What the rules of the options read of a copy's images (ic_copy_facts_of). */
+struct ic_copy_facts {
+    uint64_t dst_preferred;   /* the smallest request it handles well (0: any) */
+    uint64_t dst_write_align; /* writes cover whole units of this (1: any range) */
+    int dst_places_in_order;  /* allocates host space in guest order (qcow2) */
+    int dst_fresh;            /* ic_image_create() made it, reading as zeros */
+    int dst_discards;         /* the null sink: nothing to make durable */
+};
+void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
+                      struct ic_copy_facts *out);
+/* The options a copy runs with, from those asked for and the facts of its
+ * images: the one place their rules live (options.c), pure.  -1 with
+ * `err` when the options asked for are invalid (ic_copy_options_check). */
+int ic_copy_options_effective(const struct ic_copy_options *asked,
+                              const struct ic_copy_facts *facts,
+                              struct ic_copy_options *out, struct ic_error *err);
 
 #define IC_CHECKSUM_HEX_MAX 129 /* the longest digest (64 bytes) as hex, NUL */
 
@@ -366,6 +415,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
                   struct ic_copy **out, struct ic_error *err);
 /* The job, to wait for, watch and cancel with job.h's calls. */
 struct ic_job *ic_copy_job(struct ic_copy *c);
+/* The options it runs with (ic_copy_options_effective), `log` and
+ * `checksum` as asked. */
+void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);
 void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out);
 /* Wait for the end and free the copy: 0 on success, -1 with the first
  * error (or cancellation, errnum ECANCELED) in err. */
@@ -448,6 +500,7 @@ enum ic_field_kind {
     IC_FIELD_U64,      /* uint64_t                                  */
     IC_FIELD_UNSIGNED, /* unsigned                                  */
     IC_FIELD_FLAG,     /* int, 0 or 1                               */
+    IC_FIELD_AUTO_FLAG, /* int, 0, 1 or IC_AUTO (Python: None)      */
     IC_FIELD_TEXT,     /* const char *, NULL for none               */
     IC_FIELD_CHOICE,   /* one of the names `choose` takes           */
 };

@@ -7,13 +7,15 @@
 
 #include "compression.h"
 #include "driver.h"
-
+#include "sparse.h"
 
 #define MAX_CONCURRENCY 1024u
 #define MIN_REQUEST_SIZE 4096u
 #define MAX_REQUEST_SIZE (1u << 30)
 #define MAX_CONNECTIONS 16u
 #define MAX_REQUESTS_IN_FLIGHT 1024u
+/* nbdcopy's default: enough to hide a round trip of a few ms */
+#define DEFAULT_REQUESTS_IN_FLIGHT 64u
 
 void ic_copy_options_init(struct ic_copy_options *o)
 {
@@ -26,9 +28,9 @@ void ic_copy_options_init(struct ic_copy_options *o)
         .request_size = 2u << 20,
         .concurrency = 4,
         .out_of_order = 1,
+        .target_is_zero = IC_AUTO,
         .flush = 1,
-        /* nbdcopy's default: enough to hide a round trip of a few ms */
-        .requests_in_flight = 64,
+        .requests_in_flight = DEFAULT_REQUESTS_IN_FLIGHT,
     };
 }
 
@@ -49,6 +51,63 @@ int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
     if (o->sparse_threshold % 512 || o->sparse_threshold > IC_MAX_SPARSE_THRESHOLD)
         return ic_error_value(err, "sparse_threshold must be a multiple of 512 from 0 to "
                                    "16 MiB");
+    if (o->target_is_zero != 0 && o->target_is_zero != 1 && o->target_is_zero != IC_AUTO)
+        return ic_error_value(err, "target_is_zero must be true, false or auto");
+    return 0;
+}
+
+static uint64_t round_up(uint64_t n, uint64_t unit)
+{
+    return n % unit ? (n / unit + 1) * unit : n;
+}
+
+/* Requests and holes at least as long as the destination handles well (an
+ * NBD server's preferred block size), as the NBD spec asks. */
+static void at_least_preferred(struct ic_copy_options *o, uint64_t preferred)
+{
+    if (preferred > IC_MAX_SPARSE_THRESHOLD)
+        preferred = IC_MAX_SPARSE_THRESHOLD;
+    if (o->sparse_threshold && o->sparse_threshold < preferred)
+        o->sparse_threshold = preferred;
+    if (o->request_size < preferred)
+        o->request_size = round_up(preferred, MIN_REQUEST_SIZE);
+}
+
+/* Whole units only: a hole is a unit of zeros, nothing less (as qemu-img
+ * aligns -S up to the destination's request alignment); a format that
+ * writes whole clusters in guest order (compression) judges each cluster
+ * on its own, as qemu-img -c does. */
+static void whole_units(struct ic_copy_options *o, uint64_t align, int places_in_order)
+{
+    if (align <= 1)
+        return;
+    o->request_size = round_up(o->request_size, align);
+    if (o->sparse_threshold && (o->sparse_threshold < align || places_in_order))
+        o->sparse_threshold = align;
+}
+
+int ic_copy_options_effective(const struct ic_copy_options *asked,
+                              const struct ic_copy_facts *f, struct ic_copy_options *out,
+                              struct ic_error *err)
+{
+    if (ic_copy_options_check(asked, err) < 0)
+        return -1;
+    struct ic_copy_options o = *asked;
+    /* a new file reads as zeros: its zero ranges need nothing */
+    if (o.target_is_zero == IC_AUTO)
+        o.target_is_zero = f->dst_fresh;
+    if (!o.requests_in_flight)
+        o.requests_in_flight = DEFAULT_REQUESTS_IN_FLIGHT;
+    if (o.checksum) /* the kernel's copy shows us no data to hash */
+        o.offload = 0;
+    if (f->dst_discards)
+        o.flush = 0;
+    at_least_preferred(&o, f->dst_preferred);
+    whole_units(&o, f->dst_write_align, f->dst_places_in_order);
+    /* blocks tile the requests, so that none straddles two work items and
+     * the output never depends on the request size */
+    o.request_size = round_up(o.request_size, ic_sparse_granularity(o.sparse_threshold));
+    *out = o;
     return 0;
 }
 

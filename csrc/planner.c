@@ -33,8 +33,10 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
                 return -1;
         return 0;
     }
-    int written_zeros = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
-    int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !written_zeros &&
+    /* fully allocated zeros: zero requests, or zeros written as data */
+    int allocated = kind == RUN_ZERO && c->opt.sparse_threshold == 0;
+    int written_zeros = allocated && !c->zero_allocates;
+    int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !allocated &&
                                           c->opt.target_is_zero);
     /* a skipped range costs nothing, however long: one item */
     uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size

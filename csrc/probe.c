@@ -80,6 +80,56 @@ static int cloop_preamble(const uint8_t *head, size_t len)
     return 0;
 }
 
+/* An octal number field of a tar header: digits, padded with spaces or
+ * NULs (GNU's base-256 too, first byte 0x80). */
+static int tar_number(const uint8_t *f, size_t n, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t i = 0, digits = 0;
+    if (f[0] == 0x80) {
+        *out = 0;
+        return 1;
+    }
+    while (i < n && f[i] == ' ')
+        i++;
+    for (; i < n && f[i] >= '0' && f[i] <= '7'; i++, digits++)
+        v = v << 3 | (uint64_t)(f[i] - '0');
+    for (; i < n; i++)
+        if (f[i] != ' ' && f[i] != '\0')
+            return 0;
+    *out = v;
+    return digits > 0;
+}
+
+const char *ic_probe_container(const uint8_t *head, size_t hlen)
+{
+    return ic_probe_is_tar(head, hlen) ? "tar" : NULL;
+}
+
+int ic_probe_is_tar(const uint8_t *head, size_t hlen)
+{
+    if (hlen < 512)
+        return 0;
+    uint64_t stored, size, mode;
+    if (!tar_number(head + 148, 8, &stored) || !tar_number(head + 124, 12, &size))
+        return 0;
+    /* the checksum as GNU tar takes it: unsigned, or (old tars) signed bytes */
+    int64_t usum = 0, ssum = 0;
+    for (size_t i = 0; i < 512; i++) {
+        uint8_t c = (i >= 148 && i < 156) ? ' ' : head[i];
+        usum += c;
+        ssum += (int8_t)c;
+    }
+    if ((int64_t)stored != usum && (int64_t)stored != ssum)
+        return 0;
+    if (memcmp(head + 257, "ustar", 5) == 0)
+        return 1;
+    /* v7: no magic; a name, a mode, a known type */
+    uint8_t type = head[156];
+    return head[0] != '\0' && tar_number(head + 100, 8, &mode) &&
+           (type == '\0' || (type >= '0' && type <= '7'));
+}
+
 const char *ic_probe_format(const uint8_t *head, size_t hlen, const uint8_t *tail, size_t tlen)
 {
     if (STARTS(head, hlen, "QFI\xfb") && hlen >= 8)
@@ -102,6 +152,9 @@ const char *ic_probe_format(const uint8_t *head, size_t hlen, const uint8_t *tai
         return "cloop";
     if (STARTS(head, hlen, "LUKS\xba\xbe"))
         return "luks";
+    /* an archive (an OVA) is not a disk, though its members may be */
+    if (ic_probe_is_tar(head, hlen))
+        return "tar";
     /* formats whose only mark is a trailer in the last sector: a fixed
      * VHD's footer, a DMG's "koly" block (version 4, 512 bytes) */
     if (tlen >= 512) {

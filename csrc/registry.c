@@ -27,6 +27,16 @@ static const struct {
     {"nbds+vsock://", &ic_protocol_nbd},
 };
 
+/* by the format a probe names: the protocol whose images are members of
+ * such an image (the first one also opens member names, which are never
+ * probed).  A new container is its driver and a line here. */
+static const struct {
+    const char *format;
+    const struct ic_driver *drv;
+} containers[] = {
+    {"tar", &ic_protocol_tar_member},
+};
+
 static int names(const char *path, const char *pattern)
 {
     size_t n = strlen(pattern);
@@ -48,6 +58,16 @@ const struct ic_driver *ic_protocol_for(const char *path)
         if (names(path, protocol_paths[i].path))
             return protocol_paths[i].drv;
     return &ic_protocol_file;
+}
+
+const struct ic_driver *ic_container_for(const char *format)
+{
+    if (!format)
+        return containers[0].drv;
+    for (size_t i = 0; i < sizeof containers / sizeof containers[0]; i++)
+        if (strcmp(containers[i].format, format) == 0)
+            return containers[i].drv;
+    return NULL;
 }
 
 static size_t list(const char **names, size_t cap, int writable)

@@ -1,5 +1,6 @@
+"""python -m imgcopy: the imgcopy command, as the console script runs it."""
 import sys
 
-from .cli import main
+from ._program import main
 
 sys.exit(main())

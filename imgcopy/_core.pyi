@@ -3,7 +3,8 @@
 Options are keywords, each a field of the C struct it fills (csrc/fields.c
 lists them); left out, they take the core's defaults."""
 import os
-from typing import Callable, Dict, List, Optional, Tuple, TypedDict, Union, final
+from typing import (Callable, Dict, List, Optional, Tuple, TypedDict, Union, final,
+                    type_check_only)
 
 from .errors import Error as Error, ImageFormatError as ImageFormatError
 
@@ -23,14 +24,18 @@ REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class ImageDescription(TypedDict):
     """Image.describe(): what the image's own header says."""
     cluster_size: int  # 0: the format has no clusters
     dirty: bool  # not cleanly shut down
     backing_name: Optional[str]  # as the image stores it
     backing_format: Optional[str]  # None: not stored
+    # where the backing file is, opened or not: (path, member or None)
+    backing_location: Optional[Tuple[str, Optional[str]]]
     format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CacheStats(TypedDict):
     """Image.cache_stats(): the extent cache's counters."""
     hits: int
@@ -38,6 +43,7 @@ class CacheStats(TypedDict):
     lseek_calls: int
     intervals: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyCounters(TypedDict):
     """What a copy did (struct ic_copy_stats)."""
     bytes_read: int
@@ -50,25 +56,32 @@ class CopyCounters(TypedDict):
     zero_requests: int
     extents: int
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
 
-class CopyReport(CopyCounters, _CopyChecksum):
-    """copy()'s result: the counters, and the requests made (packed struct
-    ic_request, sorted by offset) when copy() was asked to log them."""
-    requests: Optional[bytes]
-
+@type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
-    """copy_option_defaults(): struct ic_copy_options as the core fills it."""
+    """copy_option_defaults(): struct ic_copy_options as the core fills it
+    (target_is_zero None: decided per copy)."""
     sparse_threshold: int
     request_size: int
     concurrency: int
     out_of_order: bool
-    target_is_zero: bool
+    target_is_zero: Optional[bool]
     offload: bool
     flush: bool
     connections: int
     requests_in_flight: int
+
+@type_check_only  # a type of the stubs only: dicts at run time
+class CopyReport(CopyCounters, _CopyChecksum):
+    """copy()'s result: the counters, the options the copy ran with (as the
+    core decided them: ic_copy_options_effective) and the requests made
+    (packed struct ic_request, sorted by offset) when copy() was asked to
+    log them."""
+    requests: Optional[bytes]
+    options: CopyOptionDefaults
 
 @final
 class Image:
@@ -86,10 +99,11 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
-        name extent files outside its directory."""
+        name extent files outside its directory; ``no_backing``: the image
+        alone, to describe it (what it does not hold reads as zeros)."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""
@@ -116,7 +130,8 @@ class Image:
     def describe(self) -> ImageDescription: ...
 
 def probe(path: _Path, /) -> str:
-    """The format the file looks like ("raw" when nothing else matches)."""
+    """The format the file looks like ("raw" when nothing else matches, "tar" for a
+    tar archive)."""
 def formats() -> Tuple[str, ...]:
     """The formats imgcopy reads."""
 def writable_formats() -> Tuple[str, ...]:
@@ -134,20 +149,25 @@ def check_create_options(format: Optional[str], *, cluster_size: int = ...,
                          compression_level: int = ..., backing_file: Optional[str] = ...,
                          backing_format: Optional[str] = ...) -> None:
     """ValueError unless create() takes these options."""
+def library_versions() -> Dict[str, Optional[str]]:
+    """The version of each library this build can use (zlib, libdeflate,
+    zstd linked in; libnbd, libcrypto loaded now), None where it lacks it."""
 def compression_libraries() -> Dict[str, Optional[str]]:
     """The library each qcow2 compression type ("zlib", "zstd") uses in this
     build, with its version, or None where the build has none."""
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
-         offload: bool = ..., flush: bool = ..., checksum: Optional[str] = ...,
+         offload: bool = ..., flush: bool = ..., connections: int = ...,
+         requests_in_flight: int = ..., checksum: Optional[str] = ...,
          checksum_block_size: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
-                       flush: bool = ...) -> None:
+                       flush: bool = ..., connections: int = ...,
+                       requests_in_flight: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,
@@ -159,6 +179,7 @@ def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
 
 # ---- compare (csrc/py/compare.c) ------------------------------------------
 
+@type_check_only  # a type of the stubs only: dicts at run time
 class CompareOutcome(TypedDict):
     """compare()'s result (struct ic_compare_result)."""
     outcome: str  # "identical", "content", "size", "status"
@@ -190,6 +211,7 @@ def checksum_check(algorithm: str, block_size: int, /) -> None:
 def checksum_algorithms() -> Tuple[str, ...]:
     """hashlib's names of the digests libcrypto provides."""
 # ---- check (csrc/py/check.c) ----
+@type_check_only  # a type of the stubs only: dicts at run time
 class CheckCounters(TypedDict):
     corruptions: int
     leaks: int
@@ -205,6 +227,8 @@ class CheckCounters(TypedDict):
     messages: bytes    # the detail lines qemu prints on stderr
     format: str
 def check(path: Union[str, bytes, os.PathLike], format: Optional[str] = ..., *,
-          force_share: bool = ...) -> CheckCounters:
+          force_share: bool = ..., member: Optional[str] = ...,
+          external_files: bool = ...) -> CheckCounters:
     """qemu-img check of the image, read-only; OSError(ENOTSUP) for
-    formats without a checker."""
+    formats without a checker.  ``member`` and ``external_files`` as
+    Image's."""

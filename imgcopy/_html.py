@@ -8,8 +8,7 @@ from bisect import bisect_left, bisect_right
 from html import escape
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Sequence, Tuple
 
-from .extents import LABELS, human_size, share_text
-from .sizes import parse_size
+from .sizes import LABELS, human_size, parse_size, share_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extents import ExtentMap

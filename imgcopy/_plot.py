@@ -5,7 +5,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from ._html import COLORS, COMPRESSED_LABEL, STACKED
-from .extents import KINDS, LABELS, human_size
+from .sizes import KINDS, LABELS, human_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from .extents import ExtentMap

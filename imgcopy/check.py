@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .info import _json_text, qemu_json
 
 __all__ = ["CheckResult", "check"]
@@ -44,7 +45,9 @@ class CheckResult:
 
     ``messages`` are the detail lines qemu prints on stderr while it
     checks (``ERROR ...``, ``Leaked cluster ...``).  True when the image
-    is clean (``ok``)."""
+    is clean (``ok``).  ``member``: the tar member checked (``filename``
+    is then its archive, as ``ImageInfo`` has it); not part of qemu's
+    output."""
 
     filename: str
     format: str
@@ -59,6 +62,7 @@ class CheckResult:
     fragmented_clusters: int = 0
     compressed_clusters: int = 0
     messages: List[str] = field(default_factory=list)
+    member: Optional[str] = None
 
     @property
     def ok(self) -> bool:
@@ -131,22 +135,30 @@ class CheckFailed(OSError):
     result: CheckResult
 
 
+@suggest_keywords
 def check(path: Union[str, "os.PathLike[str]"], *, format: Optional[str] = None,
-          force_share: bool = False) -> CheckResult:
+          force_share: bool = False, member: Optional[str] = None,
+          external_files: bool = False) -> CheckResult:
     """Check an image's consistency, as ``qemu-img check`` (without ``-r``).
 
     qcow2 only, as in qemu: other formats raise ``OSError`` with errno
     ENOTSUP ("This image format does not support checks"; the CLI exits
     63).  A check that cannot complete raises :class:`CheckFailed` (an
     OSError) carrying the partial result.  Dirty and corrupt-flagged images
-    are checked (read-only), as qemu-img check does."""
+    are checked (read-only), as qemu-img check does.  ``member``: the image
+    is this member of the tar archive at ``path`` (an OVA's disk), read in
+    place; ``external_files``: a vmdk descriptor may name extent files
+    outside its directory (both as for ``open()``)."""
+    if member is not None and not isinstance(member, str):
+        raise TypeError(f"member must be a str or None, not {type(member).__name__}")
     filename = os.fspath(path)
-    raw = _core.check(path, format, force_share=force_share)
+    raw = _core.check(path, format, force_share=force_share, member=member,
+                      external_files=external_files)
     text = raw["messages"].decode("utf-8", "surrogateescape")
     failed = raw["failed_errno"]
     counters = {k: v for k, v in raw.items() if k not in ("messages", "failed_errno")}
     result = CheckResult(filename=os.fsdecode(filename), messages=text.splitlines(),
-                         **counters)  # type: ignore[arg-type]
+                         member=member, **counters)  # type: ignore[arg-type]
     if failed:
         exc = CheckFailed(failed, os.strerror(failed), os.fsdecode(filename))
         exc.result = result

@@ -8,8 +8,9 @@ from typing import Any, Optional, Tuple
 
 from . import _core
 from .errors import Error
+from ._keywords import suggest_keywords
 from .image import Image, PathArg
-from .progress import close_progress, make_progress
+from .progress import _progress_adapter, close_progress, make_progress
 from .sizes import Size, parse_size
 
 DEFAULT_ALGORITHM = "sha256"
@@ -36,10 +37,12 @@ def checksum_algorithms() -> Tuple[str, ...]:
     return _core.checksum_algorithms()
 
 
+@suggest_keywords
 def checksum(path: PathArg, algorithm: str = DEFAULT_ALGORITHM,
              block_size: Size = DEFAULT_BLOCK_SIZE, *, format: Optional[str] = None,
              threads: Optional[int] = None, progress: Any = None, force_share: bool = False,
-             force: bool = False) -> str:
+             force: bool = False, member: Optional[str] = None,
+             external_files: bool = False) -> str:
     """The blkhash checksum of an image's guest content, as lowercase hex:
     the value ``blksum`` (blkhash >= 0.10) and ``nbdcopy --blkhash`` print
     for the same content, whatever the format that holds it.
@@ -53,13 +56,17 @@ def checksum(path: PathArg, algorithm: str = DEFAULT_ALGORITHM,
     ``threads``: hashing threads (default 4; it never changes the value).
     ``progress``: as ``convert()``'s (True: a bar). ``force_share``: read
     an image another process writes (qemu-img -U); ``force``: a qcow2 image
-    marked dirty or corrupt.
+    marked dirty or corrupt.  ``member``: the image is this member of the
+    tar archive at ``path`` (an OVA's disk), read in place;
+    ``external_files``: a vmdk descriptor may name extent files outside
+    its directory (both as for ``open()``).
 
     Raises ``ValueError`` for an unknown algorithm or a bad block size,
     ``OSError`` ENOSYS without OpenSSL's libcrypto, and what opening and
     reading the image raise."""
     block = parse_size(block_size, "block_size")
-    with Image(path, format, force=force, force_share=force_share) as img:
+    with Image(path, format, force=force, force_share=force_share, member=member,
+               external_files=external_files) as img:
         return image_checksum(img, algorithm, block, threads=threads, progress=progress)
 
 
@@ -75,8 +82,6 @@ def image_checksum(img: Image, algorithm: str = DEFAULT_ALGORITHM,
         raise ValueError("length must be positive")
     size = img.size if length is None else length
     bar = make_progress(progress, size, os.path.basename(img.filename))
-    # imported here: convert imports this module
-    from .convert import _progress_adapter
     try:
         return _core.checksum(img._img, algorithm, block_size=block_size,
                               threads=threads or 0, length=length or 0,

@@ -7,21 +7,23 @@ import sys
 from typing import Any
 
 from .check import EXIT_FAILED, EXIT_NOT_SUPPORTED, CheckFailed, check, not_supported
+from .cli_common import source_arguments
+from .image import FORMATS
 
 
-def register(sub: Any, formats: Any) -> argparse.ArgumentParser:
-    p = sub.add_parser("check", help="check a qcow2 image's refcounts and tables "
-                                     "(like qemu-img check; read-only)")
-    p.add_argument("-f", "--format", dest="format", choices=formats, default=None,
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("check", help="check a qcow2 image's refcounts and tables "
+                                            "(like qemu-img check; read-only)")
+    p.add_argument("-f", "--format", dest="format", choices=FORMATS, default=None,
                    help="image format (default: probe)")
     p.add_argument("--output", choices=("human", "json"), default="human")
     p.add_argument("-U", "--force-share", dest="force_share", action="store_true",
                    help="read the image even if another process writes it")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="print only the errors found, not the summary")
+    source_arguments(p, "the image", "FILENAME")
     p.add_argument("filename")
     p.set_defaults(func=run, parser=p)
-    return p
 
 
 def _out(text: str, stream: Any) -> None:
@@ -37,7 +39,8 @@ def _out(text: str, stream: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        result = check(args.filename, format=args.format, force_share=args.force_share)
+        result = check(args.filename, format=args.format, force_share=args.force_share,
+                       member=args.member, external_files=args.external_files)
     except CheckFailed as exc:
         _out(exc.result.messages_text(), sys.stderr)
         print(f"imgcopy: Check failed: {exc.strerror}", file=sys.stderr)

@@ -9,15 +9,18 @@ import argparse
 import errno
 import os
 import sys
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from .compare import CompareResult, compare_images
 from .errors import ImageFormatError
-from .image import FORMATS, Image
+from .image import FORMATS, Image, display_name
+from .progress import QemuProgress
 
 PROG = "imgcopy"
 USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s] [-U] "
-         "[-m N] FILE1 FILE2\n\n"
+         "[-m N]\n"
+         "                       [--a-member NAME] [--b-member NAME] [--external-files] "
+         "FILE1 FILE2\n\n"
          "Compare the guest content of two images as qemu-img compare does.\n"
          "  -f FMT   format of FILE1 (default: probe)\n"
          "  -F FMT   format of FILE2 (default: probe)\n"
@@ -26,12 +29,17 @@ USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s]
          "  -q       print nothing (the exit code says it)\n"
          "  -s       strict: sizes and allocation must match too\n"
          "  -U       read images others are writing (force share)\n"
-         "  -m N     threads (default 4; an imgcopy extension)\n\n"
+         "  -m N     threads (default 4; an imgcopy extension)\n"
+         "  --a-member NAME  FILE1 is a tar archive (an OVA): compare its member NAME\n"
+         "  --b-member NAME  FILE2 is a tar archive: compare its member NAME\n"
+         "  --external-files a vmdk descriptor may name extent files outside its\n"
+         "                   directory\n\n"
          "Exit codes: 0 identical, 1 different (or a usage error), 2 an image could not\n"
          "be opened, 3 block status failed, 4 a read failed.\n")
 
 SHORT = "hf:F:T:pqsUm:"
-LONG = {"help": False, "object": True, "image-opts": False, "force-share": False}
+LONG = {"help": False, "object": True, "image-opts": False, "force-share": False,
+        "a-member": True, "b-member": True, "external-files": False}
 CACHE_MODES = ("none", "writeback", "writethrough", "directsync", "unsafe")
 
 
@@ -39,10 +47,17 @@ class UsageError(Exception):
     pass
 
 
-def add_compare_parser(sub: "argparse._SubParsersAction") -> None:
-    """Listed in ``imgcopy --help``; main() hands the arguments to run()."""
-    sub.add_parser("compare", help="compare two images (like qemu-img compare)",
-                   add_help=False)
+def register(subparsers: Any) -> None:
+    """Listed in ``imgcopy --help``.  Its arguments are handed over untouched
+    (argparse takes none of them as options): parsed as qemu-img parses them."""
+    p = subparsers.add_parser("compare", help="compare two images (like qemu-img compare)",
+                              add_help=False, prefix_chars="\x01")
+    p.add_argument("argv", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run, parser=p)
+
+
+def run(args: argparse.Namespace) -> int:
+    return _run(list(args.argv))
 
 
 def _getopt(argv: List[str]) -> Tuple[List[Tuple[str, Optional[str]]], List[str]]:
@@ -129,7 +144,7 @@ def open_failure(filename: str, exc: BaseException, fmt: Optional[str]) -> str:
     return f"Could not open '{filename}': {exc}"
 
 
-def run(argv: List[str]) -> int:
+def _run(argv: List[str]) -> int:
     try:
         opts, names = _getopt(argv)
     except UsageError as exc:
@@ -137,6 +152,8 @@ def run(argv: List[str]) -> int:
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
     fmts: List[Optional[str]] = [None, None]
+    members: List[Optional[str]] = [None, None]
+    external_files = False
     cache = "writeback"
     progress = quiet = strict = force_share = False
     threads = 4
@@ -158,6 +175,12 @@ def run(argv: List[str]) -> int:
             strict = True
         elif opt in ("-U", "--force-share"):
             force_share = True
+        elif opt == "--a-member":
+            members[0] = value
+        elif opt == "--b-member":
+            members[1] = value
+        elif opt == "--external-files":
+            external_files = True
         elif opt == "-m":
             try:
                 threads = int(value or "")
@@ -179,27 +202,33 @@ def run(argv: List[str]) -> int:
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
     direct = cache in ("none", "directsync")
+    bar = QemuProgress() if progress else None  # convert -p's, with compare's reports
     try:
         if cache not in CACHE_MODES:
             _err(f"Invalid source cache option: {cache}")
             return 2
-        return _compare(names, fmts, direct, force_share, strict, threads, quiet, progress)
+        return _compare(names, fmts, members, external_files, direct, force_share, strict,
+                        threads, quiet, bar)
     except KeyboardInterrupt:
         _err("interrupted")
         return 130
     finally:
-        if progress:
-            _out("\n", quiet)
+        if bar is not None:
+            bar.close()
 
 
-def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Optional[Image]:
+def _open(path: str, fmt: Optional[str], member: Optional[str], external_files: bool,
+          direct: bool, force_share: bool) -> Optional[Image]:
+    name = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:
         _err(f"Could not open '{name}': Unknown driver '{fmt}'")
         return None
     try:
-        return Image(name, fmt, direct=direct, force_share=force_share)
+        return Image(path, fmt, direct=direct, force_share=force_share, member=member,
+                     external_files=external_files)
     except (OSError, ImageFormatError, ValueError) as exc:
-        if fmt is None and isinstance(exc, OSError) and exc.errno and _opens_as_raw(name):
+        if fmt is None and isinstance(exc, OSError) and exc.errno and \
+                _opens_as_raw(path, member):
             # the file opens: reading it to probe its format failed
             _err(f"Could not open '{name}': Could not read image for determining its "
                  f"format: {os.strerror(exc.errno)}")
@@ -208,30 +237,33 @@ def _open(name: str, fmt: Optional[str], direct: bool, force_share: bool) -> Opt
         return None
 
 
-def _opens_as_raw(name: str) -> bool:
+def _opens_as_raw(name: str, member: Optional[str]) -> bool:
     try:
-        Image(name, "raw").close()
+        Image(name, "raw", member=member).close()
     except (OSError, ValueError):
         return False
     return True
 
 
-def _compare(names: List[str], fmts: List[Optional[str]], direct: bool, force_share: bool,
-             strict: bool, threads: int, quiet: bool, progress: bool) -> int:
-    a = _open(names[0], fmts[0], direct, force_share)
+def _compare(paths: List[str], fmts: List[Optional[str]], members: List[Optional[str]],
+             external_files: bool, direct: bool, force_share: bool, strict: bool, threads: int,
+             quiet: bool, bar: Optional[QemuProgress]) -> int:
+    # messages name a member as archive/member
+    names = [display_name(p, m) for p, m in zip(paths, members)]
+    a = _open(paths[0], fmts[0], members[0], external_files, direct, force_share)
     if a is None:
         return 2
     with a:
-        b = _open(names[1], fmts[1], direct, force_share)
+        b = _open(paths[1], fmts[1], members[1], external_files, direct, force_share)
         if b is None:
             return 2
         with b:
-            live = _Live(quiet)
-            if progress:
-                _out(_report_line(0.0), quiet)
+            live = _Live(quiet, bar)
+            if bar is not None:
+                bar.start()
             try:
                 result = compare_images(a, b, strict=strict, concurrency=threads,
-                                        on_progress=live.report if progress else None)
+                                        on_progress=live.report if bar is not None else None)
             except (OSError, ImageFormatError) as exc:
                 return _failure(names, exc, quiet, live)
     return _report(result, quiet, live)
@@ -241,26 +273,28 @@ class _Live:
     """The progress reports as they come, and qemu's size warning before the
     first one past the smaller image's end."""
 
-    def __init__(self, quiet: bool) -> None:
+    def __init__(self, quiet: bool, bar: Optional[QemuProgress] = None) -> None:
         self.quiet = quiet
+        self.bar = bar
         self.warned = False
 
     def warn(self) -> None:
         if not self.warned:
-            _out("Warning: Image size mismatch!\n", self.quiet)
+            self.out("Warning: Image size mismatch!\n")
             self.warned = True
 
     def report(self, percent: float, in_tail: bool) -> None:
+        """One of qemu-img's reports (the core decided which it prints)."""
         if in_tail:
             self.warn()
-        _out(_report_line(percent), self.quiet)
+        if self.bar is not None:
+            self.bar.report(percent)
 
-
-def _report_line(percent: float) -> str:
-    return "    (%3.2f/100%%)\r" % percent
-
-
-
+    def out(self, text: str) -> None:
+        """A line of the output: past the bar's on a terminal."""
+        if self.bar is not None:
+            self.bar.blank()
+        _out(text, self.quiet)
 
 
 def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> int:
@@ -270,6 +304,8 @@ def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> 
         return 4
     if getattr(exc, "compare_warned", False):
         live.warn()
+    if live.bar is not None:
+        live.bar.blank()
     name = names[getattr(exc, "compare_image", 0)]
     if step == 3:
         _err(f"Sector allocation test failed for {name}")
@@ -283,5 +319,5 @@ def _failure(names: List[str], exc: BaseException, quiet: bool, live: _Live) -> 
 def _report(result: CompareResult, quiet: bool, live: _Live) -> int:
     if result.warned:
         live.warn()
-    _out(result.message + "\n", quiet)
+    live.out(result.message + "\n")
     return 0 if result.identical else 1

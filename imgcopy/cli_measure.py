@@ -11,14 +11,16 @@ import os
 import sys
 from typing import Any, List, Optional
 
-from .errors import ImageFormatError
-from .image import Image
+from .cli_common import cli_spelling
+from .errors import ImageFormatError, describe_remedies
+from .image import FORMATS, Image, display_name
 from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_format, measure_image,
                       measure_size, parse_image_size, split_options, typed_options,
                       valid_option_list)
 
 USAGE = ("usage: imgcopy measure [--output=human|json] [-O OUTPUT_FMT] [-o OPTIONS]\n"
-         "                       [--size N | [-f FMT] [-U] FILENAME]\n")
+         "                       [--size N | [-f FMT] [-U] [--member NAME] [--external-files]\n"
+         "                       FILENAME]\n")
 
 HELP = USAGE + """
 How large a new image would be (like qemu-img measure): the bytes a new
@@ -34,18 +36,23 @@ from FILENAME's extent map; or for an empty image of N bytes (--size N).
   --size N          an empty image of N bytes (k, M, G, T, P, E suffixes)
   --output FMT      human (default) or json
   -U, --force-share read FILENAME even if another process writes it
+  --member NAME     FILENAME is a tar archive (an OVA): measure its member NAME,
+                    read in place
+  --external-files  a vmdk descriptor may name extent files outside its
+                    directory
   -h, --help        show this help
 """
 
 _SHORT = "hf:O:o:l:U"
-_LONG = ["help", "image-opts", "object=", "output=", "size=", "force-share"]
+_LONG = ["help", "image-opts", "object=", "output=", "size=", "force-share", "member=",
+         "external-files"]
 
 
-def register(sub: Any) -> None:
+def register(subparsers: Any) -> None:
     """Add the measure command to the CLI's subparsers.  Its arguments are
     handed over untouched (argparse takes none of them as options)."""
-    p = sub.add_parser("measure", help="how large a new raw or qcow2 image would be "
-                                       "(like qemu-img measure)",
+    p = subparsers.add_parser("measure", help="how large a new raw or qcow2 image would be "
+                                              "(like qemu-img measure)",
                        add_help=False, prefix_chars="\x01")
     p.add_argument("argv", nargs=argparse.REMAINDER)
     p.set_defaults(func=run, parser=p)
@@ -78,6 +85,8 @@ def _run(argv: List[str]) -> int:
     size: Optional[int] = None
     snapshot = False
     force_share = False
+    member: Optional[str] = None
+    external_files = False
     warnings: List[str] = []
     for flag, value in opts:
         if flag in ("-h", "--help"):
@@ -95,6 +104,10 @@ def _run(argv: List[str]) -> int:
             snapshot = True
         elif flag in ("-U", "--force-share"):
             force_share = True
+        elif flag == "--member":
+            member = value
+        elif flag == "--external-files":
+            external_files = True
         elif flag == "--output":
             if value not in ("json", "human"):
                 raise MeasureError("--output must be used with human or json as argument.")
@@ -110,6 +123,8 @@ def _run(argv: List[str]) -> int:
     filename = rest[0] if rest else None
     if filename is None and (fmt is not None or snapshot):
         raise MeasureError("--image-opts, -f, and -l require a filename argument.")
+    if filename is None and member is not None:
+        raise MeasureError("--member requires a filename argument.")
     if filename is not None and size is not None:
         raise MeasureError("--size N cannot be used together with a filename.")
     if filename is None and size is None:
@@ -117,16 +132,18 @@ def _run(argv: List[str]) -> int:
     if snapshot:
         raise MeasureError("-l: measuring an internal snapshot is not supported by imgcopy")
 
-    img = _open(filename, fmt, force_share) if filename is not None else None
+    img = _open(filename, fmt, force_share, member, external_files) \
+        if filename is not None else None
     try:
         check_output_format(out_fmt)
         typed = typed_options(out_fmt, split_options(options)) if options else {}
         target = Qcow2Target.from_options(typed) if out_fmt == "qcow2" else None
-        if img is None:
-            assert size is not None
-            result = measure_size(size, target)
-        else:
+        if img is not None:
             result = measure_image(img, target)
+        elif size is not None:
+            result = measure_size(size, target)
+        else:  # refused above
+            raise MeasureError("Either --size N or one filename must be specified.")
     finally:
         if img is not None:
             img.close()
@@ -144,24 +161,30 @@ def _getopt_message(exc: getopt.GetoptError) -> str:
     return f"unrecognized option '--{opt}'"
 
 
-def _open(filename: str, fmt: Optional[str], force_share: bool) -> Image:
-    """The source, or qemu-img's "Could not open" report."""
-    from .image import FORMATS
-
+def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional[str] = None,
+          external_files: bool = False) -> Image:
+    """The source, or qemu-img's "Could not open" report (a member named
+    ``archive/member``)."""
+    path = filename
+    filename = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:
         if fmt in QEMU_FORMATS:
             raise MeasureError(f"Could not open '{filename}': imgcopy does not read {fmt} "
                                f"images (it reads {', '.join(FORMATS)})")
         raise MeasureError(f"Could not open '{filename}': Unknown driver '{fmt}'")
     try:
-        return Image(filename, fmt, force_share=force_share)
+        return Image(path, fmt, force_share=force_share, member=member,
+                     external_files=external_files)
     except BlockingIOError as exc:  # another process writes it (qemu's locks)
         locked = os.fsdecode(exc.filename) if exc.filename is not None else filename
         raise MeasureError(f"Could not open '{filename}': Failed to get shared \"write\" lock\n"
                            f"Is another process using the image [{locked}]?") from None
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else (exc.strerror or str(exc))
-        raise MeasureError(f"Could not open '{filename}': Could not open '{filename}': "
+        raise MeasureError(f"Could not open '{filename}': Could not open '{path}': "
                            f"{reason}") from None
-    except ImageFormatError as exc:
+    except ImageFormatError as exc:  # remedies spelt as flags (--member NAME)
+        raise MeasureError(f"Could not open '{filename}': {exc.reason}"
+                           f"{describe_remedies(exc.remedies, cli_spelling)}") from None
+    except ValueError as exc:  # a member that is not there
         raise MeasureError(f"Could not open '{filename}': {exc}") from None

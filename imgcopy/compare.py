@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
+from ._keywords import suggest_keywords
+from .errors import ImageFormatError
 from .image import Image, PathArg
 
 IDENTICAL = "Images are identical."
@@ -81,9 +83,11 @@ def compare_images(a: Image, b: Image, *, strict: bool = False, concurrency: int
                          elapsed=time.monotonic() - start, progress=r["progress"])
 
 
+@suggest_keywords
 def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
-            b_format: Optional[str] = None, strict: bool = False, force_share: bool = False,
-            concurrency: int = 4,
+            b_format: Optional[str] = None, a_member: Optional[str] = None,
+            b_member: Optional[str] = None, strict: bool = False, force_share: bool = False,
+            external_files: bool = False, concurrency: int = 4,
             on_progress: Optional[Callable[[float, bool], Any]] = None) -> CompareResult:
     """Compare the guest content of two images (files or NBD URIs, any
     format imgcopy reads, backing chains followed) as ``qemu-img compare``
@@ -92,7 +96,11 @@ def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
     too), ``force_share`` its ``-U``.  Ranges both images read as zeros are
     never read; a range one image holds and the other reads as zeros is
     read from the one side only.  A size difference is allowed when the
-    larger image's tail reads as zeros (not in strict mode).
+    larger image's tail reads as zeros (not in strict mode).  ``a_member``
+    and ``b_member``: that image is this member of the tar archive at ``a``
+    (``b``), an OVA's disk, read in place; ``external_files``: a vmdk
+    descriptor may name extent files outside its directory (as for
+    ``open()``).
 
     ``on_progress(percent, after_size_warning)`` gets qemu-img compare -p's
     reports as they become final.
@@ -101,7 +109,18 @@ def compare(a: PathArg, b: PathArg, *, a_format: Optional[str] = None,
     or ImageFormatError when an image cannot be opened or read (an error
     while comparing carries ``compare_step`` 3 (block status) or 4 (read),
     ``compare_image`` 0 or 1 and ``compare_offset``)."""
-    with Image(a, a_format, force_share=force_share) as ia:
-        with Image(b, b_format, force_share=force_share) as ib:
+    with _open(a, a_format, a_member, "a", force_share, external_files) as ia:
+        with _open(b, b_format, b_member, "b", force_share, external_files) as ib:
             return compare_images(ia, ib, strict=strict, concurrency=concurrency,
                                   on_progress=on_progress)
+
+
+def _open(path: PathArg, fmt: Optional[str], member: Optional[str], side: str,
+          force_share: bool, external_files: bool) -> Image:
+    """Image ``a`` or ``b``; an error's remedies name compare()'s keywords
+    (``a_member``, not open()'s ``member``)."""
+    try:
+        return Image(path, fmt, force_share=force_share, member=member,
+                     external_files=external_files)
+    except ImageFormatError as exc:
+        raise exc.renamed({"format": f"{side}_format", "member": f"{side}_member"})

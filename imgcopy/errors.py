@@ -22,6 +22,16 @@ CORE_REMEDIES = {
 }
 
 
+def core_remedies(code: str) -> List[Remedy]:
+    """The remedies a code of the C core stands for: "as_raw", ..., or
+    "member:NAME" (a tar archive: read its member NAME, or its bytes)."""
+    kind, _, arg = code.partition(":")
+    if kind == "member":
+        return [Remedy({"member": arg}, "to read that disk of the archive"),
+                Remedy({"format": "raw"}, "to read the archive's own bytes")]
+    return [CORE_REMEDIES[code]] if code in CORE_REMEDIES else []
+
+
 def python_spelling(options: Dict[str, Any]) -> str:
     """format="raw", force=True"""
     return ", ".join(f'{key}="{value}"' if isinstance(value, str) else f"{key}={value!r}"
@@ -44,7 +54,7 @@ class ImageFormatError(Error, ValueError):
         self.reason = reason
         self.filename = filename
         if isinstance(remedies, str):   # a code from the C core
-            remedies = [CORE_REMEDIES[remedies]] if remedies in CORE_REMEDIES else []
+            remedies = core_remedies(remedies)
         self.remedies: List[Remedy] = list(remedies or ())
 
     def describe(self, spell: Callable[[Dict[str, Any]], str] = python_spelling) -> str:

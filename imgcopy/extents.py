@@ -1,49 +1,28 @@
 """Extents and extent maps, in qemu-img map's vocabulary."""
 from __future__ import annotations
 
-import math
 import os
 import struct
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
     overload
 
 from . import _core
+from .sizes import KINDS, LABELS, human_size, share_text  # noqa: F401 (the views' words)
 from .uris import qemu_filename
 
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
 
-# What a run of guest bytes is: "data" is read from the image itself,
-# "backing" from a backing file, "zero" is storage known to read as zeros
-# (allocated zeros: never read), "zeroed" reads as zeros because a layer's
-# own metadata says so (a qcow2 zero cluster, a vmdk zero grain, a vhdx zero
-# block) over layers whose data it hides, "hole" has no data at all.
-# A copy reads only "data" and "backing".
-KINDS = ("data", "backing", "zero", "zeroed", "hole")
-
-# The words every view uses for the kinds (repr, summary(), HTML, plot()).
-LABELS = {"data": "data", "backing": "backing data", "zero": "allocated zeros",
-          "zeroed": "zeroed", "hole": "holes"}
-
 # Formats whose "present, zero, no data" comes from the file system (a hole
 # in a plain file), not from the image's own metadata.
 _PLAIN_FORMATS = ("raw",)
 
-_SIZE_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 
 
 
 def _median_low(values: List[int]) -> int:
     """statistics.median_low, without importing statistics (start-up time)."""
     return sorted(values)[(len(values) - 1) // 2] if values else 0
-
-def human_size(n: int) -> str:
-    """A byte count as qemu-img prints it ("1.31 MiB", "977 KiB", "0 B"):
-    three significant digits, switching unit at 1000 of the smaller one."""
-    _, exp = math.frexp(n / (1000.0 / 1024.0))
-    i = min(max(int((exp - 1) / 10), 0), len(_SIZE_UNITS) - 1)
-    return "%0.3g %sB" % (n / (1 << (i * 10)), _SIZE_UNITS[i])
-
 
 def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False) -> str:
     """One of KINDS for an extent's flags (``zeroed``: see Extent)."""
@@ -54,23 +33,20 @@ def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False) -> str
     return "zeroed" if zeroed else "hole"
 
 
-def share_text(n: int, span: int) -> str:
-    """n as a percentage of span, as the views print it: one decimal,
-    "<0.1%" for a share too small to show but not nothing."""
-    if not span:
-        return "0%"
-    pct = 100.0 * n / span
-    if n and pct < 0.05:
-        return "<0.1%"
-    if n != span and pct > 99.95:
-        return ">99.9%"
-    return f"{pct:.1f}%"
+def packed_struct(fmt: str, c_size: int, c_name: str) -> struct.Struct:
+    """The layout of a C struct the core packs, refused at import when the
+    compiled core's struct has another size (an ``ImportError``, not an
+    ``assert``: ``python -O`` keeps this check)."""
+    layout = struct.Struct(fmt)
+    if layout.size != c_size:
+        raise ImportError(f"imgcopy._core packs {c_name} in {c_size} bytes, imgcopy "
+                          f"reads {layout.size}: the extension was built from other sources")
+    return layout
 
 
 # struct ic_extent, as the C core packs extents: start, length, host
 # offset, flags, depth
-_EXTENT = struct.Struct("=QQQII")
-assert _EXTENT.size == _core.EXTENT_SIZE
+_EXTENT = packed_struct("=QQQII", _core.EXTENT_SIZE, "struct ic_extent")
 _DATA, _ZERO, _PRESENT = _core.EXTENT_DATA, _core.EXTENT_ZERO, _core.EXTENT_PRESENT
 _OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
 
@@ -262,20 +238,17 @@ class ExtentMap(Sequence[Extent]):
     def runs(self) -> List[Tuple[str, int, int]]:
         """[(kind, start, end), ...]: neighbouring extents of the same kind
         (see KINDS) merged, in guest order."""
-        if self._runs is None:
-            self._scan()
-        assert self._runs is not None
-        return list(self._runs)
+        return list(self._scan()[0])
 
     def compressed_ranges(self) -> List[Tuple[int, int]]:
         """[(start, end), ...] of the extents stored compressed, neighbours
         merged, in guest order."""
-        if self._compressed is None:
-            self._scan()
-        assert self._compressed is not None
-        return list(self._compressed)
+        return list(self._scan()[1])
 
-    def _scan(self) -> None:
+    def _scan(self) -> Tuple[List[Tuple[str, int, int]], List[Tuple[int, int]]]:
+        """(runs, compressed ranges), found once."""
+        if self._runs is not None and self._compressed is not None:
+            return self._runs, self._compressed
         # one pass over the packed extents, without an Extent per extent:
         # views of maps with 100,000s of extents stay interactive
         runs: List[Tuple[str, int, int]] = []
@@ -302,6 +275,7 @@ class ExtentMap(Sequence[Extent]):
                 else:
                     compressed.append((start, end))
         self._runs, self._compressed = runs, compressed
+        return runs, compressed
 
     def breakdown(self) -> List[Dict[str, Any]]:
         """One row per kind present in the range (see KINDS), in drawing

@@ -5,6 +5,7 @@ import os
 from typing import TYPE_CHECKING, Optional, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
 if TYPE_CHECKING:
@@ -17,18 +18,35 @@ FORMATS = _core.formats()
 MODES = ("r", "r+")
 
 
+def display_name(path: PathArg, member: Optional[str] = None) -> str:
+    """How listings and messages name an image: its path, or for a member
+    of a tar archive ``archive/member`` (``vm.ova/disk1.vmdk``)."""
+    name = os.fsdecode(os.fspath(path))
+    return name if member is None else f"{name}/{member}"
+
+
+def source_member(function: str, member: Optional[str], src_member: Optional[str]) -> Optional[str]:
+    """The source's member of a call that takes both ``member`` and its long
+    name ``src_member`` (convert, plan, measure): one, or both the same."""
+    if member is not None and src_member is not None and member != src_member:
+        raise TypeError(f"{function}() got member={member!r} and src_member={src_member!r}: "
+                        "both name the source's member; give one")
+    return member if member is not None else src_member
+
+
 def _check_format(format: Optional[str]) -> None:
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown image format {format!r} (known: {', '.join(FORMATS)})")
 
 
+@suggest_keywords
 class Image:
     """An open disk image.  Use as a context manager, or call close()."""
 
     def __init__(self, path: PathArg, format: Optional[str] = None, mode: str = "r", *,
                  direct: bool = False, force: bool = False, force_share: bool = False,
                  member: Optional[str] = None, external_files: bool = False,
-                 _source: bool = False) -> None:
+                 _source: bool = False, _no_backing: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'r' or 'r+', not {mode!r}")
         _check_format(format)
@@ -39,7 +57,7 @@ class Image:
         self.mode = mode
         self._img = _core.Image(path, format, writable=mode == "r+", direct=direct, force=force,
                                 force_share=force_share, source=_source, member=member,
-                                external_files=external_files)
+                                external_files=external_files, no_backing=_no_backing)
 
     # -- life cycle -------------------------------------------------------
     def close(self) -> None:
@@ -156,6 +174,7 @@ class Image:
         self._img.flush()
 
 
+@suggest_keywords
 def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
          force: bool = False, force_share: bool = False, member: Optional[str] = None,
          external_files: bool = False) -> Image:
@@ -169,8 +188,9 @@ def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
     other members of the same archive.  A member that is not there raises
     ValueError naming some that are; a corrupt archive ImageFormatError.
     ``external_files``: a vmdk descriptor may name extent files outside its
-    own directory (absolute or with ".."); off by default, as an image's
-    content should not choose which files are read.
+    own directory (absolute, with "..", or through a symbolic link leading
+    out of it) and device nodes; off by default, as an image's content
+    should not choose which files are read.
 
     The image's files are locked as qemu locks them: while it is open, qemu
     (and imgcopy) cannot open for writing an image read here, nor open at
@@ -181,6 +201,7 @@ def open(path: PathArg, format: Optional[str] = None, mode: str = "r", *,
                  external_files=external_files)
 
 
+@suggest_keywords
 def map(path: PathArg, format: Optional[str] = None, start: int = 0,
         length: Optional[int] = None, *, force: bool = False,
         force_share: bool = False, member: Optional[str] = None,

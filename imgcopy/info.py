@@ -4,14 +4,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
-from .extents import QEMU_SECTOR, human_size
-from .image import PathArg, open as open_image
+from .extents import QEMU_SECTOR, packed_struct
+from ._keywords import suggest_keywords
+from .image import Image, PathArg, open as open_image
+from .sizes import human_size
 from .uris import is_nbd_uri, qemu_filename
 
 _U64 = 1 << 64
@@ -74,8 +75,7 @@ SNAPSHOT_HEADER = "%-10s%-17s%8s%20s%13s%11s" % ("ID", "TAG", "VM SIZE", "DATE",
 
 
 # struct ic_snapshot, as the C core packs snapshots
-_SNAPSHOT = struct.Struct("=128s256sQQIIq")
-assert _SNAPSHOT.size == _core.SNAPSHOT_SIZE
+_SNAPSHOT = packed_struct("=128s256sQQIIq", _core.SNAPSHOT_SIZE, "struct ic_snapshot")
 
 
 def _snapshots(packed: bytes) -> List[Snapshot]:
@@ -230,6 +230,7 @@ def _compressed_clusters(emap: Any, cluster_size: int) -> int:
     return n
 
 
+@suggest_keywords
 def info(path: PathArg, format: Optional[str] = None, *,
          force_share: bool = False, member: Optional[str] = None,
          external_files: bool = False) -> ImageInfo:
@@ -237,18 +238,34 @@ def info(path: PathArg, format: Optional[str] = None, *,
     an image, as ``qemu-img info`` reports them.  Images marked dirty or
     corrupt are read too (``dirty_flag`` says so).  ``member`` and
     ``external_files`` as for ``open()``: a member's ``actual_size`` is
-    None (its disk usage is the archive's)."""
+    None (its disk usage is the archive's).
+
+    As qemu-img info, the image is described without its backing file: one
+    that is missing or unusable leaves ``backing_filename`` and
+    ``full_backing_filename`` as the image names it, and ``backing_chain``
+    empty (``info_chain()``, which opens it, fails)."""
     filename = os.fsdecode(os.fspath(path))
-    with open_image(path, format, force=True, force_share=force_share, member=member,
-                    external_files=external_files) as img:
+    with Image(path, format, force=True, force_share=force_share, member=member,
+               external_files=external_files, _no_backing=True) as img:
         fmt = img.format
         size = img.size
-        chain = [(name, f) for name, f in img.backing_chain]
-        members = img.backing_members
         snapshots = _snapshots(img._img.snapshots())
         description = img._img.describe()
-        # formats with clusters may store some compressed
+        # formats with clusters may store some compressed (the image's own
+        # clusters: depth 0, whatever lies below)
         emap = img.extents() if fmt in COMPRESSING_FORMATS else None
+    chain: List[Tuple[str, str]] = []
+    members: List[Optional[str]] = []
+    if description["backing_name"] is not None:
+        # the chain as it opens, for backing_chain; not opening is no error
+        # here, as qemu-img info never opens it
+        try:
+            with open_image(path, format, force=True, force_share=force_share, member=member,
+                            external_files=external_files) as whole:
+                chain = list(whole.backing_chain)
+                members = whole.backing_members
+        except (OSError, ValueError):
+            pass
     actual: Optional[int] = None  # a server's disk usage is unknown, as to qemu
     if not is_nbd_uri(filename) and member is None:
         try:
@@ -267,8 +284,9 @@ def info(path: PathArg, format: Optional[str] = None, *,
         result.format_specific = {"type": fmt, "data": dict(description["format_specific"])}
     if description["backing_name"] is not None:
         result.backing_filename = description["backing_name"]
-        if chain:
-            result.full_backing_filename = members[0] if members[0] is not None else chain[0][0]
+        where = description["backing_location"]
+        if where is not None:
+            result.full_backing_filename = where[1] if where[1] is not None else where[0]
         # not stored: qemu probes, and does not say
         result.backing_filename_format = description["backing_format"]
     if emap is not None:
@@ -276,11 +294,16 @@ def info(path: PathArg, format: Optional[str] = None, *,
     return result
 
 
+@suggest_keywords
 def info_chain(path: PathArg, format: Optional[str] = None, *,
                force_share: bool = False, member: Optional[str] = None,
                external_files: bool = False) -> List[ImageInfo]:
     """``info`` of the image and of every backing file, nearest first
-    (``qemu-img info --backing-chain``)."""
+    (``qemu-img info --backing-chain``): the whole chain must open, as
+    qemu's must (a missing backing file raises ``OSError``)."""
+    with open_image(path, format, force=True, force_share=force_share, member=member,
+                    external_files=external_files):
+        pass
     top = info(path, format, force_share=force_share, member=member,
                external_files=external_files)
     return [top] + [info(name, fmt, force_share=force_share, member=m,

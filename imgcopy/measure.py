@@ -19,8 +19,10 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+from .errors import ImageFormatError
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
-from .image import Image, PathArg
+from ._keywords import suggest_keywords
+from .image import Image, PathArg, source_member
 from .options import Qcow2Options
 
 _U64 = 1 << 64
@@ -479,7 +481,7 @@ _AUTOCLEAR_BITMAPS = 1
 def persistent_bitmaps(img: Image) -> List[Tuple[bytes, int]]:
     """(name, granularity) of the persistent bitmaps of a qcow2 image, from
     its bitmap directory (which the C core checked when it opened it)."""
-    with Image(img.filename, "raw", force_share=True) as f:
+    with Image(img.filename, "raw", force_share=True, member=img.member) as f:
         head = f.read(0, min(f.size, 1 << 21))
         if len(head) < 104:
             return []
@@ -588,6 +590,7 @@ def qcow2_target(create_options: Optional[Qcow2Options] = None,
 Source = Union[PathArg, Image]
 
 
+@suggest_keywords
 def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = None,
             src_format: Optional[str] = None, dst_format: str = "raw",
             create_options: Optional[Qcow2Options] = None,
@@ -596,7 +599,9 @@ def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = N
             refcount_bits: Optional[Union[int, str]] = None,
             extended_l2: Optional[bool] = None,
             backing_file: Optional[Union[str, "os.PathLike[str]"]] = None,
-            force_share: bool = False) -> MeasureResult:
+            force_share: bool = False, member: Optional[str] = None,
+            src_member: Optional[str] = None,
+            src_external_files: bool = False) -> MeasureResult:
     """How many bytes a new ``dst_format`` image ("raw" or "qcow2") would
     take, like ``qemu-img measure``: for the data of ``src`` (a path, an NBD
     URI or an open Image; any format imgcopy reads, backing chain included)
@@ -608,13 +613,24 @@ def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = N
     count every cluster as required), ``refcount_bits`` (1..64, a power of
     two), ``extended_l2``, ``backing_file`` (only whether one is given
     matters: then every cluster counts).  A bad option raises ValueError
-    (MeasureError) with qemu-img's message."""
+    (MeasureError) with qemu-img's message.
+
+    ``member`` (or its long name ``src_member``): the source is this member
+    of the tar archive ``src`` (an OVA's disk), read in place;
+    ``src_external_files``: a vmdk source's descriptor may name extent files
+    outside its directory (both as ``open()``'s ``member`` and
+    ``external_files``)."""
+    src_member = source_member("measure", member, src_member)
     if (src is None) == (size is None):
         raise ValueError("measure() needs either a source or a size, not both"
                          if src is not None else
                          "measure() needs a source or a size")
     if src is None and src_format is not None:
         raise ValueError("src_format needs a source")
+    if src is None and src_member is not None:
+        raise ValueError("member needs a source")
+    if isinstance(src, Image) and src_member is not None:
+        raise ValueError("member is for a source to open, not an open Image")
     check_output_format(dst_format)
     target: Optional[Qcow2Target] = None
     keywords = dict(cluster_size=cluster_size, compat=compat, preallocation=preallocation,
@@ -636,7 +652,12 @@ def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = N
         return measure_size(nbytes, target)
     if isinstance(src, Image):
         return measure_image(src, target)
-    with Image(src, src_format, force_share=force_share) as img:  # type: ignore[arg-type]
+    try:
+        img = Image(src, src_format, force_share=force_share, member=src_member,  # type: ignore[arg-type]
+                    external_files=src_external_files)
+    except ImageFormatError as exc:  # remedies in measure()'s keywords
+        raise exc.renamed({"format": "src_format", "external_files": "src_external_files"})
+    with img:
         return measure_image(img, target)
 
 

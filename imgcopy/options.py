@@ -5,17 +5,25 @@ before they touch anything: there is one definition of what is valid),
 and shared by ``convert()`` and ``plan()``, whose keyword arguments are
 shorthand for their fields.
 
-A new option is a field here with its default, a field of the C struct
-it fills (``struct ic_copy_options`` or ``struct ic_create_options``), a
-row in that struct's table (csrc/fields.c) and its check (csrc/options.c);
-nothing between them spells it out again."""
+A new option is a field here with its default and its line in the
+docstring, a field of the C struct it fills (``struct ic_copy_options`` or
+``struct ic_create_options``), a row in that struct's table (csrc/fields.c:
+the glue reads and writes the struct through it, naming no field) and its
+check (csrc/options.c).  The interfaces spell it out again: a keyword of
+``convert()`` (and of ``plan()`` when it changes the requests), a flag of
+the command line (imgcopy/cli.py), and the typed keywords of ``_core.copy()``
+and ``_core.check_copy_options()`` (or ``_core.create()``) in
+imgcopy/_core.pyi; tests/test_options.py checks convert()'s and the stubs'
+against the fields."""
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Dict, Optional, Tuple, TypeVar, Union
+from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
+from ._keywords import suggest_keywords
 from .sizes import Size, parse_size
 
 # the engine's defaults are the C core's (csrc/options.c says why these)
@@ -31,19 +39,25 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class CopyOptions:
     """How a copy runs (qemu-img convert's flag, and the default, in brackets).
 
     ``sparse_threshold`` [-S, 4k]: zero runs at least this long inside data
-    become holes; 0 writes every byte (fully allocated).
+    become holes; 0: fully allocated, every block of the destination gets
+    disk space: zeros by zero requests that keep them allocated (a new
+    file's fallocate, FALLOC_FL_ZERO_RANGE, NBD WRITE_ZEROES without
+    may-trim), written as data only where the destination has no such
+    request (qcow2, a server without WRITE_ZEROES).
     ``concurrency`` [-m, 4]: worker threads.
     ``request_size`` [2M]: bytes per read or write request.
     ``out_of_order`` [-W, True]: writes may complete in any order; False
     writes in guest order.
     ``target_is_zero`` [--target-is-zero, None]: the destination already
-    reads as zeros, so zero ranges are skipped; None decides: True for a
-    regular file the copy creates (and for ``plan()``), else False.
+    reads as zeros, so zero ranges are skipped; None: the C core decides,
+    True for a destination the copy created reading as zeros (a new
+    regular file or qcow2 image, and ``plan()``'s), else False.
     ``direct`` [-T none / -t none, False]: O_DIRECT on both ends, or a
     (source, destination) pair; stored as a bool when both agree.
     ``flush`` [True; -t unsafe: False]: make the destination durable before
@@ -64,7 +78,7 @@ class CopyOptions:
     concurrency: int = _DEFAULTS["concurrency"]
     request_size: Size = _DEFAULTS["request_size"]
     out_of_order: bool = _DEFAULTS["out_of_order"]
-    target_is_zero: Optional[bool] = None
+    target_is_zero: Optional[bool] = _DEFAULTS["target_is_zero"]
     direct: Union[bool, Tuple[bool, bool]] = field(default=False, metadata=_AT_OPEN)
     flush: bool = _DEFAULTS["flush"]
     offload: bool = _DEFAULTS["offload"]
@@ -102,6 +116,22 @@ class CopyOptions:
         out.update(resolved)
         return out
 
+    def ran_with(self, used: Mapping[str, Any]) -> "CopyOptions":
+        """These options as a copy ran with them: the engine's fields as
+        ``_core.copy()`` reports them (its report's "options", decided by
+        the C core from these and the images: a server's preferred block
+        size raises ``sparse_threshold`` and ``request_size``, ``None``
+        becomes what was decided), the others (``direct``) as they are.
+        Not checked again: the values are the engine's own."""
+        out = copy.copy(self)
+        for f in fields(self):
+            if f.name in used and not f.metadata.get("at_open"):
+                value = used[f.name]
+                if f.name == "connections" and not value:
+                    value = self.connections  # 0: as each server allows
+                object.__setattr__(out, f.name, value)
+        return out
+
 
 def _direct(value: Any) -> Union[bool, Tuple[bool, bool]]:
     if isinstance(value, tuple):
@@ -128,6 +158,7 @@ class CreateOptions:
         _core.check_create_options(self.format, **self.create_keywords())
 
 
+@suggest_keywords
 @dataclass(frozen=True)
 class Qcow2Options(CreateOptions):
     """How a new qcow2 image is laid out (qemu-img convert -O qcow2 -o ...).

@@ -1,19 +1,19 @@
 """Planning a copy: the exact requests convert() would make, without writing."""
 from __future__ import annotations
 
-import struct
-from dataclasses import replace
 from typing import Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
-from .convert import NULL_TARGET
-from .extents import human_size
-from .image import Image, PathArg
+from .extents import packed_struct
+from ._keywords import suggest_keywords
+from .image import Image, PathArg, source_member
+from .job import null_destination
 from .options import CopyOptions, with_keywords
-from .sizes import Size
+from .sizes import Size, human_size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
-_REQUEST = struct.Struct("=QQII")
+# struct ic_request, as the C core packs requests: offset, length, kind
+_REQUEST = packed_struct("=QQII", _core.REQUEST_SIZE, "struct ic_request")
 
 
 class Request(NamedTuple):
@@ -81,7 +81,9 @@ class CopyPlan:
                              "end": [r.end for r in rows]})
 
 
-def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional[str] = None,
+@suggest_keywords
+def plan(src: PathArg, *, src_format: Optional[str] = None, member: Optional[str] = None,
+         src_member: Optional[str] = None,
          src_external_files: bool = False, options: Optional[CopyOptions] = None,
          sparse_threshold: Optional[Size] = None,
          request_size: Optional[Size] = None, concurrency: Optional[int] = None,
@@ -93,20 +95,22 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, src_member: Optional
     ``target_is_zero`` None is True, as for a new file.  The plan is of a
     copy without ``offload`` (the kernel would copy whole data extents);
     ``direct`` and ``flush`` change no request.  ``CopyPlan.options`` holds
-    the options planned with.  ``src_member`` and ``src_external_files``:
-    ``open()``'s ``member`` and ``external_files`` for the source."""
+    the options the plan's engine ran with (``offload`` and ``flush`` off,
+    None decided).  ``member`` (or its long name ``src_member``) and
+    ``src_external_files``: ``open()``'s ``member`` and ``external_files``
+    for the source."""
+    src_member = source_member("plan", member, src_member)
     options = with_keywords(options if options is not None else CopyOptions(),
                             sparse_threshold=sparse_threshold,
                             request_size=request_size, concurrency=concurrency,
                             target_is_zero=target_is_zero)
-    if options.target_is_zero is None:
-        options = replace(options, target_is_zero=True)
     with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
-        sink, _ = _core.create(NULL_TARGET, "null", source.size)
+        sink = null_destination(source.size)  # a copy's, into the null target
         try:
             report = _core.copy(source._img, sink, log=True,
                                 **options.engine_options(offload=False, flush=False))
         finally:
             sink.close()
         counters = {k: v for k, v in report.items() if isinstance(v, int)}
-        return CopyPlan(report["requests"] or b"", counters, size=source.size, options=options)
+        return CopyPlan(report["requests"] or b"", counters, size=source.size,
+                        options=options.ran_with(report["options"]))

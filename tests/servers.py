@@ -628,6 +628,15 @@ def nbdkit(plugin, *args, filters: Sequence[str] = (), socket_dir=None, log=True
                   socket_dir=socket_dir, tcp=tcp, export=export, start_timeout=start_timeout)
 
 
+def slow_export(size="20G", **kw) -> Nbdkit:
+    """A source that takes long to copy and costs no disk: nbdkit's memory
+    plugin behind noextents, so that every byte is data to read (zeros, in
+    round trips: some 40 MB/s in 4 KiB requests), started by ``with``.
+    What long copies are made of, now that zeros cost a copy next to
+    nothing (fully allocated output allocates them in a few requests)."""
+    return nbdkit("memory", size, filters=["noextents"], log=False, **kw)
+
+
 def qemu_nbd(image, fmt="qcow2", read_only=False, *, allocation_depth=False, shared=0,
              extra: Sequence[str] = (), socket_dir=None, tcp=False, export="",
              start_timeout=START_TIMEOUT) -> QemuNbd:

@@ -128,3 +128,64 @@ def test_cli_directory(cli, tmp_path):
     assert "Traceback" not in got.stderr
     assert len(got.stderr.strip().splitlines()) == 1, got.stderr
     assert str(tmp_path) in got.stderr
+
+
+def _all_parsers():
+    import argparse
+    from imgcopy.cli import _build_parser
+    top = _build_parser()
+    out = [("imgcopy", top)]
+    for action in top._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out += sorted(action.choices.items())
+    return out
+
+
+def test_no_abbreviations_on_any_parser():
+    parsers = _all_parsers()
+    assert {"map", "info", "convert", "checksum", "check"} <= {n for n, _ in parsers}
+    for name, parser in parsers:
+        assert parser.allow_abbrev is False, name
+
+
+@pytest.mark.parametrize("args", [
+    ["map", "--max-len", "10"],
+    ["map", "--out=json"],
+    ["info", "--backing"],
+    ["convert", "--target-is", "-n"],
+    ["convert", "--request", "1M"],
+    ["checksum", "--block", "4k"],
+    ["check", "--out=json"],
+])
+def test_abbreviated_flags_are_refused(args, tmp_path, capsys):
+    from imgcopy.cli import main
+    src = str(tmp_path / "a.raw")
+    with open(src, "wb") as f:
+        f.write(b"\1" * 4096)
+    files = [src, str(tmp_path / "b.raw")] if args[0] == "convert" else [src]
+    with pytest.raises(SystemExit) as exc:
+        main(args + files)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err and args[1 if len(args) > 1 else 0].split("=")[0] \
+        in err, err
+    assert not os.path.exists(str(tmp_path / "b.raw"))
+    # spelt out, the same flags work
+    full = {"--max-len": "--max-length", "--out=json": "--output=json",
+            "--backing": "--backing-chain", "--target-is": "--target-is-zero",
+            "--request": "--request-size", "--block": "--block-size"}
+    spelt = [full.get(a, a) for a in args]
+    if spelt[0] == "convert":
+        return  # -n needs an existing destination: the flag's own tests run it
+    # a raw image has no checks: qemu-img check's 63
+    assert main(spelt + files) == (63 if spelt[0] == "check" else 0)
+
+
+def test_top_level_flags_are_not_abbreviated(capsys):
+    from imgcopy.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["--vers"])
+    assert exc.value.code == 2 and "imgcopy " not in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("imgcopy ")

@@ -13,7 +13,8 @@ from .convert_helpers import imgcopy_cmd
 from .gen.qcow2_meta import l2_patch
 from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import assert_same_content, qemu_img, sha256_file
-from .units import GiB, MiB
+from .servers import slow_export
+from .units import MiB
 
 
 def leftovers(directory, name):
@@ -68,15 +69,13 @@ def test_read_error_leaves_no_copy(tmp_path, fmt):
 
 def test_interrupted_copy_leaves_no_copy(tmp_path):
     """The progress callback raises (as Ctrl-C does) during a long copy."""
-    src = str(tmp_path / "hole.raw")
-    make_sparse(src, 20 * GiB)
     dst = str(tmp_path / "out.raw")
 
     def stop(done, total):
         raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        imgcopy.convert(src, dst, sparse_threshold=0, progress=stop)
+    with slow_export() as srv, pytest.raises(KeyboardInterrupt):
+        imgcopy.convert(srv.uri, dst, request_size=4096, progress=stop)
     assert not os.path.exists(dst)
     assert leftovers(str(tmp_path), "out.raw") == []
 
@@ -198,3 +197,30 @@ def test_cli_target_is_zero_with_existing(tmp_path):
     assert p.returncode == 0, p.stderr
     assert sha256_file(dst) == sha256_file(src)
 
+
+def test_fully_allocated_file_allocates_without_writing_zeros(tmp_path):
+    """-S 0 into files: every block gets disk space (st_blocks), by the
+    cheapest call that leaves it allocated (a new file: fallocate; an
+    existing one: FALLOC_FL_ZERO_RANGE over its garbage), never by writing
+    zeros: 512 MiB holding 8 KiB of data costs 8 KiB of writes."""
+    src = str(tmp_path / "src.raw")
+    size = 512 * MiB
+    make_sparse(src, size, [(4096, seeded_bytes(4096)), (300 * MiB, seeded_bytes(4096, seed=2))])
+    new = str(tmp_path / "new.raw")
+    res = imgcopy.convert(src, new, sparse_threshold=0, flush=False)
+    try:
+        assert os.stat(new).st_blocks * 512 >= size
+        assert res.bytes_written == 8192 and res.bytes_zeroed == size - 8192, res
+        assert res.zero_requests <= 4 and res.bytes_skipped == 0, res
+        assert qemu_img("compare", "-f", "raw", "-F", "raw", src, new).returncode == 0
+    finally:
+        os.unlink(new)
+    old = str(tmp_path / "old.raw")
+    make_sparse(old, size, [(off, seeded_bytes(MiB, seed=3)) for off in (0, 100 * MiB, 400 * MiB)])
+    try:
+        res = imgcopy.convert(src, old, create=False, sparse_threshold=0, flush=False)
+        assert os.stat(old).st_blocks * 512 >= size
+        assert res.bytes_written == 8192 and res.zero_requests <= 4, res
+        assert qemu_img("compare", "-f", "raw", "-F", "raw", src, old).returncode == 0
+    finally:
+        os.unlink(old)

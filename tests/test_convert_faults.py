@@ -18,7 +18,8 @@ import pytest
 
 from .convert_helpers import task_count, wait_task_count
 from .gen.sparse import make_sparse, seeded_bytes
-from .units import GiB, MiB
+from .servers import slow_export
+from .units import MiB
 
 imgcopy = pytest.importorskip("imgcopy")
 
@@ -149,41 +150,46 @@ def test_efbig(tmp_path, imgcopy_env, create):
 # ---------------------------------------------------------------------------
 # read errors
 
+def data_source(path, size):
+    """A file of data, read 4 KiB at a time for a few tenths of a second
+    (the pieces are one seeded MiB over and over)."""
+    piece = seeded_bytes(MiB)
+    make_sparse(path, size, [(off, piece) for off in range(0, size, MiB)])
+
+
 def test_source_shrinks_during_copy(tmp_path, threads):
-    """Data at the end of a big hole; the copy writes the hole as zeros
-    (slowly: 4 KiB requests to null:), and the first progress call cuts the
-    source before the data.  The planned data read then hits end of file."""
+    """Data read 4 KiB at a time into null:, and the first progress call
+    cuts the source to a quarter.  The planned reads past the cut then hit
+    end of file."""
     src = str(tmp_path / "src.raw")
-    size = 1 * GiB + 4 * MiB
-    make_sparse(src, size, [(1 * GiB, seeded_bytes(4 * MiB))])
+    size = 256 * MiB
+    data_source(src, size)
     calls = []
 
     def progress(done, total):
         if not calls:
-            os.truncate(src, 512 * MiB)
+            os.truncate(src, size // 4)
         calls.append(done)
 
     try:
-        imgcopy.convert(src, "null:", sparse_threshold=0, request_size=4096, progress=progress)
+        imgcopy.convert(src, "null:", request_size=4096, progress=progress)
     except OSError as e:
         assert e.errno == errno.EIO, e
         assert e.filename == src, e
         assert "end of file" in str(e), e
     else:
-        if calls and calls[0] < 1 * GiB:
-            pytest.fail("the copy succeeded although its source was cut at 512 MiB when "
-                        "%d bytes were done" % calls[0])
+        if calls and calls[0] < size - 4 * MiB:
+            pytest.fail("the copy succeeded although its source was cut at %d bytes when "
+                        "%d bytes were done" % (size // 4, calls[0]))
         pytest.skip("the copy read the data before the first progress call")
 
 
 @pytest.mark.parametrize("offload", [False, True], ids=["rw", "offload"])
 def test_source_shrinks_during_copy_to_file(tmp_path, threads, offload):
-    """The same into a file, with data pieces spread over the image so that
-    reads are in flight when the source is emptied."""
+    """The same into a file, with reads in flight when the source is emptied."""
     src = str(tmp_path / "src.raw")
     size = 256 * MiB
-    pieces = [(off, seeded_bytes(64 * 1024, seed=off)) for off in range(0, size, 4 * MiB)]
-    make_sparse(src, size, pieces)
+    data_source(src, size)
     dst = str(tmp_path / "out.raw")
     calls = []
 
@@ -192,9 +198,9 @@ def test_source_shrinks_during_copy_to_file(tmp_path, threads, offload):
             os.truncate(src, 0)
         calls.append(done)
 
-    # fully allocated output, 4 KiB at a time: the zeros between the pieces slow it
+    # 4 KiB at a time: the data slows it
     try:
-        imgcopy.convert(src, dst, sparse_threshold=0, request_size=4096, concurrency=2,
+        imgcopy.convert(src, dst, request_size=4096, concurrency=2,
                         flush=False, offload=offload, progress=progress)
     except OSError as e:
         assert e.errno == errno.EIO, e
@@ -213,14 +219,14 @@ def test_source_shrinks_during_copy_to_file(tmp_path, threads, offload):
 # cancellation
 
 @pytest.fixture
-def huge_hole(tmp_path):
-    """20 GiB of hole: written as zeros 4 KiB at a time it takes many seconds."""
-    src = str(tmp_path / "hole20g.raw")
-    make_sparse(src, 20 * GiB)
-    return src
+def huge_hole():
+    """20 GiB of data to read (an NBD export of zeros that cannot say so),
+    4 KiB at a time: many seconds of copying."""
+    with slow_export() as srv:
+        yield srv.uri
 
 
-SLOW = dict(sparse_threshold=0, request_size=4096)
+SLOW = dict(request_size=4096)
 
 
 CANCEL_MODES = {
@@ -278,7 +284,7 @@ def test_progress_exception_cancels_file_copy(huge_hole, tmp_path, threads):
 
     try:
         with pytest.raises(Boom):
-            imgcopy.convert(huge_hole, dst, progress=progress, sparse_threshold=0)
+            imgcopy.convert(huge_hole, dst, progress=progress)
         assert time.monotonic() - raised[0] < 1.0
         assert len(raised) == 1
     finally:

@@ -61,8 +61,11 @@ def test_copy_returns_one_shape(source):
         shapes.append(report)
     src.close()
     plain, logged = shapes
-    assert set(plain) == set(logged) == set(COUNTERS) | {"requests"}
+    assert set(plain) == set(logged) == set(COUNTERS) | {"requests", "options"}
     assert plain["requests"] is None and isinstance(logged["requests"], bytes)
+    # the options the copy ran with: every option, decided
+    assert plain["options"] == logged["options"] == dict(
+        _core.copy_option_defaults(), target_is_zero=True, flush=False)
     assert len(logged["requests"]) % _core.REQUEST_SIZE == 0 and logged["requests"]
     assert {k: plain[k] for k in COUNTERS} == {k: logged[k] for k in COUNTERS}
 

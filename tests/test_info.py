@@ -160,7 +160,8 @@ def test_describe_is_what_the_header_says(qcow2_store, tmp_path):
     make_sparse(raw, MiB)
     with imgcopy.open(raw) as img:
         assert img._img.describe() == {"cluster_size": 0, "dirty": False, "backing_name": None,
-                                       "backing_format": None, "format_specific": []}
+                                       "backing_format": None, "backing_location": None,
+                                       "format_specific": []}
 
 
 def test_backing_name_bytes_as_stored(tmp_path):
@@ -255,3 +256,118 @@ def test_notebook_view(tmp_path):
     html = imgcopy.info(p)._repr_html_()
     assert 'class="imgcopy-view imgcopy-image-info"' in html and "<table" in html
     assert "virtual size" in html and "3 MiB" in html and "(3,145,728 B)" in html
+
+
+# --------------------------------------------------------------------------
+# a backing file that is missing or unusable: info describes the image
+# alone, as qemu-img info (which never opens it); whatever reads through it
+# fails, naming the image it is the backing file of
+
+def _overlay_of_missing(tmp_path):
+    d = tmp_path / "vm"
+    d.mkdir()
+    base = str(d / "base.raw")
+    make_sparse(base, MiB)
+    qemu_img("create", "-q", "-f", "qcow2", "-b", "base.raw", "-F", "raw", str(d / "o.qcow2"))
+    os.unlink(base)
+    return d
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_missing_backing_file_info_like_qemu(tmp_path, relative, monkeypatch):
+    d = _overlay_of_missing(tmp_path)
+    path = "o.qcow2" if relative else str(d / "o.qcow2")
+    monkeypatch.chdir(str(d))
+    i = imgcopy.info(path)
+    dd, human = without_compressed(i)
+    assert dd == qemu_info(path, cwd=str(d))
+    assert human == qemu_img("info", path, cwd=str(d)).stdout
+    assert i.backing_filename == "base.raw" and i.backing_chain == []
+    assert i.full_backing_filename == ("base.raw" if relative else str(d / "base.raw"))
+
+
+def test_missing_backing_file_reads_fail(tmp_path):
+    d = _overlay_of_missing(tmp_path)
+    path = str(d / "o.qcow2")
+    assert qemu_img("info", "--backing-chain", path, check=False).returncode != 0
+    for call in (lambda: info_chain(path), lambda: imgcopy.map(path),
+                 lambda: imgcopy.convert(path, str(tmp_path / "x.raw")),
+                 lambda: imgcopy.open(path)):
+        with pytest.raises(FileNotFoundError) as e:
+            call()
+        assert e.value.filename == str(d / "base.raw")
+        assert "the backing file of %s" % path in str(e.value), str(e.value)
+    assert not os.path.exists(str(tmp_path / "x.raw"))
+
+
+def test_missing_backing_file_cli(tmp_path, imgcopy_env):
+    d = _overlay_of_missing(tmp_path)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "imgcopy"] + list(a), cwd=str(d),
+                                    capture_output=True, text=True, env=imgcopy_env, timeout=60)
+    for extra in ([], ["--output=json"]):
+        p = run("info", *extra, "o.qcow2")
+        assert p.returncode == 0, p.stderr
+        q = qemu_img("info", *extra, "o.qcow2", cwd=str(d)).stdout
+        if extra:
+            got = json.loads(p.stdout)
+            got.pop("compressed-clusters")
+            assert got == json.loads(q)
+        else:
+            assert p.stdout.replace("compressed clusters: 0\n", "") == q
+    for args in (["info", "--backing-chain", "o.qcow2"], ["map", "o.qcow2"],
+                 ["convert", "o.qcow2", "x.raw"]):
+        p = run(*args)
+        assert p.returncode == 1 and "base.raw: No such file or directory" in p.stderr, p.stderr
+        assert "the backing file of o.qcow2" in p.stderr
+
+
+def test_backing_loop_info_like_qemu(tmp_path):
+    """Two overlays naming each other: qemu-img info shows either; reading
+    fails."""
+    a, b = str(tmp_path / "a.qcow2"), str(tmp_path / "b.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", a, "1M")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", "a.qcow2", "-F", "qcow2", b)
+    qemu_img("rebase", "-u", "-b", "b.qcow2", "-F", "qcow2", a)
+    assert without_compressed(imgcopy.info(a))[0] == qemu_info(a)
+    with pytest.raises(imgcopy.ImageFormatError, match="loops back"):
+        imgcopy.map(a)
+
+
+def test_vmdk_delta_of_a_non_vmdk_parent(tmp_path):
+    """qemu-iotests 225: a delta whose parentFileNameHint names a qcow2
+    image: info works, map and convert fail."""
+    d = str(tmp_path)
+    base, delta = os.path.join(d, "base.vmdk"), os.path.join(d, "delta.vmdk")
+    qemu_img("create", "-q", "-f", "vmdk", base, "1M")
+    qemu_img("create", "-q", "-f", "vmdk", "-b", "base.vmdk", "-F", "vmdk", delta, "1M")
+    qemu_img("create", "-q", "-f", "qcow2", base + ".q", "1M")
+    os.replace(base + ".q", base)
+    q = qemu_info(delta)
+    i = imgcopy.info(delta)
+    assert (i.format, i.virtual_size, i.backing_filename, i.full_backing_filename,
+            i.backing_filename_format) == ("vmdk", q["virtual-size"], q["backing-filename"],
+                                           q["full-backing-filename"],
+                                           q["backing-filename-format"])
+    assert qemu_img("map", delta, check=False).returncode != 0
+    for call in (lambda: imgcopy.map(delta), lambda: imgcopy.convert(delta, delta + ".raw")):
+        with pytest.raises(imgcopy.ImageFormatError, match="the backing file of " + delta):
+            call()
+
+
+def test_member_with_missing_backing_member(tmp_path):
+    """An OVA-like archive lacking the overlay's backing member: info names
+    the member it would be."""
+    import tarfile
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    qemu_img("create", "-q", "-f", "qcow2", str(vm / "base.qcow2"), "1M")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", "base.qcow2", "-F", "qcow2",
+             str(vm / "top.qcow2"))
+    tar = str(tmp_path / "vm.tar")
+    with tarfile.open(tar, "w") as t:
+        t.add(str(vm / "top.qcow2"), arcname="d/top.qcow2")
+    i = imgcopy.info(tar, member="d/top.qcow2")
+    assert (i.backing_filename, i.full_backing_filename, i.backing_chain) == (
+        "base.qcow2", "d/base.qcow2", [])
+    with pytest.raises(ValueError, match="no member 'd/base.qcow2'"):
+        imgcopy.map(tar, member="d/top.qcow2")

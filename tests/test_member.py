@@ -7,6 +7,8 @@ tarfile's USTAR, GNU and PAX formats, and hand-built for what tarfile
 cannot make (base-256 sizes over sparse files, GNU sparse members, broken
 headers)."""
 
+import errno
+import json
 import os
 import random
 import shutil
@@ -22,7 +24,8 @@ from imgcopy.info import info_chain
 from .convert_helpers import imgcopy_child_env, imgcopy_cmd
 from .gen import tar_archives as ta
 from .gen.sparse import make_sparse, pattern
-from .oracles import assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map, require_qemu
+from .oracles import (assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map,
+                      qemu_measure, require_qemu)
 from .servers import nbdkit, needs_libnbd, needs_nbdkit
 from .units import GiB, KiB, MiB
 
@@ -168,6 +171,26 @@ def test_convert_and_plan(archive, extracted, tmp_path, dst_format):
         os.unlink(dst)
 
 
+def test_convert_and_plan_take_member(archive, extracted, tmp_path):
+    """member= is src_member='s short name, as open(), map() and info() spell it."""
+    fmt, tar, _ = archive
+    if fmt != "gnu":
+        pytest.skip("one archive format is enough for a keyword")
+    dst = str(tmp_path / "m.qcow2")
+    r = imgcopy.convert(tar, dst, member="disk.qcow2", dst_format="qcow2", flush=False)
+    assert_same_content(dst, extracted["./disk.qcow2"], "qcow2", "qcow2")
+    assert _common(imgcopy.plan(tar, member="disk.qcow2").totals()) == \
+        _common(imgcopy.plan(tar, src_member="disk.qcow2").totals())
+    # both given: the same name is fine, two names are a TypeError before anything opens
+    imgcopy.convert(tar, dst, member="vm/top.qcow2", src_member="vm/top.qcow2",
+                    dst_format="qcow2", flush=False)
+    assert_same_content(dst, extracted["vm/top.qcow2"], "qcow2", "qcow2")
+    for call, args in ((imgcopy.convert, (tar, dst)), (imgcopy.plan, (tar,))):
+        with pytest.raises(TypeError, match=r"member='disk.qcow2' and src_member='big.raw'"):
+            call(*args, member="disk.qcow2", src_member="big.raw")
+    assert r.bytes_written > 0
+
+
 def test_backing_file_is_another_member(archive, extracted, tmp_path):
     fmt, tar, _ = archive
     top = extracted["vm/top.qcow2"]
@@ -254,7 +277,6 @@ def test_cli_member(archive, extracted, tmp_path):
     assert p.stdout == qemu_map(out, "qcow2").text
     p = subprocess.run(cmd + ["info", "--member", ask, "--output=json", tar],
                        capture_output=True, text=True, env=env, check=True)
-    import json
     assert _qemu_info_comparable(json.loads(p.stdout)) == \
         _qemu_info_comparable(qemu_info(out, "qcow2"))
     dst = str(tmp_path / "cli.qcow2")
@@ -278,6 +300,194 @@ def test_archive_on_nbd(sources, tmp_path):
         dst = str(tmp_path / "o.raw")
         imgcopy.convert(srv.uri, dst, src_member="disk.qcow2")
         assert_same_content(dst, out, "raw", "qcow2")
+
+
+# --------------------------------------------------------------------------
+# the verification tools (checksum, compare, check, measure) on members,
+# against qemu-img on the member extracted
+
+def _guest(path, kind, tmp_path):
+    """What qemu reads from an image: qemu-img convert -O raw (a raw file
+    itself: qemu would round its size up to whole sectors)."""
+    if kind == "raw":
+        with open(path, "rb") as f:
+            return f.read()
+    out = str(tmp_path / "guest.raw")
+    qemu_img("convert", "-f", kind, "-O", "raw", path, out)
+    with open(out, "rb") as f:
+        data = f.read()
+    os.unlink(out)
+    return data
+
+
+def _run_cli(capfdbinary, *argv):
+    from imgcopy.cli import main as cli_main
+    capfdbinary.readouterr()
+    rc = cli_main(list(argv))
+    out, err = capfdbinary.readouterr()
+    return rc, out.decode(), err.decode()
+
+
+def test_checksum_of_member(archive, extracted, tmp_path, capfdbinary):
+    from .test_checksum import reference
+    fmt, tar, asked = archive
+    for ask, (stored, kind) in asked.items():
+        want = reference(_guest(extracted[stored], kind, tmp_path))
+        assert imgcopy.checksum(tar, member=ask) == want, (fmt, ask)
+        assert imgcopy.checksum(extracted[stored], format=kind) == want
+    ask = "disk.qcow2"
+    want = imgcopy.checksum(tar, "md5", "4k", member=ask)
+    assert want == reference(_guest(extracted["./disk.qcow2"], "qcow2", tmp_path), "md5", 4096)
+    # the CLI names what it hashed: the archive's member
+    rc, out, err = _run_cli(capfdbinary, "checksum", "-a", "md5", "--block-size", "4k",
+                            "--member", ask, tar)
+    assert (rc, out, err) == (0, f"{want}  {tar}/{ask}\n", "")
+    rc, out, err = _run_cli(capfdbinary, "checksum", "--member", "nope.raw", tar)
+    assert rc == 1 and out == "" and "no member 'nope.raw'" in err, err
+    with pytest.raises(ValueError, match="no member 'nope.raw'"):
+        imgcopy.checksum(tar, member="nope.raw")
+
+
+def test_convert_checksum_names_the_member(archive, extracted, tmp_path, capfdbinary):
+    fmt, tar, _ = archive
+    if fmt != "pax":
+        pytest.skip("one archive format is enough for the command line")
+    dst = str(tmp_path / "c.raw")
+    rc, out, err = _run_cli(capfdbinary, "convert", "--checksum=sha256", "--member", "disk.qcow2",
+                            tar, dst)
+    want = imgcopy.checksum(extracted["./disk.qcow2"], format="qcow2")
+    assert (rc, out) == (0, f"{want}  {tar}/disk.qcow2\n"), err
+    rc, out, err = _run_cli(capfdbinary, "convert", "--checksum=sha256", dst, dst + ".2")
+    assert (rc, out) == (0, f"{want}  {dst}\n"), err
+
+
+def _poked(src, kind, tmp_path, offset):
+    """src as raw, one byte changed at offset."""
+    out = str(tmp_path / "poked.raw")
+    qemu_img("convert", "-f", kind, "-O", "raw", src, out)
+    with open(out, "r+b") as f:
+        f.seek(offset)
+        old = f.read(1)
+        f.seek(offset)
+        f.write(bytes([old[0] ^ 0x5a]))
+    return out
+
+
+def test_compare_members(archive, extracted, tmp_path, capfdbinary):
+    fmt, tar, asked = archive
+    for ask, (stored, kind) in asked.items():
+        out = extracted[stored]
+        r = imgcopy.compare(tar, out, a_member=ask, b_format=kind)
+        assert r.identical and r.message == "Images are identical.", (fmt, ask)
+        assert imgcopy.compare(out, tar, b_member=ask)
+        size = imgcopy.info(out, kind).virtual_size
+        poked = _poked(out, kind, tmp_path, size * 2 // 3)
+        q = qemu_img("compare", "-f", kind, "-F", "raw", out, poked, check=False)
+        assert q.returncode == 1, q.stdout
+        r = imgcopy.compare(tar, poked, a_member=ask, b_format="raw")
+        assert not r.identical and r.message + "\n" == q.stdout, (fmt, ask)
+        rc, o, e = _run_cli(capfdbinary, "compare", "--a-member", ask, "-F", "raw", tar, poked)
+        assert (rc, o) == (1, q.stdout), e
+        os.unlink(poked)
+    # both sides members, of the same archive
+    assert imgcopy.compare(tar, tar, a_member="disk.qcow2", b_member="./disk.qcow2")
+    r = imgcopy.compare(tar, tar, a_member="disk.qcow2", b_member="vm/top.qcow2")
+    q = qemu_img("compare", extracted["./disk.qcow2"], extracted["vm/top.qcow2"], check=False)
+    assert r.lines == q.stdout.splitlines()
+    rc, o, e = _run_cli(capfdbinary, "compare", "--a-member", "disk.qcow2", "--b-member",
+                        "vm/top.qcow2", tar, tar)
+    assert (rc, o) == (q.returncode, q.stdout), e
+    # a member that is not there: qemu-img's exit code 2, named as archive/member
+    # (the archive itself is no disk: the other side names a member too)
+    rc, o, e = _run_cli(capfdbinary, "compare", "--a-member", "disk.qcow2", "--b-member",
+                        "nope.raw", tar, tar)
+    assert rc == 2 and f"Could not open '{tar}/nope.raw'" in e and "no member" in e, e
+    # an archive without a member: the remedy is compare()'s keyword for that side
+    with pytest.raises(ImageFormatError) as exc:
+        imgcopy.compare(extracted["big.raw"], tar)
+    assert "b_member=" in str(exc.value) and "(pass member=" not in str(exc.value)
+    assert all(set(r.options) <= {"b_member", "b_format"} for r in exc.value.remedies)
+
+
+def test_check_member(archive, extracted, capfdbinary):
+    fmt, tar, _ = archive
+    for ask, stored in (("disk.qcow2", "./disk.qcow2"), ("vm/top.qcow2", "vm/top.qcow2")):
+        out = extracted[stored]
+        q = qemu_img("check", "--output=json", out)
+        want = json.loads(q.stdout)
+        r = imgcopy.check(tar, member=ask)
+        assert r.ok and r.member == ask and r.filename == tar
+        got = json.loads(r.to_json())
+        assert got.pop("filename") == tar and want.pop("filename") == out
+        assert got == want, (fmt, ask)
+        rc, o, e = _run_cli(capfdbinary, "check", "--member", ask, tar)
+        assert (rc, o) == (0, qemu_img("check", out).stdout), e
+    # a raw member has no checks, as qemu-img check of the extracted file says
+    q = qemu_img("check", "-f", "raw", extracted["big.raw"], check=False)
+    assert q.returncode == 63
+    with pytest.raises(OSError) as exc:
+        imgcopy.check(tar, member="big.raw")
+    assert exc.value.errno == errno.ENOTSUP
+    rc, o, e = _run_cli(capfdbinary, "check", "--member", "big.raw", tar)
+    assert rc == 63 and "does not support checks" in e
+    with pytest.raises(ValueError, match="no member 'nope'"):
+        imgcopy.check(tar, member="nope")
+
+
+def test_measure_member(archive, extracted, capfdbinary):
+    fmt, tar, asked = archive
+    for ask, (stored, kind) in asked.items():
+        out = extracted[stored]
+        for out_fmt in ("raw", "qcow2"):
+            want = qemu_measure(out, fmt=kind, out_fmt=out_fmt)
+            got = imgcopy.measure(tar, member=ask, dst_format=out_fmt)
+            assert got.to_dict() == want, (fmt, ask, out_fmt)
+            assert imgcopy.measure(tar, src_member=ask, dst_format=out_fmt) == got
+        rc, o, e = _run_cli(capfdbinary, "measure", "--output=json", "-O", "qcow2",
+                            "--member", ask, tar)
+        assert (rc, json.loads(o)) == (0, qemu_measure(out, fmt=kind)), e
+    rc, o, e = _run_cli(capfdbinary, "measure", "--member", "nope", tar)
+    assert rc == 1 and f"Could not open '{tar}/nope'" in e and "no member 'nope'" in e, e
+    rc, o, e = _run_cli(capfdbinary, "measure", "--member", "x", "--size", "1M")
+    assert rc == 1 and "--member requires a filename" in e
+    # an archive without a member: the remedy spelt as the flag
+    rc, o, e = _run_cli(capfdbinary, "measure", tar)
+    assert rc == 1 and f"Could not open '{tar}'" in e and "--member " in e, e
+    with pytest.raises(ImageFormatError, match=r"\(pass member="):
+        imgcopy.measure(tar)
+    with pytest.raises(ValueError, match="no member 'nope'"):
+        imgcopy.measure(tar, member="nope")
+
+
+def test_measure_member_bitmaps(tmp_path):
+    """A qcow2 member's persistent bitmaps are read from the member (not
+    from the archive's first bytes)."""
+    q = str(tmp_path / "bm.qcow2")
+    qemu_img("create", "-f", "qcow2", q, "64M")
+    qemu_io(q, ["write -P 0x3c 1M 256k"], fmt="qcow2")
+    qemu_img("bitmap", "--add", "-g", "64k", q, "b1")
+    qemu_img("bitmap", "--add", "-g", "1M", q, "second-bitmap")
+    tar = str(tmp_path / "bm.ova")
+    ta.build(tar, [("vm.ovf", _small(tmp_path)), ("bm.qcow2", q)], "gnu")
+    want = qemu_measure(q, fmt="qcow2")
+    assert want["bitmaps"] > 0
+    assert imgcopy.measure(tar, member="bm.qcow2", dst_format="qcow2").to_dict() == want
+
+
+def test_verification_tools_take_member_and_external_files():
+    """member and external_files, spelt as open() spells them, on every tool."""
+    import inspect
+    for func, names in ((imgcopy.checksum, ("member", "external_files")),
+                        (imgcopy.check, ("member", "external_files")),
+                        (imgcopy.compare, ("a_member", "b_member", "external_files")),
+                        (imgcopy.measure, ("member", "src_member", "src_external_files"))):
+        params = inspect.signature(func).parameters
+        for name in names:
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (func, name)
+    with pytest.raises(TypeError, match="member"):
+        imgcopy.check("x.tar", member=3)
+    with pytest.raises(TypeError, match="both name the source's member"):
+        imgcopy.measure("x.tar", member="a", src_member="b")
 
 
 # --------------------------------------------------------------------------

@@ -4,6 +4,9 @@ qemu-img compare, requests with nbdkit's own log."""
 import errno
 import json
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
 import threading
@@ -12,8 +15,8 @@ import time
 import pytest
 
 import imgcopy
-from .convert_helpers import check_result
-from .gen.sparse import make_sparse
+from .convert_helpers import check_result, imgcopy_cmd
+from .gen.sparse import make_sparse, seeded_bytes
 from .oracles import (assert_same_content, qemu_img, qemu_info, qemu_io, qemu_map,
                       qemu_map_human)
 from .servers import nbdkit, needs_libnbd, needs_nbdkit, needs_qemu_nbd, qemu_nbd
@@ -174,6 +177,32 @@ def test_destination_that_cannot_say_gets_zeroed(source):
         assert_same_content(source, srv.uri, "raw", "raw")
 
 
+def test_fully_allocated_sends_zero_requests_not_zeros(tmp_path):
+    """-S 0 into an export: a 2 GiB source holding 2 bytes costs two small
+    writes and a few WRITE_ZEROES that keep the range allocated
+    (NBD_CMD_FLAG_NO_HOLE: never may-trim), as nbdcopy --allocated sends,
+    never 2 GiB of zeros on the wire; a server without WRITE_ZEROES gets
+    zeros written, as it has no such request."""
+    src = str(tmp_path / "two-bytes.raw")
+    make_sparse(src, 2 * GiB, [(4096, b"\x01"), (GiB + 17, b"\x02")])
+    with nbdkit("memory", "2G") as srv:
+        res = imgcopy.convert(src, srv.uri, sparse_threshold=0)
+        writes, zeros = srv.requests("Write"), srv.requests("Zero")
+        assert_same_content(src, srv.uri, "raw", "raw")
+    assert sum(w.count for w in writes) == res.bytes_written == 8192, writes
+    assert 0 < len(zeros) <= 4 and all(z.ok for z in zeros), zeros
+    assert all("trim" not in z.flags for z in zeros), [sorted(z.flags) for z in zeros]
+    assert sum(z.count for z in zeros) == res.bytes_zeroed == 2 * GiB - 8192
+    assert res.bytes_skipped == 0
+    small = str(tmp_path / "small.raw")
+    make_sparse(small, 64 * MiB, [(4096, b"\x01")])
+    with nbdkit("memory", "64M", filters=["nozero"]) as srv:
+        res = imgcopy.convert(small, srv.uri, sparse_threshold=0)
+        assert srv.count("Zero") == 0 and srv.bytes("Write") == 64 * MiB
+        assert res.bytes_skipped == 0
+        assert_same_content(small, srv.uri, "raw", "raw")
+
+
 def test_empty_disk_costs_three_zero_requests_at_most(tmp_path):
     """An empty 8 GiB disk: zero requests as long as NBD carries (32-bit
     lengths), never one per request_size; none when the export says it
@@ -296,6 +325,95 @@ def test_server_gone_mid_copy_is_an_error_not_a_hang(source):
     assert time.monotonic() - t0 < 20
 
 
+def _sigint_to_exit(argv, env, cwd):
+    """Run `imgcopy convert -p ARGV`, SIGINT it once its bar shows and
+    requests are in flight; (seconds from SIGINT to exit, status, stderr)."""
+    proc = subprocess.Popen(imgcopy_cmd() + ["convert", "-p"] + argv, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=env, cwd=cwd)
+    try:
+        seen, deadline = b"", time.monotonic() + 20
+        while b"%" not in seen and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 1)[0]:
+                chunk = os.read(proc.stderr.fileno(), 4096)
+                assert chunk, "exited (%s) before it copied: %r" % (proc.wait(), seen)
+                seen += chunk
+        time.sleep(0.3)  # well into the copy: the server holds many requests
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("imgcopy did not stop within 20 s of SIGINT")
+        return time.monotonic() - t0, proc.returncode, (seen + proc.stderr.read()).decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("way", ["into", "from"])
+def test_ctrl_c_does_not_wait_for_a_slow_server(tmp_path, imgcopy_env, way):
+    """Ctrl-C against a server that takes seconds to answer what is in
+    flight (rate-limited to 100 Mbit/s: 64 MiB of writes queued, or four
+    8 MiB reads): imgcopy exits within a tenth of a second or so, the
+    connections shut down rather than drained, in either direction."""
+    dst = str(tmp_path / "out.raw")
+    # one thread per connection: nbdkit before 1.33.10 asserts when a client
+    # hangs up while two of its threads have replies to send (its commit
+    # 9d82aa4f; nbdcopy's Ctrl-C does it too)
+    one = ["--threads=1"]
+    for run in range(3):
+        with nbdkit("pattern", "1G", "rate=100M", filters=["rate"], log=False, extra=one) as slow, \
+                nbdkit("pattern", "1G", log=False, extra=one) as fast, \
+                nbdkit("memory", "1G", "rate=100M", filters=["rate"], log=False,
+                       extra=one) as slow_dst:
+            # from: 8 MiB reads, one per worker, in flight: seconds of them
+            argv = ([fast.uri, slow_dst.uri] if way == "into"
+                    else ["--request-size", "8M", slow.uri, dst])
+            elapsed, status, err = _sigint_to_exit(argv, imgcopy_env, str(tmp_path))
+        assert status == 130 and "interrupted" in err, (status, err[-500:])
+        assert elapsed < 0.5, "run %d: %.2f s from SIGINT to exit" % (run, elapsed)
+        assert not os.path.exists(dst)
+
+
+@pytest.mark.parametrize("connections", [1, None], ids=["one-connection", "multi-conn"])
+def test_dead_server_is_blamed_on_the_first_request_in_flight(tmp_path, connections):
+    """kill -9 of the destination's server mid-copy, every write taking
+    half a second (dozens in flight): the error names the write of lowest
+    offset the server held unanswered, not the last one issued (which
+    libnbd happened to fail first, or one refused after the death)."""
+    src = str(tmp_path / "data.raw")
+    piece = seeded_bytes(MiB)
+    make_sparse(src, 64 * MiB, [(off, piece) for off in range(0, 64 * MiB, MiB)])
+    killed = []
+
+    def kill(srv):
+        killed.append(time.time())
+        os.kill(srv.pid, signal.SIGKILL)
+
+    with nbdkit("memory", "64M", "delay-write=500ms", filters=["delay"]) as srv:
+        killer = threading.Timer(0.7, kill, (srv,))
+        killer.start()
+        try:
+            with pytest.raises(OSError) as e:
+                imgcopy.convert(src, srv.uri, request_size="256k", connections=connections,
+                                concurrency=1 if connections == 1 else 4)
+        finally:
+            killer.join()
+        writes = srv.requests("Write", settle=False)
+        srv.stop()
+    blamed = re.search(r"NBD write at offset (\d+)", str(e.value))
+    assert blamed and e.value.filename == srv.uri, e.value
+    pending = sorted(w.offset for w in writes if not w.done)
+    assert killed and pending, writes
+    # (a write the server answered a moment before it died may still have
+    # been on its way back)
+    just_answered = {w.offset for w in writes if w.done and w.end > killed[0] - 0.05}
+    offset = int(blamed.group(1))
+    assert offset == pending[0] or offset in just_answered, (offset, pending[:8])
+
+
 def test_without_libnbd(source, tmp_path, imgcopy_env):
     """No libnbd: NBD URIs fail, naming the package; files still work."""
     env = dict(imgcopy_env, IMGCOPY_LIBNBD="/nonexistent/libnbd.so.0")
@@ -341,6 +459,26 @@ def test_cli_convert_into_export(source, imgcopy_env, tmp_path, extra):
         assert srv.count("Zero") == 0
 
 
+def test_target_is_zero_into_export_needs_no_n(source, imgcopy_env, tmp_path):
+    """An NBD export is always an existing destination (-n implied):
+    --target-is-zero needs no -n there, and neither the CLI nor convert()
+    zeroes anything in an export that cannot say it reads zeros."""
+    for how in ("cli", "python"):
+        with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+            if how == "cli":
+                p = subprocess.run([sys.executable, "-m", "imgcopy", "convert",
+                                    "--target-is-zero", "--stats=json", source, srv.uri],
+                                   env=imgcopy_env, cwd=str(tmp_path), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+                assert p.returncode == 0, p.stderr
+                res = json.loads(p.stdout)
+            else:
+                res = imgcopy.convert(source, srv.uri, target_is_zero=True).to_dict()
+            assert_same_content(source, srv.uri, "raw", "raw")
+            assert srv.count("Zero") == 0 and res["zero_requests"] == 0, (how, res)
+            assert res["bytes_skipped"] > 0, (how, res)
+
+
 @pytest.mark.parametrize("connections,requests", [(1, 1), (2, 4), (None, 64)])
 def test_connections_and_requests_in_flight(source, connections, requests):
     """The knobs: connections to a multi-conn server (default 4) and
@@ -384,6 +522,28 @@ def test_server_preferred_block_size_raises_threshold_and_requests(corpus_raw):
         assert_same_content(src, srv.uri, "raw", "raw")
         writes = srv.count("Write")
     assert writes <= qemu_writes, (writes, qemu_writes)
+
+
+def test_options_reported_are_the_ones_used(source):
+    """An export preferring 64 KiB requests: the copy's holes and requests
+    are raised to that, and CopyResult.options says so (not the 4 KiB
+    asked); the same options asked for, into an export without a
+    preference, make exactly the same requests."""
+    def writes(srv):
+        return sorted((r.offset, r.count) for r in srv.requests("Write"))
+
+    with nbdkit("memory", str(SIZE), "blocksize-preferred=64K", "blocksize-minimum=512",
+                "blocksize-maximum=4M", filters=["blocksize-policy", "noextents"]) as srv:
+        res = imgcopy.convert(source, srv.uri, request_size="4k", sparse_threshold="4k")
+        assert_same_content(source, srv.uri, "raw", "raw")
+        raised = writes(srv)
+    used = res.options
+    assert (used.sparse_threshold, used.request_size) == (64 * KiB, 64 * KiB), used
+    assert used.target_is_zero is False  # an export: decided, not None
+    with nbdkit("memory", str(SIZE), filters=["noextents"]) as srv:
+        again = imgcopy.convert(source, srv.uri, options=used)
+        assert writes(srv) == raised
+    assert again.options == used
 
 
 def test_tls_with_a_pre_shared_key(source, tmp_path):

@@ -71,11 +71,35 @@ def test_options_keywords_and_plan_agree(source, tmp_path, kwargs):
     assert counters(by_object) == counters(by_keywords) == expected
     for name in ("object.raw", "keywords.raw"):
         assert_same_content(source, str(tmp_path / name))
-    # what the copy ran with: the options, "auto" decided (a new file reads as zeros)
-    decided = options if options.target_is_zero is not None else \
-        dataclasses.replace(options, target_is_zero=True)
+    # what the copy ran with: the options, "auto" decided (a new file reads
+    # as zeros), requests whole blocks of the zero scan (the threshold's
+    # largest power of two)
+    decided = dataclasses.replace(
+        options, target_is_zero=True if options.target_is_zero is None else options.target_is_zero,
+        request_size=round_up(options.request_size, scan_block(options.sparse_threshold)))
     assert by_object.options == by_keywords.options == decided
-    assert planned.options == dataclasses.replace(decided, flush=options.flush)
+    # the plan's engine writes into nothing: no flush
+    assert planned.options == dataclasses.replace(decided, flush=False)
+
+
+def scan_block(threshold):
+    """The zero scan's blocks: the largest power of two not above the threshold (4 KiB for 0)."""
+    return 4096 if threshold == 0 else 1 << (threshold.bit_length() - 1)
+
+
+def round_up(n, unit):
+    return -(-n // unit) * unit
+
+
+def test_options_reported_for_compressed_qcow2(source, tmp_path):
+    """qcow2 -c judges each cluster on its own: the threshold the copy ran
+    with is the cluster size, and so says CopyResult.options."""
+    res = imgcopy.convert(source, str(tmp_path / "out.qcow2"), dst_format="qcow2",
+                          compress=True, cluster_size="64k", sparse_threshold="1M",
+                          request_size=100 * 4096)
+    assert res.options.sparse_threshold == 64 * KiB
+    assert res.options.request_size == 7 * 64 * KiB  # whole clusters
+    assert res.options.target_is_zero is True  # a new image
 
 
 def test_the_cases_differ(source):
@@ -116,8 +140,8 @@ def test_defaults_are_the_c_cores():
     defaults = _core.copy_option_defaults()
     o = CopyOptions()
     for name, value in defaults.items():
-        # None: decided per copy (target_is_zero) or by the server (connections: 0)
-        expected = None if name in ("target_is_zero", "connections") else value
+        # None: decided by the server (connections: 0)
+        expected = None if name == "connections" else value
         assert getattr(o, name) == expected, name
     assert {f.name for f in dataclasses.fields(CopyOptions)} == set(defaults) | {"direct"}
 
@@ -267,3 +291,67 @@ def test_create_keywords_replace_the_layouts_fields(source, tmp_path):
     info = qemu_info(dst)
     assert info["cluster-size"] == 4096
     assert info["format-specific"]["data"]["compat"] == "0.10"
+
+
+# ---- unknown keywords: the nearest valid one is named --------------------
+
+def _public_calls():
+    from imgcopy.info import info_chain
+    return [imgcopy.convert, imgcopy.plan, imgcopy.checksum, imgcopy.compare, imgcopy.check,
+            imgcopy.measure, imgcopy.open, imgcopy.map, imgcopy.info, info_chain,
+            imgcopy.Image, CopyOptions, Qcow2Options]
+
+
+def _typos(call):
+    """Each keyword of ``call`` with a letter dropped from its middle."""
+    import inspect
+    for p in inspect.signature(call).parameters.values():
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and len(p.name) > 3 \
+                and not p.name.startswith("_"):
+            mid = len(p.name) // 2
+            yield p.name, p.name[:mid] + p.name[mid + 1:]
+
+
+@pytest.mark.parametrize("call", _public_calls(), ids=lambda c: c.__name__)
+def test_unknown_keyword_names_the_nearest(call, tmp_path):
+    dst = str(tmp_path / "never.raw")
+    seen = 0
+    for name, typo in _typos(call):
+        args = {imgcopy.convert: ("src.raw", dst), imgcopy.compare: ("a", "b")}.get(call, ("x",))
+        with pytest.raises(TypeError) as exc:
+            call(*args, **{typo: 1})
+        assert str(exc.value) == (f"{call.__name__}() got an unexpected keyword argument "
+                                  f"{typo!r}; did you mean {name!r}?"), name
+        seen += 1
+    assert seen >= 2
+    assert not os.path.exists(dst)
+
+
+def test_unknown_keyword_messages():
+    with pytest.raises(TypeError, match=r"^convert\(\) got an unexpected keyword argument "
+                                        r"'sparse_treshold'; did you mean 'sparse_threshold'\?$"):
+        imgcopy.convert("a", "b", sparse_treshold="4k")
+    with pytest.raises(TypeError, match=r"'fmt'; did you mean 'format'\?$"):
+        imgcopy.open("x", fmt="raw")
+    # nothing near: Python's own message
+    with pytest.raises(TypeError, match=r"^plan\(\) got an unexpected keyword argument "
+                                        r"'zzz'$"):
+        imgcopy.plan("x", zzz=1)
+    # private keywords are not suggested
+    with pytest.raises(TypeError) as exc:
+        imgcopy.Image("x", sourc=True)
+    assert "_source" not in str(exc.value)
+    # dataclasses.replace() goes through the same check
+    with pytest.raises(TypeError, match="did you mean 'concurrency'"):
+        dataclasses.replace(CopyOptions(), concurency=2)
+    with pytest.raises(TypeError, match="did you mean 'compression_level'"):
+        Qcow2Options(compresion_level=3)
+
+
+def test_checked_calls_keep_their_signatures():
+    import inspect
+    assert "sparse_threshold" in inspect.signature(imgcopy.convert).parameters
+    assert list(inspect.signature(CopyOptions).parameters)[0] == "sparse_threshold"
+    assert imgcopy.convert.__kwdefaults__["member"] is None
+    assert imgcopy.convert.__name__ == "convert" and "moving only" in imgcopy.convert.__doc__
+    assert CopyOptions(concurrency=2).concurrency == 2

@@ -152,3 +152,127 @@ def test_descriptor_extents_are_members(tmp_path, subformat):
     out = str(tmp_path / "out.raw")
     imgcopy.convert(archive, out, src_member="vm/vm.vmdk")
     qemu_img("compare", "-f", "raw", "-F", "raw", raw, out)
+
+
+# ---- an archive opened without member= is refused, not read as a disk ----
+
+def _refusal(call):
+    with pytest.raises(imgcopy.ImageFormatError) as e:
+        call()
+    return e.value
+
+
+def _names_the_disks(exc, first="disk1.vmdk", member="member", format="format"):
+    text = str(exc)
+    assert "tar archive" in text and "'disk1.vmdk' (vmdk)" in text and \
+        "'disk2.vmdk' (vmdk)" in text, text
+    assert "vm.ovf" not in text and "vm.mf" not in text, text   # not disks
+    assert exc.remedies[0].options == {member: first}, exc.remedies
+    assert {format: "raw"} in [r.options for r in exc.remedies], exc.remedies
+    return text
+
+
+@pytest.mark.parametrize("fmt", [None, "vmdk", "qcow2"])
+def test_ova_without_member_refused_everywhere(ova, tmp_path, fmt):
+    """Probed or named as a format, the archive is no disk: every entry
+    point says so and names the disks in it."""
+    archive, _ = ova
+    # each remedy spelt with the keywords of the call that was refused
+    calls = [(lambda: imgcopy.open(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.map(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.info(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.checksum(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.check(archive, format=fmt), "member", "format"),
+             (lambda: imgcopy.measure(archive, src_format=fmt, dst_format="qcow2"),
+              "member", "src_format"),
+             (lambda: imgcopy.compare(archive, archive, a_format=fmt, b_format=fmt),
+              "a_member", "a_format")]
+    for call, member, format in calls:
+        _names_the_disks(_refusal(call), member=member, format=format)
+    dst = str(tmp_path / "x.qcow2")
+    exc = _refusal(lambda: imgcopy.convert(archive, dst, src_format=fmt, dst_format="qcow2"))
+    assert 'src_member="disk1.vmdk"' in str(exc) and 'src_format="raw"' in str(exc), str(exc)
+    assert not os.path.exists(dst)
+
+
+def test_ova_as_raw_reads_the_archive_bytes(ova):
+    archive, _ = ova
+    with imgcopy.open(archive, format="raw") as img:
+        with open(archive, "rb") as f:
+            assert img.read(0, img.size) == f.read()
+
+
+def test_ova_cli_convert_without_member_refused(ova, tmp_path, imgcopy_env):
+    """The issue's command: exit 1, nothing written, the flags to use."""
+    archive, _ = ova
+    dst = str(tmp_path / "x.qcow2")
+    for extra in ([], ["-f", "vmdk"]):
+        p = subprocess.run([sys.executable, "-m", "imgcopy", "convert"] + extra +
+                           ["-O", "qcow2", archive, dst], capture_output=True, text=True,
+                           env=imgcopy_env, timeout=60)
+        assert p.returncode == 1, p.stderr
+        assert "--member disk1.vmdk" in p.stderr and "-f raw" in p.stderr, p.stderr
+        assert not os.path.exists(dst)
+
+
+@pytest.mark.parametrize("fmt", ["ustar", "gnu", "pax", "v7"])
+def test_every_tar_format_is_probed(tmp_path, fmt):
+    disk = tmp_path / "disk.qcow2"
+    qemu_img("create", "-f", "qcow2", str(disk), "1M")
+    archive = str(tmp_path / "a.tar")
+    if fmt == "v7":
+        data = disk.read_bytes()
+        with open(archive, "wb") as f:
+            f.write(tar_archives.header("d.qcow2", len(data), magic="v7") + data +
+                    tar_archives.pad(len(data)) + tar_archives.end_blocks())
+        name = "d.qcow2"
+    else:
+        tar_archives.build(archive, [("vm/d.qcow2", str(disk))], fmt=fmt)
+        name = "vm/d.qcow2"
+    assert imgcopy._core.probe(archive) == "tar"
+    exc = _refusal(lambda: imgcopy.info(archive))
+    assert "'%s' (qcow2)" % name in str(exc) and exc.remedies[0].options == {"member": name}
+    assert imgcopy.info(archive, member=name).format == "qcow2"
+
+
+def test_archive_without_disks_lists_its_members(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello\n")
+    archive = str(tmp_path / "a.tar")
+    tar_archives.build(archive, [("notes.txt", str(notes)), ("disk-flat.vmdk", str(notes))],
+                       fmt="gnu")
+    exc = _refusal(lambda: imgcopy.open(archive))
+    assert "none of its members looks like a disk" in str(exc) and "'notes.txt'" in str(exc)
+    assert [r.options for r in exc.remedies] == [{"format": "raw"}]
+
+
+def test_header_with_a_bad_checksum_is_not_an_archive(tmp_path):
+    """Only a header tar would read is a tar archive: a wrong checksum makes
+    the bytes a raw disk again."""
+    p = tmp_path / "a.raw"
+    p.write_bytes(tar_archives.header("x", 0, checksum_delta=1) + bytes(1024))
+    assert imgcopy._core.probe(str(p)) == "raw"
+    with imgcopy.open(str(p)) as img:
+        assert img.format == "raw"
+
+
+def test_member_that_is_an_archive_refused(ova, tmp_path):
+    archive, _ = ova
+    outer = str(tmp_path / "outer.tar")
+    tar_archives.build(outer, [("inner.ova", archive)], fmt="pax")
+    exc = _refusal(lambda: imgcopy.open(outer, member="inner.ova"))
+    assert "member 'inner.ova' is a tar archive itself" in str(exc)
+    assert [r.options for r in exc.remedies] == [{"format": "raw"}]   # member= is one level
+    with imgcopy.open(outer, member="inner.ova", format="raw") as img:
+        assert img.size == os.path.getsize(archive)
+
+
+def test_backing_file_that_is_an_archive_refused(ova, tmp_path):
+    archive, _ = ova
+    top = str(tmp_path / "top.qcow2")
+    qemu_img("create", "-f", "qcow2", "-b", archive, "-F", "raw", "-u", top, "8M")
+    with imgcopy.open(top) as img:     # named raw: read as raw, as qemu does
+        assert img.size == 8 * MiB
+    qemu_img("rebase", "-u", "-b", archive, "-F", "vmdk", top)
+    exc = _refusal(lambda: imgcopy.open(top))
+    assert "tar archive" in str(exc) and not exc.remedies   # no option of the caller's helps

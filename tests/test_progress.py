@@ -165,10 +165,10 @@ class _InterruptedStream(io.StringIO):
 
 def test_cli_bar_ends_its_line_after_ctrl_c_during_a_draw():
     stream = _InterruptedStream()
-    bar = P.TextBar(100, stream=stream, style="qemu")    # the CLI's -p
+    bar = P.QemuProgress(100, stream=stream)    # the CLI's -p
     stream.armed = True
     with pytest.raises(KeyboardInterrupt):
-        bar.update(1)
+        bar.update(2)
     bar.close()
     assert stream.getvalue().endswith("\n"), repr(stream.getvalue())
 

@@ -114,7 +114,7 @@ def test_cli_checksum_bar_reaches_100(images, imgcopy_env):
                         images["small"]], capture_output=True, env=imgcopy_env)
     assert p.returncode == 0, p.stderr
     text = (p.stdout + p.stderr).decode()
-    finals = [line.split("\r")[-1] for line in text.split("\n") if "%" in line]
+    finals = [[r for r in line.split("\r") if r][-1] for line in text.split("\n") if "%" in line]
     assert len(finals) == 2 and all("100.0" in f for f in finals), repr(text)
 
 

@@ -36,7 +36,7 @@ def check_result(r, size, *, fresh=False, data_bytes=None, sparse_threshold=None
     for k, v in d.items():
         assert v >= 0, (k, d)
     assert r.bytes_written + r.bytes_zeroed + r.bytes_skipped == size, d
-    if fresh:
+    if fresh and r.options.sparse_threshold:  # fully allocated: zeros allocated
         assert r.bytes_zeroed == 0 and r.zero_requests == 0, d
     if r.bytes_written:
         assert r.write_requests > 0, d
@@ -113,9 +113,9 @@ def test_convert_options(qcow2_all, tmp_path, name, opts):
                      sparse_threshold=opts["sparse_threshold"])
         assert_same_content(b.path, dst, "qcow2", "raw")
         if opts["sparse_threshold"] == 0:
-            # fully allocated: no holes at all in the output
-            m = qemu_map(dst).extents
-            assert all(d["data"] for d in m), m
+            # fully allocated: no holes at all in the output (its zeros
+            # fallocated: disk space, not data to qemu-img map)
+            assert os.stat(dst).st_blocks * 512 >= b.size, os.stat(dst)
     finally:
         os.unlink(dst)
 

@@ -468,6 +468,17 @@ static int zero_range(struct ic_image *img, uint64_t off, uint64_t len)
     return 0;
 }
 
+/* Disk space for a range that reads as zeros already (mode 0: never
+ * changes what it reads) */
+static int allocate_range(struct ic_image *img, uint64_t off, uint64_t len)
+{
+    struct raw_state *s = state(img);
+    if (fallocate(s->fd, FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0)
+        return -errno;
+    ic_cache_forget(img, off, off + len); /* unwritten extents: fs-specific */
+    return 0;
+}
+
 static int blkzeroout(struct ic_image *img, uint64_t off, uint64_t len)
 {
     uint64_t range[2] = {off, len};
@@ -500,6 +511,8 @@ static int raw_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned f
     int r = -ENOTSUP;
     if (flags & IC_ZERO_MAY_UNMAP)
         r = try_method(img, NO_PUNCH_HOLE, punch_hole, off, len);
+    else if ((flags & IC_ZERO_ALLOCATE) && !s->is_blockdev)
+        r = try_method(img, NO_ALLOCATE, allocate_range, off, len);
     if (r == -ENOTSUP && !s->is_blockdev)
         r = try_method(img, NO_ZERO_RANGE, zero_range, off, len);
     if (r == -ENOTSUP && s->is_blockdev)
@@ -646,6 +659,7 @@ const struct ic_driver ic_protocol_file = {
     .pread = raw_pread,
     .pwrite = raw_pwrite,
     .zero = raw_zero,
+    .zero_allocates = 1,
     .flush = raw_flush,
     .block_status = raw_block_status,
     .finish = ic_file_finish,
@@ -658,4 +672,5 @@ const struct ic_driver ic_protocol_file = {
     .settle_written = raw_settle_written,
     .settle_read = raw_settle_read,
     .copy_range = raw_copy_range,
+    .open_beneath = ic_file_open_beneath,
 };

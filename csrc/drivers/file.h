@@ -14,6 +14,7 @@ enum {
     NO_PUNCH_HOLE = 1u << 0,
     NO_ZERO_RANGE = 1u << 1,
     NO_BLKZEROOUT = 1u << 2,
+    NO_ALLOCATE = 1u << 3, /* fallocate mode 0 */
 };
 
 struct raw_state {

@@ -7,9 +7,10 @@
  * and polls the socket.  Reads, block status and flushes wait for their
  * reply; writes and zeroes do not: a write's bytes are copied, and the
  * caller goes on while up to NBD_BYTES_IN_FLIGHT bytes travel.  Their
- * first failure is kept and returned by every later call and by flush and
- * finish, so a failed write can never end in a reported success.  Several
- * connections are used when the server allows it (multi-conn). */
+ * first failure (the lowest offset of those in flight) is kept and returned by
+ * every later call and by flush and finish, so a failed write can never
+ * end in a reported success.  Several connections are used when the
+ * server allows it (multi-conn). */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "../error.h"
@@ -41,6 +43,8 @@ struct nbd_request {
     void *buf; /* read into; a write's own copy (freed at completion) */
     uint64_t off, len;
     uint32_t flags;
+    int refused;  /* libnbd refused it: it never went out (a dead connection) */
+    struct nbd_conn *conn; /* the connection it went to */
     int waited; /* the caller waits: it frees the request */
     int done;
     int error;
@@ -53,12 +57,16 @@ struct nbd_request {
 struct nbd_conn {
     struct nbd_state *st;
     struct nbd_handle *h;
+    int shut; /* aborted: its socket shut down (by its I/O thread) */
     pthread_t thread;
     int thread_started;
     int wake_fd;
     /* under st->lock */
     struct nbd_request *head, *tail;
     int stop;
+    /* unwaited requests that failed, held until published (settle) */
+    struct nbd_request *failures;
+    int settled; /* dead, or its thread gone */
 };
 
 struct nbd_state {
@@ -76,11 +84,17 @@ struct nbd_state {
     pthread_cond_t changed; /* a request completed */
     uint64_t bytes_in_flight;
     unsigned unwaited; /* writes and zeroes not completed yet */
+    unsigned nthreads;  /* connections whose I/O thread started */
+    unsigned nsettled;  /* of them, dead or gone */
+    int dying;          /* a connection died: the others are shut down */
+    atomic_uint held;   /* failures not yet published */
     int unflushed;     /* written or zeroed since the last flush */
-    /* the first failure of a request nobody waited for */
+    int aborted;       /* nbd_abort: every request fails at once */
+    /* the first failure of a request nobody waited for (first_failure) */
     int failed_errno;
     enum nbd_op failed_op;
     uint64_t failed_off;
+    int failed_refused;
     void *zeros; /* max_block zero bytes, for servers without WRITE_ZEROES */
 };
 
@@ -112,6 +126,24 @@ static int handle_error(struct ic_image *img, const struct nbd_lib *lib, const c
 
 /* ---- the I/O thread of a connection ------------------------------------ */
 
+static void wake(struct nbd_conn *c);
+
+/* An unwaited request is over (st->lock held): it frees its room. */
+static void retire_locked(struct nbd_state *st, struct nbd_request *r)
+{
+    if (r->op == OP_WRITE)
+        st->bytes_in_flight -= r->len;
+    st->unwaited--;
+    free(r->buf);
+    free(r);
+}
+
+/* Runs on the connection's I/O thread only (libnbd's callbacks, a refused
+ * submission).  A failed unwaited request is held back (settle): a
+ * connection that dies fails everything in flight in one libnbd call, in
+ * libnbd's order, and when a server dies every connection does; the
+ * failure kept must be the first of them (first_failure), not whichever
+ * libnbd reported first. */
 static void complete(struct nbd_request *r, int error)
 {
     struct nbd_state *st = r->st;
@@ -119,19 +151,77 @@ static void complete(struct nbd_request *r, int error)
     if (r->waited) {
         r->error = error;
         r->done = 1;
+    } else if (error) {
+        r->error = error;
+        r->next = r->conn->failures;
+        r->conn->failures = r;
+        atomic_fetch_add(&st->held, 1);
     } else {
-        if (error && !st->failed_errno) {
-            st->failed_errno = error;
-            st->failed_op = r->op;
-            st->failed_off = r->off;
-        }
-        if (r->op == OP_WRITE)
-            st->bytes_in_flight -= r->len;
-        st->unwaited--;
-        free(r->buf);
-        free(r);
+        retire_locked(st, r);
     }
     pthread_cond_broadcast(&st->changed);
+    pthread_mutex_unlock(&st->lock);
+}
+
+/* Whether failed request `r` says better what went wrong than the failure
+ * kept so far: one that went out (was in flight when the server failed or
+ * died) over one libnbd refused afterwards, then the lowest offset. */
+static int first_failure(const struct nbd_state *st, const struct nbd_request *r)
+{
+    if (!st->failed_errno || r->refused != st->failed_refused)
+        return !st->failed_errno || !r->refused;
+    return r->off < st->failed_off;
+}
+
+/* Every held failure at once (st->lock held): the first (first_failure)
+ * is kept, also against a failure kept before; then their room is freed,
+ * so that nobody sees the room before the failure. */
+static void publish_locked(struct nbd_state *st)
+{
+    for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++) {
+        struct nbd_conn *c = &st->conns[i];
+        while (c->failures) {
+            struct nbd_request *r = c->failures;
+            c->failures = r->next;
+            if (first_failure(st, r)) {
+                st->failed_errno = r->error;
+                st->failed_op = r->op;
+                st->failed_off = r->off;
+                st->failed_refused = r->refused;
+            }
+            atomic_fetch_sub(&st->held, 1);
+            retire_locked(st, r);
+        }
+    }
+    pthread_cond_broadcast(&st->changed);
+}
+
+/* After each libnbd call of the I/O thread (and as it exits).  The
+ * failures of a live connection are published at once; once one has
+ * died, the others are shut down too (see the loop) and nothing is
+ * published until every connection has settled (is dead, or its thread
+ * gone), so that the failure kept is the first of them all. */
+static void settle(struct nbd_conn *c, int exiting)
+{
+    struct nbd_state *st = c->st;
+    const struct nbd_lib *lib = st->lib;
+    int died = !exiting && (lib->aio_is_dead(c->h) || lib->aio_is_closed(c->h));
+    int settles = (died || exiting) && !c->settled; /* only this thread sets it */
+    if (!atomic_load(&st->held) && !settles)
+        return;
+    pthread_mutex_lock(&st->lock);
+    if (settles) {
+        c->settled = 1;
+        st->nsettled++;
+        if (died && !st->dying) {
+            st->dying = 1;
+            for (unsigned i = 0; i < st->nconns; i++)
+                if (&st->conns[i] != c && st->conns[i].thread_started)
+                    wake(&st->conns[i]);
+        }
+    }
+    if (!st->dying || st->nsettled == st->nthreads || exiting)
+        publish_locked(st);
     pthread_mutex_unlock(&st->lock);
 }
 
@@ -184,8 +274,24 @@ static void submit(struct nbd_conn *c, struct nbd_request *r)
         break;
     }
     }
-    if (cookie < 0) /* refused before it was sent: libnbd calls no callback */
+    if (cookie < 0) { /* refused before it was sent: libnbd calls no callback */
+        r->refused = 1;
         complete(r, lib->get_errno() ? lib->get_errno() : EIO);
+    }
+}
+
+/* An aborted connection's socket is shut down by its own thread (the
+ * descriptor is libnbd's, valid while the handle lives): the thread then
+ * reads its end, libnbd fails every request in flight (their callbacks run
+ * as usual: nothing leaks, nobody waits on) and the handle is dead, so
+ * later requests fail at once and closing waits for nothing. */
+static void shut_down(struct nbd_conn *c)
+{
+    const struct nbd_lib *lib = c->st->lib;
+    int fd = lib->aio_get_fd(c->h);
+    if (fd >= 0)
+        (void)shutdown(fd, SHUT_RDWR); /* ENOTCONN: the server went first */
+    c->shut = 1;
 }
 
 /* Only this thread calls libnbd on its handle (completions run here too),
@@ -212,16 +318,21 @@ static void *conn_thread(void *arg)
         if (!c->head)
             c->tail = NULL;
         int stop = c->stop && !c->head;
+        /* cancelled, or another connection died: this one goes down too */
+        int down = st->aborted || st->dying;
         pthread_mutex_unlock(&st->lock);
+        if (down && alive && !c->shut)
+            shut_down(c);
         while (batch) {
             struct nbd_request *next = batch->next;
             batch->next = NULL;
             submit(c, batch);
             batch = next;
         }
+        settle(c, 0);
         alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
         if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
-            return NULL;
+            break;
         struct pollfd fds[2] = {{.fd = c->wake_fd, .events = POLLIN}, {.fd = -1}};
         if (alive) {
             unsigned dir = lib->aio_get_direction(c->h);
@@ -232,19 +343,22 @@ static void *conn_thread(void *arg)
         if (poll(fds, 2, -1) < 0) {
             if (errno == EINTR)
                 continue;
-            return NULL; /* cannot happen with valid descriptors */
+            break; /* cannot happen with valid descriptors */
         }
         if (fds[0].revents & POLLIN) {
             uint64_t n;
             if (read(c->wake_fd, &n, sizeof n) < 0 && errno != EAGAIN)
-                return NULL;
+                break;
         }
         /* a hang-up or error is read: libnbd then fails what is in flight */
         if (fds[1].revents & (POLLIN | POLLHUP | POLLERR))
             lib->aio_notify_read(c->h);
         else if (fds[1].revents & POLLOUT)
             lib->aio_notify_write(c->h);
+        settle(c, 0);
     }
+    settle(c, 1);
+    return NULL;
 }
 
 static void wake(struct nbd_conn *c)
@@ -260,6 +374,7 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
 {
     struct nbd_conn *c = &st->conns[st->next_conn++ % st->nactive];
     r->st = st;
+    r->conn = c;
     if (c->tail)
         c->tail->next = r;
     else
@@ -274,7 +389,12 @@ static int run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_co
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);
+    if (st->aborted) {
+        pthread_mutex_unlock(&st->lock);
+        return ECANCELED;
+    }
     if (on) {
+        r->conn = on;
         if (on->tail)
             on->tail->next = r;
         else
@@ -310,13 +430,16 @@ static int queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic
     while (((r->op == OP_WRITE && st->bytes_in_flight &&
              st->bytes_in_flight + r->len > NBD_BYTES_IN_FLIGHT) ||
             st->unwaited >= st->max_requests * st->nactive) &&
-           !st->failed_errno)
+           !st->failed_errno && !st->aborted)
         pthread_cond_wait(&st->changed, &st->lock);
-    if (st->failed_errno) {
+    if (st->failed_errno || st->aborted) {
+        int aborted = !st->failed_errno;
+        enum nbd_op op = r->op;
+        uint64_t off = r->off;
         pthread_mutex_unlock(&st->lock);
         free(r->buf);
         free(r);
-        return failed(img, err);
+        return aborted ? request_error(img, op, off, ECANCELED, err) : failed(img, err);
     }
     if (r->op == OP_WRITE)
         st->bytes_in_flight += r->len;
@@ -394,6 +517,9 @@ static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error
     if (e)
         return ic_error_os(err, e, img->path, "start NBD I/O thread");
     c->thread_started = 1;
+    pthread_mutex_lock(&st->lock);
+    st->nthreads++;
+    pthread_mutex_unlock(&st->lock);
     return 0;
 }
 
@@ -415,6 +541,7 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     st->lib = lib;
     pthread_mutex_init(&st->lock, NULL);
     pthread_cond_init(&st->changed, NULL);
+    atomic_init(&st->held, 0);
     for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++)
         st->conns[i].wake_fd = -1;
     img->drv_state = st;
@@ -474,6 +601,20 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     pthread_cond_broadcast(&st->changed); /* a writer may have room now */
     pthread_mutex_unlock(&st->lock);
     return 0;
+}
+
+/* Cancelled: every connection is shut down instead of drained (see
+ * shut_down); requests not yet queued fail at once. */
+static void nbd_abort(struct ic_image *img)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    st->aborted = 1;
+    for (unsigned i = 0; i < st->nconns; i++)
+        if (st->conns[i].thread_started)
+            wake(&st->conns[i]);
+    pthread_cond_broadcast(&st->changed); /* writers waiting for room */
+    pthread_mutex_unlock(&st->lock);
 }
 
 static int nbd_create(struct ic_image *img, const char *path, int *fresh, struct ic_error *err)
@@ -736,6 +877,7 @@ const struct ic_driver ic_protocol_nbd = {
     .pread = nbd_pread,
     .pwrite = nbd_pwrite,
     .zero = nbd_zero,
+    .zero_allocates = 1, /* WRITE_ZEROES with NO_HOLE, else written zeros */
     .flush = nbd_flush,
     .finish = nbd_finish,
     .block_status = nbd_block_status,
@@ -744,4 +886,5 @@ const struct ic_driver ic_protocol_nbd = {
     .zero_limit = nbd_zero_limit,
     .preferred_size = nbd_preferred_size,
     .tune = nbd_tune,
+    .abort = nbd_abort,
 };

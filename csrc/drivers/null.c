@@ -68,6 +68,7 @@ const struct ic_driver ic_protocol_null = {
     .pread = null_pread,
     .pwrite = null_pwrite,
     .zero = null_zero,
+    .zero_allocates = 1, /* as the new file it stands for (plan()) */
     .block_status = null_block_status,
     .random_access_status = 1,
 };

@@ -19,8 +19,9 @@ static struct member_state *state(const struct ic_image *img)
     return img->drv_state;
 }
 
-int ic_tar_member_attach(struct ic_image *img, struct ic_image *tar, const char *member,
-                         struct ic_error *err)
+/* open_on: `img` becomes `member` of the archive `tar`, owning it */
+static int member_open_on(struct ic_image *img, struct ic_image *tar, const char *member,
+                          struct ic_error *err)
 {
     struct ic_tar_member m;
     struct member_state *s;
@@ -39,9 +40,11 @@ int ic_tar_member_attach(struct ic_image *img, struct ic_image *tar, const char 
     return 0;
 }
 
-uint64_t ic_tar_member_offset(const struct ic_image *img)
+/* file_offset: the member's place in its archive, telling members of one
+ * archive apart */
+static uint64_t member_file_offset(const struct ic_image *img)
 {
-    return img->drv == &ic_protocol_tar_member && state(img) ? state(img)->offset : 0;
+    return state(img) ? state(img)->offset : 0;
 }
 
 static void member_close(struct ic_image *img)
@@ -139,4 +142,7 @@ const struct ic_driver ic_protocol_tar_member = {
     .preferred_size = member_preferred_size,
     .tune = member_tune,
     .settle_read = member_settle_read,
+    .open_on = member_open_on,
+    .file_offset = member_file_offset,
+    .refuse_as_disk = ic_tar_refuse_as_disk,
 };

@@ -25,12 +25,17 @@ struct ic_tar_member {
 int ic_tar_find(struct ic_image *tar, const char *member, struct ic_tar_member *out,
                 struct ic_error *err);
 
-/* Make `img` (from ic_image_new with ic_protocol_tar_member) the member's
- * image; it owns `tar` from now on, even when this fails. */
-int ic_tar_member_attach(struct ic_image *img, struct ic_image *tar, const char *member,
-                         struct ic_error *err);
-/* The member's place in its archive, telling members of one archive apart
- * (0 for other images). */
-uint64_t ic_tar_member_offset(const struct ic_image *img);
+/* Refuse the archive `tar` (a protocol image; `path` for the message,
+ * `member` if it is itself a member of another archive) opened as a disk
+ * image: a format error naming the members that look like disks (probed as
+ * an image is; raw ones by a .raw or .img name), with IC_REMEDY_MEMBER
+ * naming the first of them, or IC_REMEDY_AS_RAW.  Returns -1. */
+int ic_tar_refuse_as_disk(struct ic_image *tar, const char *path, const char *member,
+                          struct ic_error *err);
+
+/* The member protocol (tar.c, ic_protocol_tar_member) reaches the image
+ * layer through its driver's container slots only: open_on (a member of
+ * an open archive), file_offset (its place there), refuse_as_disk (the
+ * function above). */
 
 #endif

@@ -7,11 +7,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
+#include "../probe.h"
 #include "tar.h"
 
 #define BLOCK 512u
 #define SEEN_MAX 5 /* member names a "not found" error lists */
+#define DISKS_MAX 4 /* disks a refusal of the archive lists */
+#define LIST_HEADERS_MAX 4096 /* headers a refusal reads at most */
 
 /* Header fields (offset, length) */
 #define F_NAME 0, 100
@@ -40,6 +44,12 @@ struct scan {
     /* for the "not found" message */
     char seen[SEEN_MAX][64];
     size_t nseen;
+    /* want NULL: every member is probed, the ones that look like disks
+     * listed (the first by its whole name) */
+    char disks[DISKS_MAX][80];
+    size_t ndisks;
+    char first_disk[256];
+    int first_too_long;
 };
 
 static const char *strip_dot_slash(const char *name)
@@ -243,6 +253,44 @@ static int not_found(struct scan *s, struct ic_error *err)
                           s->want, list, s->nseen > SEEN_MAX ? ", ..." : "");
 }
 
+static int ends_with(const char *name, const char *suffix)
+{
+    size_t n = strlen(name), k = strlen(suffix);
+    return n > k && strcasecmp(name + n - k, suffix) == 0;
+}
+
+/* Listing (want NULL): a regular member's bytes, probed as a disk would be
+ * (holes never read). */
+static int note_if_disk(struct scan *s, const char *name, uint64_t data, uint64_t size,
+                        struct ic_error *err)
+{
+    uint8_t head[IC_PROBE_HEAD], tail[IC_PROBE_TAIL];
+    size_t hlen = size < sizeof head ? (size_t)size : sizeof head, tlen = 0;
+    if (ic_image_reads_as_hole(s->tar, data, hlen))
+        memset(head, 0, hlen);
+    else if (hlen && ic_image_pread(s->tar, head, hlen, data, err) < 0)
+        return -1;
+    if (size >= sizeof tail &&
+        !ic_image_reads_as_hole(s->tar, data + size - sizeof tail, sizeof tail)) {
+        if (ic_image_pread(s->tar, tail, sizeof tail, data + size - sizeof tail, err) < 0)
+            return -1;
+        tlen = sizeof tail;
+    }
+    const char *fmt = ic_probe_format(head, hlen, tail, tlen);
+    if (strcmp(fmt, "tar") == 0 ||
+        (strcmp(fmt, "raw") == 0 && !ends_with(name, ".raw") && !ends_with(name, ".img")))
+        return 0;
+    if (s->ndisks == 0) {
+        s->first_too_long = strlen(name) >= sizeof s->first_disk;
+        snprintf(s->first_disk, sizeof s->first_disk, "%s", name);
+    }
+    if (s->ndisks < DISKS_MAX)
+        snprintf(s->disks[s->ndisks], sizeof s->disks[0], "'%.60s%s' (%s)", name,
+                 strlen(name) > 60 ? "..." : "", fmt);
+    s->ndisks++;
+    return 0;
+}
+
 /* The member's name: pax path, GNU long name, or ustar prefix/name. */
 static void member_name(struct scan *s, const uint8_t *h, int posix, char *buf, size_t cap,
                         const char **name)
@@ -288,15 +336,18 @@ static int scan(struct scan *s, struct ic_tar_member *out, struct ic_error *err)
     uint8_t h[BLOCK];
     char ustar_name[100 + 1 + 155 + 1];
     uint64_t off = 0, total = s->tar->size;
+    unsigned headers = 0;
     for (;;) {
         if (off >= total) /* no end-of-archive blocks: tar tools accept it */
-            return not_found(s, err);
+            return s->want ? not_found(s, err) : 0;
+        if (!s->want && headers++ >= LIST_HEADERS_MAX)
+            return 0;
         if (total - off < BLOCK)
             return bad(s, err, off, "a truncated header");
         if (ic_image_pread(s->tar, h, BLOCK, off, err) < 0)
             return -1;
         if (all_zero(h))
-            return not_found(s, err);
+            return s->want ? not_found(s, err) : 0;
         if (!checksum_ok(h))
             return bad(s, err, off, "a header with a bad checksum");
         uint8_t type = h[F_TYPE];
@@ -319,7 +370,7 @@ static int scan(struct scan *s, struct ic_tar_member *out, struct ic_error *err)
         const char *name = "";
         if (!meta)
             member_name(s, h, posix, ustar_name, sizeof ustar_name, &name);
-        int wanted = !meta && type != 'V' &&
+        int wanted = !meta && type != 'V' && s->want &&
                      (strcmp(strip_dot_slash(name), s->want) == 0 ||
                       (s->pax_sparse_name &&
                        strcmp(strip_dot_slash(s->pax_sparse_name), s->want) == 0));
@@ -361,8 +412,12 @@ static int scan(struct scan *s, struct ic_tar_member *out, struct ic_error *err)
             out->size = size;
             return 0;
         } else {
+            const char *shown = strip_dot_slash(s->pax_sparse_name ? s->pax_sparse_name : name);
             if (type != 'V' && type != '5')
-                note_seen(s, strip_dot_slash(s->pax_sparse_name ? s->pax_sparse_name : name));
+                note_seen(s, shown);
+            if (!s->want && (type == '0' || type == '\0' || type == '7') && !s->pax_sparse &&
+                note_if_disk(s, shown, data, size, err) < 0)
+                return -1;
             reset_pending(s);
         }
         off = next;
@@ -379,4 +434,51 @@ int ic_tar_find(struct ic_image *tar, const char *member, struct ic_tar_member *
     reset_pending(&s);
     free(s.g_path);
     return r;
+}
+
+int ic_tar_refuse_as_disk(struct ic_image *tar, const char *path, const char *member,
+                          struct ic_error *err)
+{
+    struct scan s = {.tar = tar};
+    struct ic_error scan_err = {0};
+    int r = scan(&s, NULL, &scan_err);
+    reset_pending(&s);
+    free(s.g_path);
+    /* an archive corrupt past its first header is refused all the same,
+     * with what was read of it */
+    if (r < 0 && scan_err.kind != IC_ERR_FORMAT) {
+        if (err)
+            *err = scan_err;
+        return -1;
+    }
+    char list[DISKS_MAX * 84 + 8] = "";
+    size_t used = 0;
+    size_t nlist = s.ndisks ? s.ndisks : s.nseen, cap = s.ndisks ? DISKS_MAX : SEEN_MAX;
+    for (size_t i = 0; i < nlist && i < cap; i++) {
+        int n = s.ndisks ? snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "",
+                                    s.disks[i])
+                         : snprintf(list + used, sizeof list - used, "%s'%s'", i ? ", " : "",
+                                    s.seen[i]);
+        if (n < 0 || (size_t)n >= sizeof list - used)
+            break;
+        used += (size_t)n;
+    }
+    const char *more = nlist > cap ? ", ..." : "";
+    char what[300];
+    if (member)
+        snprintf(what, sizeof what, "member '%.200s' is a tar archive itself", member);
+    else
+        snprintf(what, sizeof what, "a tar archive (an OVA?)");
+    if (s.ndisks)
+        ic_error_format(err, path, "%s, not a disk image; the members that look like disks: "
+                        "%s%s", what, list, more);
+    else if (s.nseen)
+        ic_error_format(err, path, "%s, not a disk image, and none of its members looks like "
+                        "a disk (it has %s%s)", what, list, more);
+    else
+        ic_error_format(err, path, "%s, not a disk image, and it holds no files", what);
+    /* member= reads one level of archive only */
+    if (s.ndisks && !member && !s.first_too_long)
+        return ic_error_remedy_member(err, s.first_disk);
+    return ic_error_remedy(err, IC_REMEDY_AS_RAW);
 }

@@ -88,7 +88,10 @@ static int set_field(const struct ic_field *f, void *target, PyObject *value,
             *(unsigned *)at = number.value > UINT_MAX ? UINT_MAX : (unsigned)number.value;
         return 0;
     case IC_FIELD_FLAG:
-        if ((truth = PyObject_IsTrue(value)) < 0)
+    case IC_FIELD_AUTO_FLAG:
+        if (f->kind == IC_FIELD_AUTO_FLAG && value == Py_None)
+            truth = IC_AUTO;
+        else if ((truth = PyObject_IsTrue(value)) < 0)
             return -1;
         *(int *)at = truth;
         return 0;
@@ -139,6 +142,9 @@ static PyObject *field_value(const struct ic_field *f, const void *source)
     case IC_FIELD_UNSIGNED:
         return PyLong_FromUnsignedLong(*(const unsigned *)at);
     case IC_FIELD_FLAG:
+    case IC_FIELD_AUTO_FLAG:
+        if (*(const int *)at == IC_AUTO)
+            return Py_NewRef(Py_None);
         return PyBool_FromLong(*(const int *)at);
     case IC_FIELD_TEXT:
     case IC_FIELD_CHOICE:

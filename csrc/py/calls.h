@@ -1,6 +1,8 @@
-/* The core's blocking calls as data: the Python glue (module.c) fills in a
- * struct glue_call and runs it with the GIL released through one function,
- * which raises its error; the calls themselves need no Python. */
+/* The core's blocking calls as data: the Python glue (module.c,
+ * image_type.c, checksum.c, ...) fills in a struct glue_call and runs it
+ * through glue_run() (run.c, the one place the GIL is released), which
+ * raises its error; the calls themselves need no Python.  Jobs (copy,
+ * checksum, compare) are waited for by glue_watch() there. */
 #ifndef IMGCOPY_GLUE_CALLS_H
 #define IMGCOPY_GLUE_CALLS_H
 

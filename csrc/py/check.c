@@ -5,16 +5,18 @@
 
 PyObject *mod_check(PyObject *m, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"path", "format", "force_share", NULL};
+    static char *kwlist[] = {"path", "format", "force_share", "member", "external_files", NULL};
     struct path_arg path = {0};
     struct glue_call call = {.op = GLUE_CHECK};
-    int force_share = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$p:check", kwlist, path_converter, &path,
-                                     &call.format, &force_share))
+    int force_share = 0, external = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pzp:check", kwlist, path_converter, &path,
+                                     &call.format, &force_share, &call.member, &external))
         return NULL;
     call.path = path.path;
-    /* qemu-img check opens dirty and corrupt-flagged images (read-only) */
-    call.flags = IC_OPEN_FORCE | (force_share ? IC_OPEN_FORCE_SHARE : 0);
+    /* qemu-img check opens dirty and corrupt-flagged images (read-only);
+     * `member`: the image is that member of the tar archive at path */
+    call.flags = IC_OPEN_FORCE | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
+                 (external ? IC_OPEN_EXTERNAL_FILES : 0);
     int ret = glue_run(module_state(m), &call);
     Py_DECREF(path.bytes);
     if (ret < 0)

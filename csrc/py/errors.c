@@ -9,6 +9,7 @@ static const char *const remedy_codes[] = {
     [IC_REMEDY_AS_RAW] = "as_raw",
     [IC_REMEDY_FORCE] = "force",
     [IC_REMEDY_FORCE_SHARE] = "force_share",
+    [IC_REMEDY_MEMBER] = "member", /* "member:NAME" */
 };
 
 /* The exception a factory of imgcopy.errors made becomes the current one. */
@@ -41,9 +42,20 @@ void raise_error(core_state *st, const struct ic_error *err)
                                              path, remedy_codes[err->remedy]));
         break;
     case IC_ERR_FORMAT:
-        if (path && (reason = message(err->msg)))
-            raise_made(PyObject_CallFunction(st->image_format_error, "OOz", reason, path,
-                                             remedy_codes[err->remedy]));
+        if (path && (reason = message(err->msg))) {
+            PyObject *code = Py_NewRef(Py_None);
+            if (err->remedy == IC_REMEDY_MEMBER) {
+                char text[sizeof err->remedy_arg + 8];
+                snprintf(text, sizeof text, "member:%s", err->remedy_arg);
+                Py_SETREF(code, message(text));
+            } else if (remedy_codes[err->remedy]) {
+                Py_SETREF(code, PyUnicode_FromString(remedy_codes[err->remedy]));
+            }
+            if (code)
+                raise_made(PyObject_CallFunction(st->image_format_error, "OOO", reason, path,
+                                                 code));
+            Py_XDECREF(code);
+        }
         break;
     case IC_ERR_NOMEM:
         PyErr_NoMemory();

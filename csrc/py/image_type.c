@@ -49,18 +49,21 @@ static int run_on_image(ImageObject *self, struct glue_call *call)
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
-                             "source", "member", "external_files", NULL};
+                             "source", "member", "external_files", "no_backing", NULL};
     struct path_arg path = {0};
     int writable = 0, direct = 0, force = 0, force_share = 0, source = 0, external = 0;
+    int no_backing = 0;
     struct glue_call call = {.op = GLUE_OPEN};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzp:Image", kwlist, path_converter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzpp:Image", kwlist, path_converter,
                                      &path, &call.format, &writable, &direct, &force,
-                                     &force_share, &source, &call.member, &external))
+                                     &force_share, &source, &call.member, &external,
+                                     &no_backing))
         return -1;
     call.path = path.path;
     call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
                  (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
-                 (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0);
+                 (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0) |
+                 (no_backing ? IC_OPEN_NO_BACKING : 0);
     core_state *st = type_state(Py_TYPE(self));
     int ret = -1;
     if (self->img)
@@ -331,17 +334,28 @@ static PyObject *image_describe(ImageObject *self, PyObject *unused)
     }
     PyObject *backing_name = decoded_or_none(info.has_backing ? info.backing_name : "");
     PyObject *backing_format = decoded_or_none(info.backing_format);
+    char where[IC_ERROR_PATH_MAX];
+    int is_member = 0;
+    PyObject *location = !ic_image_backing_location(img, where, sizeof where, &is_member)
+                             ? Py_NewRef(Py_None)
+                         : is_member ? Py_BuildValue("(O&O&)", PyUnicode_DecodeFSDefault,
+                                                     ic_image_path(img), PyUnicode_DecodeFSDefault,
+                                                     where)
+                                     : Py_BuildValue("(O&O)", PyUnicode_DecodeFSDefault, where,
+                                                     Py_None);
     PyObject *result = NULL;
-    if (specific && backing_name && backing_format)
-        result = Py_BuildValue("{s:K,s:O,s:O,s:O,s:O}",
+    if (specific && backing_name && backing_format && location)
+        result = Py_BuildValue("{s:K,s:O,s:O,s:O,s:O,s:O}",
                                "cluster_size", (unsigned long long)info.cluster_size,
                                "dirty", info.dirty ? Py_True : Py_False,
                                "backing_name", backing_name,
                                "backing_format", backing_format,
+                               "backing_location", location,
                                "format_specific", specific);
     Py_XDECREF(specific);
     Py_XDECREF(backing_name);
     Py_XDECREF(backing_format);
+    Py_XDECREF(location);
     return result;
 }
 

@@ -136,9 +136,24 @@ static PyObject *mod_compression_libraries(PyObject *m, PyObject *unused)
     return Py_BuildValue("{s:z,s:z}", "zlib", zlib, "zstd", zstd);
 }
 
+static PyObject *mod_library_versions(PyObject *m, PyObject *unused)
+{
+    (void)m, (void)unused;
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d && ic_libraries[i]; i++) {
+        const char *v = ic_library_version(ic_libraries[i]);
+        PyObject *value = v ? PyUnicode_FromString(v) : Py_NewRef(Py_None);
+        if (!value || PyDict_SetItemString(d, ic_libraries[i], value) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(value);
+    }
+    return d;
+}
+
 /* copy()'s one result: the counters, and under "requests" the requests
  * made (packed struct ic_request, by offset) when they were logged. */
-static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log)
+static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_request_log *log,
+                             const struct ic_copy_options *used)
 {
     size_t count = 0;
     const struct ic_request *requests = log ? ic_request_log_sorted(log, &count) : NULL;
@@ -146,6 +161,11 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     PyObject *report = logged ? fields_dict(ic_copy_stats_fields, stats) : NULL;
     if (report && PyDict_SetItemString(report, "requests", logged) < 0)
         Py_CLEAR(report);
+    /* "options": those the copy ran with (ic_copy_options_effective) */
+    PyObject *options = report ? fields_dict(ic_copy_option_fields, used) : NULL;
+    if (report && (!options || PyDict_SetItemString(report, "options", options) < 0))
+        Py_CLEAR(report);
+    Py_XDECREF(options);
     /* "checksum": the source's, only when the copy was asked for it */
     PyObject *checksum = stats->checksum[0] ? PyUnicode_FromString(stats->checksum) : NULL;
     if (report && stats->checksum[0] &&
@@ -188,6 +208,8 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
     image_enter(src);
     image_enter(dst);
     if (glue_run(st, &copy) == 0) {
+        struct ic_copy_options used;
+        ic_copy_options_used(copy.copy, &used);
         int python_error = glue_watch(ic_copy_job(copy.copy), progress, NULL, NULL);
         struct ic_error err = {0};
         copy.op = GLUE_COPY_FINISH;
@@ -199,7 +221,7 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         if (!python_error && ret == 0 &&
             glue_report(progress, copy.stats.done, copy.stats.total) == 0 &&
             PyErr_CheckSignals() == 0)
-            report = copy_report(&copy.stats, opt.log);
+            report = copy_report(&copy.stats, opt.log, &used);
     }
     image_leave(src);
     image_leave(dst);
@@ -262,6 +284,7 @@ static PyMethodDef module_methods[] = {
     {"check_copy_options", KEYWORDS(mod_check_copy_options), NULL},
     {"copy_option_defaults", mod_copy_option_defaults, METH_NOARGS, NULL},
     {"compression_libraries", mod_compression_libraries, METH_NOARGS, NULL},
+    {"library_versions", mod_library_versions, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},

@@ -23,8 +23,8 @@ static void check_copy_options(void)
     struct ic_copy_options d;
     ic_copy_options_init(&d);
     CHECK(copy_valid(d), "the defaults are valid");
-    CHECK(d.sparse_threshold == 4096 && d.out_of_order && d.flush && !d.target_is_zero &&
-              !d.offload && !d.log,
+    CHECK(d.sparse_threshold == 4096 && d.out_of_order && d.flush &&
+              d.target_is_zero == IC_AUTO && !d.offload && !d.log,
           "defaults");
     struct {
         uint64_t sparse_threshold, request_size;
@@ -51,6 +51,110 @@ static void check_copy_options(void)
         o.concurrency = cases[i].concurrency;
         CHECK(copy_valid(o) == cases[i].valid, "case %zu", i);
     }
+}
+
+/* The options a copy runs with, from those asked for and its images' facts. */
+static struct ic_copy_options effective(struct ic_copy_options asked, struct ic_copy_facts f)
+{
+    struct ic_copy_options out;
+    struct ic_error err = {0};
+    memset(&out, 0xa5, sizeof out);
+    CHECK(ic_copy_options_effective(&asked, &f, &out, &err) == 0, "%s", err.msg);
+    return out;
+}
+
+static void check_effective_options(void)
+{
+    struct ic_copy_options d;
+    ic_copy_options_init(&d);
+    const struct ic_copy_facts file = {.dst_write_align = 1};
+    struct ic_copy_options o = effective(d, file);
+    CHECK(o.sparse_threshold == 4096 && o.request_size == d.request_size &&
+              o.concurrency == d.concurrency && o.flush && o.requests_in_flight == 64,
+          "a file changes nothing but auto");
+    /* target_is_zero: auto is whether the copy made the destination */
+    CHECK(o.target_is_zero == 0, "an existing file: %d", o.target_is_zero);
+    CHECK(effective(d, (struct ic_copy_facts){.dst_write_align = 1, .dst_fresh = 1})
+              .target_is_zero == 1, "a new file reads as zeros");
+    struct ic_copy_options asked = d;
+    asked.target_is_zero = 1;
+    CHECK(effective(asked, file).target_is_zero == 1, "asked for: an existing destination");
+    asked.target_is_zero = 0;
+    CHECK(effective(asked, (struct ic_copy_facts){.dst_fresh = 1}).target_is_zero == 0,
+          "asked against: a new one");
+
+    /* an NBD server preferring 64 KiB: requests and holes at least that */
+    const struct ic_copy_facts pref64 = {.dst_preferred = 64 << 10, .dst_write_align = 512};
+    asked = d;
+    asked.request_size = 4096;
+    o = effective(asked, pref64);
+    CHECK(o.sparse_threshold == 64 << 10 && o.request_size == 64 << 10, "%llu %llu",
+          (unsigned long long)o.sparse_threshold, (unsigned long long)o.request_size);
+    asked.sparse_threshold = 0;
+    o = effective(asked, pref64);
+    CHECK(o.sparse_threshold == 0 && o.request_size == 64 << 10, "fully allocated stays so");
+    asked.sparse_threshold = 1 << 20;
+    asked.request_size = 4 << 20;
+    o = effective(asked, pref64);
+    CHECK(o.sparse_threshold == 1 << 20 && o.request_size == 4 << 20, "larger ones stay");
+    /* a preference beyond -S's limit raises -S to the limit only */
+    o = effective(d, (struct ic_copy_facts){.dst_preferred = 32u << 20});
+    CHECK(o.sparse_threshold == IC_MAX_SPARSE_THRESHOLD && o.request_size == 16u << 20,
+          "%llu %llu", (unsigned long long)o.sparse_threshold,
+          (unsigned long long)o.request_size);
+
+    /* a qcow2 destination writing whole 64 KiB clusters in guest order
+     * (compression): each cluster judged on its own */
+    const struct ic_copy_facts clusters = {.dst_write_align = 64 << 10,
+                                           .dst_places_in_order = 1};
+    asked = d;
+    asked.sparse_threshold = 1 << 20;
+    asked.request_size = 100 * 4096;
+    o = effective(asked, clusters);
+    CHECK(o.sparse_threshold == 64 << 10 && o.request_size == 448 << 10, "%llu %llu",
+          (unsigned long long)o.sparse_threshold, (unsigned long long)o.request_size);
+    /* an endpoint's minimum block: -S at least a block, requests whole blocks */
+    asked = d;
+    asked.sparse_threshold = 1024;
+    asked.request_size = 12288;
+    o = effective(asked, (struct ic_copy_facts){.dst_write_align = 8192});
+    CHECK(o.sparse_threshold == 8192 && o.request_size == 16384, "%llu %llu",
+          (unsigned long long)o.sparse_threshold, (unsigned long long)o.request_size);
+    asked.sparse_threshold = 64 << 10;
+    o = effective(asked, (struct ic_copy_facts){.dst_write_align = 8192});
+    CHECK(o.sparse_threshold == 64 << 10 && o.request_size == 64 << 10,
+          "blocks of the threshold tile the requests: %llu",
+          (unsigned long long)o.request_size);
+    /* the threshold's blocks tile the requests */
+    asked = d;
+    asked.sparse_threshold = 16u << 20;
+    asked.request_size = 4u << 20;
+    CHECK(effective(asked, file).request_size == 16u << 20, "16 MiB blocks");
+    asked.sparse_threshold = 3 * 4096; /* blocks of 8 KiB */
+    asked.request_size = 3 * 4096;
+    CHECK(effective(asked, file).request_size == 16384, "8 KiB blocks");
+
+    /* the rest */
+    asked = d;
+    asked.requests_in_flight = 0;
+    asked.offload = 1;
+    asked.checksum = "sha256";
+    o = effective(asked, (struct ic_copy_facts){.dst_discards = 1});
+    CHECK(o.requests_in_flight == 64 && !o.offload && !o.flush && o.checksum == asked.checksum,
+          "defaults in flight, no offload with a checksum, no flush into the null sink");
+
+    /* what the check refuses, effective() refuses, and writes nothing */
+    asked = d;
+    asked.request_size = 1000;
+    struct ic_error err = {0};
+    struct ic_copy_options out = d;
+    out.concurrency = 77;
+    CHECK(ic_copy_options_effective(&asked, &file, &out, &err) < 0 &&
+              err.kind == IC_ERR_VALUE && out.concurrency == 77,
+          "request_size 1000 refused: %s", err.msg);
+    asked = d;
+    asked.target_is_zero = 2;
+    CHECK(ic_copy_options_effective(&asked, &file, &out, &err) < 0, "target_is_zero 2");
 }
 
 static void check_create_options(void)
@@ -152,6 +256,7 @@ static void check_tables(void)
 int main(void)
 {
     check_copy_options();
+    check_effective_options();
     check_create_options();
     check_copy_refuses_first();
     check_tables();

@@ -1,0 +1,56 @@
+"""The imgcopy command's entry (the console script's and ``python -m
+imgcopy``'s): a Ctrl-C that comes while it starts, before ``cli.main()``
+answers it, ends the command with ``imgcopy: interrupted`` and exit status
+130, as one that comes later does, instead of a traceback.  The package
+imports this first; it uses nothing but sys and os (loaded with the
+interpreter), so it is there when the package's other imports fail."""
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _runs_this_module(argv: list) -> bool:
+    """python [options] -m imgcopy ..., as the interpreter was started."""
+    for i, arg in enumerate(argv):
+        if arg == "-m":
+            return argv[i + 1:i + 2] == ["imgcopy"]
+        if arg == "-mimgcopy":
+            return True
+    return False
+
+
+def is_the_program() -> bool:
+    """The console script (``bin/imgcopy``) or ``python -m imgcopy``, not a
+    program that imports imgcopy."""
+    arg0 = sys.argv[0] if sys.argv else ""
+    if arg0 == "-m":  # python -m: runpy imports the package before __main__
+        orig = getattr(sys, "orig_argv", None)  # Python 3.10 and later
+        return orig is None or _runs_this_module(orig)
+    return (os.path.basename(arg0) == "imgcopy" or
+            os.path.abspath(arg0) == os.path.join(_HERE, "__main__.py"))
+
+
+def interrupted_while_starting() -> None:
+    """Called with the KeyboardInterrupt of an import: the command's exit
+    (SystemExit 130, its message on stderr); returns (the caller re-raises)
+    when imgcopy is not the program."""
+    if is_the_program():
+        try:
+            sys.stderr.write("imgcopy: interrupted\n")
+            sys.stderr.flush()
+        finally:
+            raise SystemExit(130)
+
+
+def main() -> int:
+    """The command: ``cli.main()``, whose import a Ctrl-C may interrupt too
+    (the package's own imports answer one that comes before)."""
+    try:
+        from .cli import main as cli_main
+    except KeyboardInterrupt:
+        sys.stderr.write("imgcopy: interrupted\n")
+        return 130
+    return cli_main()

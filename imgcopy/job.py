@@ -1,0 +1,363 @@
+"""A copy as a job of named steps, built from its arguments without running
+(see CopyJob): what convert() and plan() are made of."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
+
+from . import _core
+from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
+from .errors import ImageFormatError, Remedy
+from .image import Image, PathArg, _check_format
+from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
+from .progress import Progress, _progress_adapter, close_progress, make_progress
+from .sizes import Size, parse_size
+
+if TYPE_CHECKING:
+    from ._core import CacheStats, CopyReport
+
+NULL_TARGET = "null:"
+# the formats the C core writes, and "null", the null target's name
+DEST_FORMATS = _core.writable_formats() + ("null",)
+
+
+@dataclass
+class CopyResult:
+    """What a copy did.  ``bytes_written + bytes_zeroed + bytes_skipped``
+    is the source's size: each destination byte is dealt with once."""
+
+    bytes_read: int
+    bytes_written: int
+    bytes_zeroed: int
+    bytes_skipped: int
+    read_requests: int
+    write_requests: int
+    zero_requests: int
+    extents: int
+    elapsed: float
+    cache_hits: int = 0
+    cache_misses: int = 0
+    lseek_calls: int = 0
+    # of bytes_skipped: zeros the destination read already (its block
+    # status said so), so no zero request was sent
+    bytes_already_zero: int = 0
+    options: CopyOptions = field(default_factory=CopyOptions, repr=False)
+    # checksum=: the source's blkhash (hex), from what the copy read;
+    # verify=True: the destination's, read back after the copy
+    checksum: Optional[str] = None
+    dst_checksum: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        del d["options"]
+        for name in ("checksum", "dst_checksum"):  # only when asked for
+            if d[name] is None:
+                del d[name]
+        return d
+
+
+def _check_not_read(source: Image, dst: str) -> None:
+    """Refuse a destination that is a file the source reads: the source
+    itself, or a file of its backing chain (under any name)."""
+    found = source._img.reads_file(dst)
+    if found is None:
+        return
+    if found == source._img.chain()[0][0]:
+        raise ValueError(f"{dst}: the destination is the source")
+    raise ValueError(f"{dst}: the destination is {found}, a backing file of the source "
+                     f"{source.filename}: writing it would change what the source reads")
+
+
+def _existing_format(path: str) -> str:
+    """The format to write into an existing destination when none was
+    given: raw, if it looks like raw; anything else is refused, since
+    writing raw bytes over an image's metadata destroys it."""
+    found = _core.probe(path)
+    if found == "raw":
+        return found
+    remedies = []
+    if found in DEST_FORMATS:
+        remedies.append(Remedy({"dst_format": found}, f"to write into it as a {found} image"))
+    remedies.append(Remedy({"dst_format": "raw"}, "to overwrite it with raw bytes"))
+    raise ImageFormatError(f"the destination is a {found} image and no destination format "
+                           "was given", filename=path, remedies=remedies)
+
+class CopyJob:
+    """One copy, as steps: built from convert()'s arguments without running
+    (nothing is checked, opened or touched until a step runs), then
+    ``execute()``: ``validate`` (options, formats, the checksum algorithm;
+    before anything is opened), ``open_source``, ``open_destination``
+    (created, or the existing one opened), ``run`` (the C engine's copy,
+    with progress), ``commit`` (the destination finished: a new file renamed
+    into place), ``verify`` (read back, when asked).  Until the commit an
+    error, the progress callback or Ctrl-C cancels the copy and raises; once
+    it is committed the job returns its result, a Ctrl-C arriving in
+    between being too late to change anything."""
+
+    def __init__(self, src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
+                 src_member: Optional[str] = None, src_external_files: bool = False,
+                 dst_format: Optional[str] = None, create: bool = True, force: bool = False,
+                 force_share: bool = False, options: Optional[CopyOptions] = None,
+                 option_keywords: Optional[Dict[str, Any]] = None,
+                 create_options: Optional[CreateOptions] = None,
+                 layout_keywords: Optional[Dict[str, Any]] = None,
+                 progress: Progress = None, checksum: Union[bool, str, None] = None,
+                 checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
+                 verify: bool = False) -> None:
+        self.src, self.dst = src, dst
+        self.src_format, self.src_member = src_format, src_member
+        self.src_external_files = src_external_files
+        self.dst_format, self.create = dst_format, create
+        self.force, self.force_share = force, force_share
+        self.options: CopyOptions = options if options is not None else CopyOptions()
+        self._option_keywords = dict(option_keywords or {})
+        self.create_options = create_options
+        self._layout_keywords = dict(layout_keywords or {})
+        self.progress = progress
+        self._checksum, self._checksum_block_size = checksum, checksum_block_size
+        self.verify_after = verify
+        # what the steps find and make
+        self.algorithm: Optional[str] = None
+        self.block_size = 0
+        self.dst_name = ""
+        self.is_null = False
+        self.source: Optional[Image] = None
+        self.source_size = 0
+        self.core: Optional[_core.Image] = None
+        self.report: Optional[CopyReport] = None
+        self.cache: Optional[CacheStats] = None
+        self.t0 = time.monotonic()
+
+    def execute(self) -> CopyResult:
+        """Every step, in order: what convert() does."""
+        self.validate()
+        source = self.open_source()
+        try:
+            with source:
+                self.open_destination()
+                result = self.copy()
+        except KeyboardInterrupt:
+            # a Ctrl-C after the destination was committed (closing the images,
+            # returning) is too late: the copy happened, and the job says so
+            core, report, cache = self.core, self.report, self.cache
+            if core is None or not core.finished or report is None or cache is None:
+                raise
+            _uninterrupted(core.close)
+            _uninterrupted(source.close)
+            return _completed(report, time.monotonic() - self.t0, cache, self.options)
+        return self.verify(result)
+
+    def validate(self) -> None:
+        """The options, the formats and the checksum algorithm, checked
+        before anything is opened (an existing destination's format is
+        probed when none was named)."""
+        _check_format(self.src_format)
+        self.algorithm = _checksum_algorithm(self._checksum, self.verify_after)
+        self.block_size = parse_size(self._checksum_block_size, "checksum_block_size")
+        if self.algorithm is not None:
+            if self.block_size == 0:  # the C core's "default"
+                raise ValueError("checksum block size must be even, from 2 bytes, not 0")
+            _core.checksum_check(self.algorithm, self.block_size)
+        dst_format = self.dst_format
+        if dst_format is not None and dst_format not in DEST_FORMATS:
+            raise ValueError(f"unknown destination format {dst_format!r} "
+                             f"(known: {', '.join(DEST_FORMATS)})")
+        self.options = with_keywords(self.options, **self._option_keywords)
+        create_options = self.create_options
+        if any(v is not None for v in self._layout_keywords.values()):
+            create_options = with_keywords(
+                create_options if create_options is not None else Qcow2Options(),
+                **self._layout_keywords)
+        self.dst_name = os.fsdecode(os.fspath(self.dst))
+        self.is_null = dst_format == "null" or self.dst_name == NULL_TARGET
+        if self.is_null:
+            dst_format = "null"
+            if self.verify_after:
+                raise ValueError("verify=True reads the destination back: the null target "
+                                 "has nothing to read")
+        elif dst_format is None:
+            dst_format = "raw" if self.create else _existing_format(self.dst_name)
+        if create_options is not None and create_options.format != dst_format:
+            names = ", ".join(f.name for f in fields(create_options))
+            raise ValueError(f"{type(create_options).__name__} ({names}) need "
+                             f"dst_format={create_options.format!r}")
+        if getattr(create_options, "backing_file", None) is not None and not self.create:
+            raise ValueError("backing_file makes a new image: it needs create=True")
+        if create_options is not None and not self.create:
+            _check_existing_layout(create_options)
+        self.dst_format, self.create_options = dst_format, create_options
+
+    def open_source(self) -> Image:
+        """The source, read as a copy reads it (its errors name src_format,
+        src_member, src_external_files)."""
+        try:
+            self.source = Image(self.src, self.src_format, direct=self.options.source_direct,
+                                force=self.force, force_share=self.force_share,
+                                member=self.src_member,
+                                external_files=self.src_external_files, _source=True)
+        except ImageFormatError as exc:
+            raise exc.renamed({"format": "src_format", "member": "src_member",
+                               "external_files": "src_external_files"})
+        self.source_size = self.source.size
+        return self.source
+
+    def open_destination(self) -> _core.Image:
+        """The destination: the null target, a new image (under a temporary
+        name until the commit), or an existing one at least the source's size."""
+        source = self._open_source()
+        options, dst_name = self.options, self.dst_name
+        if self.is_null:
+            self.core = null_destination(source.size)
+            return self.core
+        _check_not_read(source, dst_name)
+        if self.create:
+            create_options = self.create_options
+            laid_out = create_options.create_keywords() if create_options else {}
+            self.core, _ = _core.create(self.dst, self.dst_format, source.size,
+                                        direct=options.destination_direct,
+                                        writeback=options.flush, atomic=True, **laid_out)
+            return self.core
+        core = _core.Image(self.dst, self.dst_format, writable=True,
+                           direct=options.destination_direct)
+        self.core = core
+        dst_size = core.size
+        if dst_size < source.size:
+            core.close()
+            raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
+                             f"than the source ({source.size} bytes)")
+        return core
+
+    def copy(self) -> CopyResult:
+        """run, then commit; the destination closed whatever happens."""
+        core, source = self._open_destination(), self._open_source()
+        bar = None
+        self.t0 = time.monotonic()
+        try:
+            bar = make_progress(self.progress, source.size, os.path.basename(source.filename))
+            self.run(bar)
+            self.commit()
+        except KeyboardInterrupt:
+            if not core.finished:
+                close_progress(bar, self.progress)
+                raise
+        except BaseException:
+            close_progress(bar, self.progress)  # a bar made here ends its line
+            raise
+        finally:
+            core.close()
+        report, cache = self.report, self.cache
+        if report is None or cache is None:  # cannot be: the copy ran to its end
+            raise RuntimeError("the copy ended without its report")
+        return _completed(report, time.monotonic() - self.t0, cache, self.options)
+
+    def run(self, bar: Any = None) -> None:
+        """The C engine's copy, reporting to ``bar`` (a progress as convert()
+        takes it); the options it ran with replace the ones asked for."""
+        source, core = self._open_source(), self._open_destination()
+        self.report = _core.copy(source._img, core, progress=_progress_adapter(bar),
+                                 checksum=self.algorithm,
+                                 checksum_block_size=self.block_size,
+                                 **self.options.engine_options())
+        self.options = self.options.ran_with(self.report["options"])
+        self.cache = source.cache_stats()
+
+    def commit(self) -> None:
+        """The destination finished (flushed unless told not to)."""
+        self._open_destination().finish(sync=self.options.flush)
+
+    def verify(self, result: CopyResult) -> CopyResult:
+        """With verify=True, the committed destination read back: its
+        checksum in ``result.dst_checksum``, ChecksumMismatch unless it is
+        the source's."""
+        if self.verify_after:
+            if self.algorithm is None or result.checksum is None:  # cannot be: verify hashes
+                raise RuntimeError("verify=True: the copy made no checksum")
+            result.dst_checksum = _verify(self.dst, self.dst_format or "raw", result.checksum,
+                                          self.algorithm, self.block_size, self.source_size)
+        return result
+
+    def _open_source(self) -> Image:
+        if self.source is None:
+            raise RuntimeError("the job's source is not open (open_source() first)")
+        return self.source
+
+    def _open_destination(self) -> _core.Image:
+        if self.core is None:
+            raise RuntimeError("the job's destination is not open (open_destination() first)")
+        return self.core
+
+
+def null_destination(size: int) -> _core.Image:
+    """The null target of ``size`` bytes: everything written is discarded."""
+    core, _ = _core.create(NULL_TARGET, "null", size)
+    return core
+
+
+def _check_existing_layout(create_options: CreateOptions) -> None:
+    """An existing destination keeps its layout: options that would change
+    it (compression included: writing compressed clusters into an image
+    whose clusters may be allocated is not supported) are refused rather
+    than ignored."""
+    defaults = type(create_options)()
+    changed = [f.name for f in fields(create_options)
+               if getattr(create_options, f.name) != getattr(defaults, f.name)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} lay{'s' if len(changed) == 1 else ''} out a "
+                         f"new image: with an existing destination (create=False, -n) "
+                         f"the image keeps its own layout")
+
+
+def _checksum_algorithm(checksum: Union[bool, str, None], verify: bool) -> Optional[str]:
+    """convert()'s checksum= and verify= as an algorithm's name, or None."""
+    if checksum is None or checksum is False:
+        return DEFAULT_ALGORITHM if verify else None
+    if checksum is True:
+        return DEFAULT_ALGORITHM
+    if not isinstance(checksum, str):
+        raise TypeError("checksum must be a bool or an algorithm's name, not "
+                        f"{type(checksum).__name__}")
+    return checksum
+
+
+def _verify(dst: PathArg, dst_format: str, expected: str, algorithm: str, block_size: int,
+            size: int) -> str:
+    """The committed destination's checksum over the source's size, read
+    back through its format; ChecksumMismatch unless it is `expected`."""
+    with Image(dst, dst_format) as img:
+        length = size if 0 < size < img.size else None
+        got = image_checksum(img, algorithm, block_size, length=length)
+    if got != expected:
+        raise ChecksumMismatch(os.fsdecode(os.fspath(dst)), algorithm, expected, got)
+    return got
+
+
+def _uninterrupted(step: Callable[[], Any]) -> None:
+    """Run an idempotent step (closing an image) to its end, whatever
+    Ctrl-C comes meanwhile."""
+    while True:
+        try:
+            step()
+            return
+        except KeyboardInterrupt:
+            continue
+
+
+def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
+               options: CopyOptions) -> CopyResult:
+    """The result of a committed copy: a Ctrl-C while it is built changes
+    nothing (the destination is complete)."""
+    while True:
+        try:
+            return CopyResult(
+                bytes_read=report["bytes_read"], bytes_written=report["bytes_written"],
+                bytes_zeroed=report["bytes_zeroed"], bytes_skipped=report["bytes_skipped"],
+                read_requests=report["read_requests"], write_requests=report["write_requests"],
+                zero_requests=report["zero_requests"], extents=report["extents"],
+                elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
+                lseek_calls=cache["lseek_calls"],
+                bytes_already_zero=report["bytes_already_zero"], options=options,
+                checksum=report.get("checksum"))
+        except KeyboardInterrupt:
+            continue
