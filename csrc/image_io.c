@@ -367,15 +367,18 @@ int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t of
 int ic_image_data_status(struct ic_image *file, uint64_t start, uint64_t host, uint64_t len,
                          struct ic_extent *out, struct ic_error *err)
 {
-    uint64_t fsize = ic_image_size(file);
+    if (len == 0)
+        return ic_error_value(err, "block status of an empty range");
     *out = (struct ic_extent){.start = start, .length = len, .host_offset = host,
                               .flags = IC_EXT_DATA | IC_EXT_PRESENT | IC_EXT_OFFSET_VALID};
-    if (host >= fsize) {
+    if (host >= file->size) {
         out->flags |= IC_EXT_ZERO;
         return 0;
     }
+    /* inside the file, not empty: ic_image_block_status's checks hold */
     struct ic_extent f;
-    if (ic_image_block_status(file, host, len < fsize - host ? len : fsize - host, &f, err) < 0)
+    uint64_t lim = len < file->size - host ? len : file->size - host;
+    if (ic_cache_block_status(file, host, lim, status_below, &f, err) < 0)
         return -1;
     out->length = f.length;
     if (f.flags & IC_EXT_ZERO)
