@@ -16,92 +16,27 @@
 #include "sparse.h"
 
 #define LOOKAROUND_CHUNK (1u << 20)
+/* Buffers of items in flight to a remote endpoint (nbdcopy: 64 requests
+ * of 256 KiB on each of 4 connections) */
+#define COPY_BYTES_IN_FLIGHT (64ull << 20)
 #define BUFFER_ALIGN 4096u
 
-/* ---- stopping ---------------------------------------------------------- */
+/* ---- turns -------------------------------------------------------------- */
 
-/* The job stopped (failed or cancelled): wake every item waiting for a turn. */
-static void interrupt_turns(void *ctx)
-{
-    struct ic_copy *c = ctx;
-    pthread_mutex_lock(&c->turn_lock);
-    c->stopping = 1;
-    for (size_t i = 0; i < c->turn_slots; i++)
-        pthread_cond_broadcast(&c->turn_changed[i]);
-    pthread_mutex_unlock(&c->turn_lock);
-}
-
-/* A stopped copy (cancelled, or failed) waits for nothing in flight:
- * requests to a slow remote endpoint fail at once (its connections shut
- * down), so that the items, the planner and closing the images return
- * within moments. */
-static void abort_endpoints(struct ic_copy *c)
-{
-    ic_image_abort(c->src);
-    ic_image_abort(c->dst);
-}
-
-static void interrupt_copy(void *ctx)
-{
-    interrupt_turns(ctx);
-    abort_endpoints(ctx);
-}
-
-/* Every item done: make the destination durable. */
-static int complete_copy(void *ctx, struct ic_error *err)
-{
-    struct ic_copy *c = ctx;
-    return c->opt.flush ? ic_image_flush(c->dst, err) : 0;
-}
-
-/* ---- workers ----------------------------------------------------------- */
-
-/* What a worker does with one piece of its item: write data, or make a
- * hole (skip or zero). */
-struct action {
-    uint64_t off, len;
-    const uint8_t *buf; /* data */
-    int data;
-    int skip; /* zeros the destination reads already */
-    int allocated; /* zeros that stay allocated (fully allocated output) */
-};
-
-/* Writes whose writeback a worker lets run behind it before it waits for
- * them and drops their pages: deep enough to keep the disk busy, shallow
- * enough that the page cache never fills with the copy. */
-#define SETTLE_DEPTH 4
-
-struct worker {
-    struct ic_copy *c;
-    struct {
-        uint64_t off, len;
-    } behind[SETTLE_DEPTH]; /* ring of this worker's recent data writes */
-    unsigned nbehind, ibehind;
-    uint8_t *buf; /* request_size */
-    struct ic_sparse sparse; /* zero runs; its scratch buffer is ours */
-    struct action *acts;
-    struct ic_staged_write *staged;
-    size_t nacts, cap;
-    struct ic_error err;
-};
-
-static void free_worker(struct worker *w)
-{
-    free(w->buf);
-    free(w->sparse.scratch);
-    free(w->acts);
-    free(w->staged);
-    free(w);
-}
-
-/* Turns keep a step in guest order across workers: host allocation
- * (place) for formats that allocate in guest order, and the writes of an
+/* Turns keep a step in guest order across items: host allocation (place)
+ * for formats that allocate in guest order, and the writes of an
  * in-order copy.  Every item takes part in each turn that applies, in
- * sequence.  An item records which turns it holds and has passed; its one
- * exit path, end_turns(), passes every turn it has not passed, so no path
- * through an item (fallbacks, errors, skipped ranges) can keep a turn or
- * pass one twice. */
+ * sequence.  An item whose turn has not come parks, holding no thread,
+ * and is resumed by the item that passes the turn to it: a thread never
+ * waits for a turn, so items waiting for their reads can never starve
+ * the one whose turn it is. */
 enum { TURN_PLACE, TURN_WRITE, NTURNS };
+
+struct parked {
+    uint64_t seq;
+    unsigned slot;
+    int set;
+};
 
 struct turns {
     uint64_t seq;       /* the item's place in guest order */
@@ -119,63 +54,175 @@ static int turn_applies(const struct ic_copy *c, int which)
     return which == TURN_PLACE ? c->ordered_place : !c->opt.out_of_order;
 }
 
-/* Wait for the item's turn (no wait if it holds it already); -1 when
- * the copy is cancelled. */
-static int take_turn(struct ic_copy *c, struct turns *t, int which)
+/* ---- workers ----------------------------------------------------------- */
+
+/* What a worker does with one piece of its item: write data, or make a
+ * hole (skip or zero). */
+struct action {
+    uint64_t off, len;
+    const uint8_t *buf; /* data */
+    int data;
+    int skip; /* zeros the destination reads already */
+    int allocated; /* zeros that stay allocated (fully allocated output) */
+    int staged;    /* has a staged write (index in order of staging) */
+};
+
+/* Writes whose writeback a worker lets run behind it before it waits for
+ * them and drops their pages: deep enough to keep the disk busy, shallow
+ * enough that the page cache never fills with the copy. */
+#define SETTLE_DEPTH 4
+
+/* The steps of an item, in order; an item leaves a step only forward, and
+ * may park between them (I/O in flight, a turn not yet come). */
+enum step {
+    STEP_START,
+    STEP_OFFLOAD, /* data copied in the kernel (holds the write turn) */
+    STEP_READ,
+    STEP_SPLIT,   /* the read is in: hash it, cut data from holes */
+    STEP_STAGE,
+    STEP_PLACE,   /* in guest order (TURN_PLACE) */
+    STEP_COMMIT,  /* in order when writes are (TURN_WRITE) */
+    STEP_WRITTEN, /* asynchronous writes answered */
+};
+
+struct worker {
+    struct ic_copy *c;
+    unsigned slot;
+    struct {
+        uint64_t off, len;
+    } behind[SETTLE_DEPTH]; /* ring of this worker's recent data writes */
+    unsigned nbehind, ibehind;
+    uint8_t *buf; /* request_size */
+    struct ic_sparse sparse; /* zero runs; its scratch buffer is ours */
+    struct action *acts;
+    struct ic_staged_write *staged;
+    size_t nacts, cap, nstaged, committed;
+    struct ic_error err;
+    /* the item in progress */
+    const struct work_item *it;
+    enum step step;
+    struct turns t;
+    atomic_uint pending;   /* asynchronous requests of the item in flight */
+    atomic_int aio_failed; /* one of them failed: */
+    struct ic_error aio_err;
+};
+
+static void free_worker(struct worker *w)
 {
-    unsigned bit = 1u << which;
-    if (!turn_applies(c, which) || (t->held & bit))
-        return 0;
-    if (t->passed & bit) /* a turn comes once: taking it again is a bug */
-        return -1;
-    uint64_t *counter = turn_counter(c, which);
-    pthread_cond_t *mine = &c->turn_changed[t->seq % c->turn_slots];
-    pthread_mutex_lock(&c->turn_lock);
-    while (*counter != t->seq && !c->stopping)
-        pthread_cond_wait(mine, &c->turn_lock);
-    int ok = !c->stopping;
-    pthread_mutex_unlock(&c->turn_lock);
-    if (!ok)
-        return -1;
-    t->held |= bit;
-    return 0;
+    free(w->buf);
+    free(w->sparse.scratch);
+    free(w->acts);
+    free(w->staged);
+    free(w);
 }
 
-static void pass_turn(struct ic_copy *c, struct turns *t, int which)
+/* Take the item's turn: 0 held (or not applying), IC_JOB_PENDING parked
+ * (resumed when it comes), -1 the copy stopped. */
+static int take_turn(struct worker *w, int which)
 {
+    struct ic_copy *c = w->c;
     unsigned bit = 1u << which;
-    if (!(t->held & bit))
+    if (!turn_applies(c, which) || (w->t.held & bit))
+        return 0;
+    if (w->t.passed & bit) /* a turn comes once: taking it again is a bug */
+        return ic_error_value(&w->err, "copy turn %d taken twice", which);
+    uint64_t *counter = turn_counter(c, which);
+    pthread_mutex_lock(&c->turn_lock);
+    int r = 0;
+    if (c->stopping) {
+        r = -1;
+    } else if (*counter != w->t.seq) {
+        struct parked *p = &c->parked[which][w->t.seq % c->turn_slots];
+        *p = (struct parked){.seq = w->t.seq, .slot = w->slot, .set = 1};
+        r = IC_JOB_PENDING;
+    }
+    pthread_mutex_unlock(&c->turn_lock);
+    if (r < 0)
+        return ic_error_os(&w->err, ECANCELED, NULL, "copy stopped");
+    if (r == 0)
+        w->t.held |= bit;
+    return r;
+}
+
+static void pass_turn(struct worker *w, int which)
+{
+    struct ic_copy *c = w->c;
+    unsigned bit = 1u << which;
+    if (!(w->t.held & bit))
         return;
     uint64_t *counter = turn_counter(c, which);
     pthread_mutex_lock(&c->turn_lock);
     (*counter)++;
-    /* only the item whose turn it is now waits on this slot (and perhaps
-     * one waiting for the other kind of turn with the same number) */
-    pthread_cond_broadcast(&c->turn_changed[*counter % c->turn_slots]);
+    struct parked *p = &c->parked[which][*counter % c->turn_slots];
+    int wake = p->set && p->seq == *counter;
+    unsigned slot = p->slot;
+    if (wake)
+        p->set = 0;
     pthread_mutex_unlock(&c->turn_lock);
-    t->held &= ~bit;
-    t->passed |= bit;
+    w->t.held &= ~bit;
+    w->t.passed |= bit;
+    if (wake)
+        ic_job_item_resume(c->job, slot);
 }
 
-/* The item is done (or failed: the job stops first, so nobody waits):
- * pass every turn it has not passed yet, taking it first if need be. */
-static void end_turns(struct ic_copy *c, struct turns *t)
+/* ---- stopping ---------------------------------------------------------- */
+
+/* The job stopped (failed or cancelled): nobody takes a turn any more,
+ * and every parked item is resumed, to end. */
+static void interrupt_turns(struct ic_copy *c)
 {
+    pthread_mutex_lock(&c->turn_lock);
+    c->stopping = 1;
+    pthread_mutex_unlock(&c->turn_lock);
     for (int which = 0; which < NTURNS; which++) {
-        if (!turn_applies(c, which) || (t->passed & (1u << which)))
-            continue;
-        if (take_turn(c, t, which) == 0)
-            pass_turn(c, t, which);
+        for (size_t i = 0; i < c->turn_slots; i++) {
+            pthread_mutex_lock(&c->turn_lock);
+            struct parked *p = &c->parked[which][i];
+            int wake = p->set;
+            unsigned slot = p->slot;
+            p->set = 0;
+            pthread_mutex_unlock(&c->turn_lock);
+            if (wake)
+                ic_job_item_resume(c->job, slot);
+        }
     }
+}
+
+/* A cancelled copy waits for nothing in flight: requests to a slow remote
+ * endpoint fail at once (its connections shut down), so that the items,
+ * the planner and closing the images return within moments.  A failed
+ * one lets what is in flight be answered: a server whose client hangs up
+ * on replies it owes may die of it (nbdkit before 1.33.10 asserts). */
+static void interrupt_copy(void *ctx)
+{
+    struct ic_copy *c = ctx;
+    interrupt_turns(c);
+    if (ic_job_cancelled(c->job)) {
+        ic_image_abort(c->src);
+        ic_image_abort(c->dst);
+    }
+}
+
+/* Every item done: make the destination durable. */
+static int complete_copy(void *ctx, struct ic_error *err)
+{
+    struct ic_copy *c = ctx;
+    return c->opt.flush ? ic_image_flush(c->dst, err) : 0;
+}
+
+/* ---- reading and cutting ----------------------------------------------- */
+
+static void count_read(struct ic_copy *c, uint64_t len)
+{
+    atomic_fetch_add(&c->bytes_read, len);
+    atomic_fetch_add(&c->read_requests, 1);
 }
 
 static int read_source(struct worker *w, void *buf, uint64_t off, uint64_t len)
 {
-    struct ic_copy *c = w->c;
-    if (ic_image_pread(c->src, buf, (size_t)len, off, &w->err) < 0)
+    if (ic_image_pread(w->c->src, buf, (size_t)len, off, &w->err) < 0)
         return -1;
-    atomic_fetch_add(&c->bytes_read, len);
-    atomic_fetch_add(&c->read_requests, 1);
+    count_read(w->c, len);
     return 0;
 }
 
@@ -203,6 +250,16 @@ static void add_allocated_zeros(struct worker *w, uint64_t off, uint64_t len)
     w->acts[w->nacts++] = (struct action){.off = off, .len = len, .allocated = 1};
 }
 
+/* A run that reads as zeros: a hole, or allocated zeros (fully allocated
+ * output) */
+static void add_zeros(struct worker *w, uint64_t off, uint64_t len)
+{
+    if (w->c->opt.sparse_threshold == 0)
+        add_allocated_zeros(w, off, len);
+    else
+        add_action(w, off, len, NULL, 0);
+}
+
 /* Whether the destination reads zeros at the action's range already. */
 static int reads_zeros(const struct ic_copy *c, const struct action *a)
 {
@@ -224,106 +281,41 @@ static int read_for_sparse(void *ctx, void *buf, uint64_t off, uint64_t len)
 
 struct split {
     struct worker *w;
-    const struct work_item *it;
+    uint64_t base; /* the guest offset of w->buf */
 };
 
 static void emit_piece(void *ctx, uint64_t off, uint64_t len, int data)
 {
     struct split *sp = ctx;
-    add_action(sp->w, off, len, data ? sp->w->buf + (off - sp->it->start) : NULL, data);
+    add_action(sp->w, off, len, data ? sp->w->buf + (off - sp->base) : NULL, data);
 }
 
-/* Cut the item's data into data runs and holes. */
-static int plan_sparse(struct worker *w, const struct work_item *it)
+/* Cut the item's data into data runs and holes: one extent's share, or
+ * each run of a read through holes as its own extent. */
+static int split_data(struct worker *w)
 {
-    struct split ctx = {w, it};
-    return ic_sparse_split(&w->sparse, w->buf, it->start, it->end, it->ext_start, it->ext_end,
-                           emit_piece, &ctx);
-}
-
-/* Kernel copy for a whole data item; 1 when the kernel refused (the item
- * keeps its write turn for the ordinary copy that follows). */
-static int offload_item(struct worker *w, const struct work_item *it, struct turns *t)
-{
-    struct ic_copy *c = w->c;
-    uint64_t len = it->end - it->start;
-    if (take_turn(c, t, TURN_WRITE) < 0)
-        return 0;
-    if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
-        ic_request_log_add(c->opt.log, it->start, len, IC_REQ_WRITE);
-        atomic_fetch_add(&c->bytes_read, len);
-        atomic_fetch_add(&c->read_requests, 1);
-        atomic_fetch_add(&c->bytes_written, len);
-        atomic_fetch_add(&c->write_requests, 1);
-        pass_turn(c, t, TURN_WRITE);
+    const struct work_item *it = w->it;
+    struct split ctx = {w, it->start};
+    if (w->c->opt.sparse_threshold == 0 && !it->nparts) {
+        add_action(w, it->start, it->end - it->start, w->buf, 1);
         return 0;
     }
-    if (w->err.errnum != ENOTSUP)
-        return -1;
-    atomic_store(&c->offload_refused, 1);
-    return 1;
-}
-
-/* Stage every piece, data and zeros (compression happens here, in
- * parallel), place them in guest order (host allocation; an overlay's
- * zero clusters), then commit them. */
-static int execute(struct worker *w, struct turns *t)
-{
-    struct ic_copy *c = w->c;
-    size_t nstaged = 0;
-    int ret = 0;
-    for (size_t k = 0; k < w->nacts; k++) {
-        struct action *a = &w->acts[k];
-        a->skip = !a->data && !a->allocated && reads_zeros(c, a);
+    if (!it->nparts)
+        return ic_sparse_split(&w->sparse, w->buf, it->start, it->end, it->ext_start,
+                               it->ext_end, emit_piece, &ctx);
+    uint64_t pos = it->start;
+    for (unsigned i = 0; i < it->nparts; i++) {
+        uint64_t end = it->parts[i].end;
+        if (!it->parts[i].data)
+            add_zeros(w, pos, end - pos);
+        else if (w->c->opt.sparse_threshold == 0)
+            add_action(w, pos, end - pos, w->buf + (pos - it->start), 1);
+        else if (ic_sparse_split(&w->sparse, w->buf + (pos - it->start), pos, end, pos, end,
+                                 emit_piece, &ctx) < 0)
+            return -1;
+        pos = end;
     }
-    for (size_t k = 0; k < w->nacts && ret == 0; k++) {
-        const struct action *a = &w->acts[k];
-        if (a->skip || a->allocated)
-            continue; /* done at commit */
-        struct ic_staged_write *st = &w->staged[nstaged];
-        *st = (struct ic_staged_write){.off = a->off, .len = a->len,
-                                       .buf = a->data ? a->buf : NULL};
-        if (ic_image_stage(c->dst, st, &w->err) < 0)
-            ret = -1;
-        else
-            nstaged++;
-    }
-    if (ret == 0 && c->ordered_place) {
-        if (take_turn(c, t, TURN_PLACE) < 0) {
-            ret = -1;
-        } else {
-            for (size_t k = 0; k < nstaged && ret == 0; k++)
-                ret = ic_image_place(c->dst, &w->staged[k], &w->err);
-            if (ret == 0)
-                pass_turn(c, t, TURN_PLACE);
-        }
-    }
-    if (ret == 0 && take_turn(c, t, TURN_WRITE) < 0)
-        ret = -1;
-    size_t committed = 0;
-    for (size_t k = 0; k < w->nacts && ret == 0; k++) {
-        const struct action *a = &w->acts[k];
-        if (a->skip) {
-            atomic_fetch_add(&c->bytes_skipped, a->len);
-            if (!c->opt.target_is_zero)
-                atomic_fetch_add(&c->bytes_already_zero, a->len);
-            ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
-            continue;
-        }
-        ret = a->allocated ? zero_allocated(w, a)
-                           : ic_image_commit(c->dst, &w->staged[committed++], &w->err);
-        if (ret < 0)
-            break;
-        ic_request_log_add(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
-        atomic_fetch_add(a->data ? &c->bytes_written : &c->bytes_zeroed, a->len);
-        atomic_fetch_add(a->data ? &c->write_requests : &c->zero_requests, 1);
-    }
-    if (ret == 0)
-        pass_turn(c, t, TURN_WRITE);
-    for (size_t k = committed; k < nstaged; k++)
-        ic_image_unstage(c->dst, &w->staged[k]);
-    /* a failure after the job stopped (a turn refused) is not recorded */
-    return ret;
+    return 0;
 }
 
 /* The checksum of a range the copy does not read, because the
@@ -358,11 +350,36 @@ static int hash_unread(struct worker *w, const struct work_item *it)
     return 0;
 }
 
-static int copy_item(struct worker *w, const struct work_item *it, struct turns *t)
+/* ---- asynchronous completions (any thread) ----------------------------- */
+
+static void aio_failed(struct worker *w, const struct ic_error *err)
+{
+    if (err && !atomic_exchange(&w->aio_failed, 1))
+        w->aio_err = *err;
+}
+
+static void read_done(void *ctx, const struct ic_error *err)
+{
+    struct worker *w = ctx;
+    aio_failed(w, err);
+    ic_job_item_resume(w->c->job, w->slot);
+}
+
+static void write_done(void *ctx, const struct ic_error *err)
+{
+    struct worker *w = ctx;
+    aio_failed(w, err);
+    if (atomic_fetch_sub(&w->pending, 1) == 1)
+        ic_job_item_resume(w->c->job, w->slot);
+}
+
+/* ---- the steps of an item ---------------------------------------------- */
+
+static int start_item(struct worker *w)
 {
     struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
     uint64_t len = it->end - it->start;
-    w->nacts = 0;
     /* the checksum sees what the copy reads, and zeros it knows of */
     if (c->hash && it->kind != RUN_DATA &&
         (it->kind == RUN_BACKING ? hash_unread(w, it)
@@ -371,28 +388,214 @@ static int copy_item(struct worker *w, const struct work_item *it, struct turns 
     if (it->kind == RUN_BACKING) {
         atomic_fetch_add(&c->bytes_skipped, len);
         ic_request_log_add(c->opt.log, it->start, len, IC_REQ_SKIP);
+        w->step = STEP_PLACE; /* nothing to write, turns to pass */
+    } else if (it->kind == RUN_ZERO) {
+        add_zeros(w, it->start, len);
+        w->step = STEP_STAGE;
+    } else if (c->opt.offload && !c->ordered_place && !atomic_load(&c->offload_refused)) {
+        w->step = STEP_OFFLOAD;
+    } else {
+        w->step = STEP_READ;
+    }
+    return 0;
+}
+
+/* Kernel copy of a whole data item (raw files: no turn of placement);
+ * the kernel refusing, the item reads as usual, keeping its write turn. */
+static int offload_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    uint64_t len = it->end - it->start;
+    int r = take_turn(w, TURN_WRITE);
+    if (r)
+        return r;
+    if (ic_image_copy_range(c->src, c->dst, it->start, len, &w->err) == 0) {
+        ic_request_log_add(c->opt.log, it->start, len, IC_REQ_WRITE);
+        count_read(c, len);
+        atomic_fetch_add(&c->bytes_written, len);
+        atomic_fetch_add(&c->write_requests, 1);
+        pass_turn(w, TURN_WRITE);
+        w->step = STEP_WRITTEN;
         return 0;
     }
-    if (it->kind == RUN_ZERO) {
-        if (c->opt.sparse_threshold == 0) /* fully allocated */
-            add_allocated_zeros(w, it->start, len);
-        else
-            add_action(w, it->start, len, NULL, 0);
-        return execute(w, t);
+    if (w->err.errnum != ENOTSUP)
+        return -1;
+    atomic_store(&c->offload_refused, 1);
+    w->step = STEP_READ;
+    return 0;
+}
+
+static int read_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    uint64_t len = it->end - it->start;
+    w->step = STEP_SPLIT;
+    if (c->aio_reads) {
+        atomic_store(&w->aio_failed, 0);
+        int r = ic_image_aio_pread(c->src, w->buf, (size_t)len, it->start, read_done, w,
+                                   &w->err);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            return IC_JOB_PENDING;
     }
-    if (c->opt.offload && !atomic_load(&c->offload_refused)) {
-        int r = offload_item(w, it, t);
-        if (r <= 0)
+    if (ic_image_pread(c->src, w->buf, (size_t)len, it->start, &w->err) < 0)
+        return -1;
+    count_read(c, len);
+    return 0;
+}
+
+static int split_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    uint64_t len = it->end - it->start;
+    if (c->aio_reads && atomic_load(&w->aio_failed)) {
+        w->err = w->aio_err;
+        return -1;
+    }
+    if (c->hash && ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0)
+        return -1;
+    if (split_data(w) < 0)
+        return -1;
+    w->step = STEP_STAGE;
+    return 0;
+}
+
+/* Stage every piece, data and zeros (compression happens here, in
+ * parallel); they are placed in guest order next, then committed. */
+static int stage_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    for (size_t k = 0; k < w->nacts; k++) {
+        struct action *a = &w->acts[k];
+        a->skip = !a->data && !a->allocated && reads_zeros(c, a);
+        if (a->skip || a->allocated)
+            continue; /* done at commit */
+        struct ic_staged_write *st = &w->staged[w->nstaged];
+        *st = (struct ic_staged_write){.off = a->off, .len = a->len,
+                                       .buf = a->data ? a->buf : NULL};
+        if (ic_image_stage(c->dst, st, &w->err) < 0)
+            return -1;
+        a->staged = 1;
+        w->nstaged++;
+    }
+    w->step = STEP_PLACE;
+    return 0;
+}
+
+/* Host allocation, in guest order (an overlay's zero clusters too). */
+static int place_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    int r = take_turn(w, TURN_PLACE);
+    if (r)
+        return r;
+    for (size_t k = 0; c->ordered_place && k < w->nstaged; k++)
+        if (ic_image_place(c->dst, &w->staged[k], &w->err) < 0)
+            return -1;
+    pass_turn(w, TURN_PLACE);
+    w->step = STEP_COMMIT;
+    return 0;
+}
+
+/* One data action written asynchronously (its bytes are the worker's
+ * buffer, no copy): 1 submitted, 0 write it synchronously, -1 failed. */
+static int commit_async(struct worker *w, const struct action *a)
+{
+    atomic_fetch_add(&w->pending, 1);
+    int r = ic_image_aio_pwrite(w->c->dst, a->buf, (size_t)a->len, a->off, write_done, w,
+                                &w->err);
+    if (r <= 0)
+        atomic_fetch_sub(&w->pending, 1);
+    return r;
+}
+
+/* Write, zero or skip every action, in order when writes are. */
+static int commit_item(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    int r = take_turn(w, TURN_WRITE);
+    if (r)
+        return r;
+    atomic_store(&w->pending, 1); /* ours, until every request is out */
+    atomic_store(&w->aio_failed, 0);
+    int ret = 0;
+    size_t staged = 0;
+    for (size_t k = 0; k < w->nacts && ret == 0; k++) {
+        const struct action *a = &w->acts[k];
+        if (a->skip) {
+            atomic_fetch_add(&c->bytes_skipped, a->len);
+            if (!c->opt.target_is_zero)
+                atomic_fetch_add(&c->bytes_already_zero, a->len);
+            ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
+            continue;
+        }
+        struct ic_staged_write *st = a->staged ? &w->staged[staged++] : NULL;
+        if (a->allocated) {
+            ret = zero_allocated(w, a);
+        } else {
+            int sent = a->data && c->aio_writes ? commit_async(w, a) : 0;
+            ret = sent < 0 ? -1 : sent ? 0 : ic_image_commit(c->dst, st, &w->err);
+        }
+        if (ret < 0)
+            break;
+        if (st)
+            w->committed = staged;
+        ic_request_log_add(c->opt.log, a->off, a->len, a->data ? IC_REQ_WRITE : IC_REQ_ZERO);
+        atomic_fetch_add(a->data ? &c->bytes_written : &c->bytes_zeroed, a->len);
+        atomic_fetch_add(a->data ? &c->write_requests : &c->zero_requests, 1);
+    }
+    if (ret == 0)
+        pass_turn(w, TURN_WRITE);
+    w->step = STEP_WRITTEN;
+    /* the requests out are answered (even after a failure: the buffer is
+     * theirs until then) */
+    if (atomic_fetch_sub(&w->pending, 1) != 1)
+        return ret < 0 ? (aio_failed(w, &w->err), IC_JOB_PENDING) : IC_JOB_PENDING;
+    return ret;
+}
+
+/* Go through the item's steps from where it stands: 0 done, -1 failed
+ * (w->err), IC_JOB_PENDING parked (resumed by I/O or a turn). */
+static int advance(struct worker *w)
+{
+    for (;;) {
+        int r = 0;
+        switch (w->step) {
+        case STEP_START:
+            r = start_item(w);
+            break;
+        case STEP_OFFLOAD:
+            r = offload_item(w);
+            break;
+        case STEP_READ:
+            r = read_item(w);
+            break;
+        case STEP_SPLIT:
+            r = split_item(w);
+            break;
+        case STEP_STAGE:
+            r = stage_item(w);
+            break;
+        case STEP_PLACE:
+            r = place_item(w);
+            break;
+        case STEP_COMMIT:
+            r = commit_item(w);
+            break;
+        case STEP_WRITTEN:
+            if (atomic_load(&w->aio_failed)) {
+                w->err = w->aio_err;
+                return -1;
+            }
+            return 0;
+        }
+        if (r)
             return r;
     }
-    if (read_source(w, w->buf, it->start, len) < 0 ||
-        (c->hash && ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0))
-        return -1;
-    if (c->opt.sparse_threshold == 0)
-        add_action(w, it->start, len, w->buf, 1);
-    else if (plan_sparse(w, it) < 0)
-        return -1;
-    return execute(w, t);
 }
 
 /* Remember a written range; settle the oldest when the ring is full. */
@@ -413,28 +616,57 @@ static void write_behind(struct worker *w, uint64_t off, uint64_t len)
     w->behind[slot].len = len;
 }
 
-/* One work item, in the job's slot `slot` (its worker state is ours). */
-static int run_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+/* The item ended: staged writes never committed are dropped; a failure
+ * stops the job (which resumes every parked item, to end). */
+static int end_item(struct worker *w, int r, struct ic_error *err)
 {
-    struct ic_copy *c = ctx;
-    struct worker *w = c->workers[slot];
-    const struct work_item *it = item;
-    struct turns t = {.seq = it->seq};
-    ic_error_clear(&w->err);
-    int r = copy_item(w, it, &t);
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    for (size_t k = w->committed; k < w->nstaged; k++)
+        ic_image_unstage(c->dst, &w->staged[k]);
+    w->nstaged = w->committed = 0;
     if (r < 0) {
         *err = w->err;
-        ic_job_fail(c->job, err); /* stops first: end_turns waits for nobody */
-    }
-    end_turns(c, &t);
-    if (r < 0)
+        ic_job_fail(c->job, err);
         return -1;
+    }
     if (it->kind == RUN_DATA) {
         ic_image_settle_read(c->src, it->start, it->end - it->start);
         write_behind(w, it->start, it->end - it->start);
     }
     ic_job_add_progress(c->job, it->end - it->start);
     return 0;
+}
+
+static int continue_item(struct worker *w, struct ic_error *err)
+{
+    int r = advance(w);
+    return r == IC_JOB_PENDING ? r : end_item(w, r, err);
+}
+
+/* One work item, in the job's slot `slot` (its worker state is ours). */
+static int run_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    struct ic_copy *c = ctx;
+    struct worker *w = c->workers[slot];
+    w->it = item;
+    w->step = STEP_START;
+    w->t = (struct turns){.seq = w->it->seq};
+    w->nacts = w->nstaged = w->committed = 0;
+    atomic_store(&w->pending, 0);
+    atomic_store(&w->aio_failed, 0);
+    ic_error_clear(&w->err);
+    return continue_item(w, err);
+}
+
+static int resume_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    struct ic_copy *c = ctx;
+    struct worker *w = c->workers[slot];
+    (void)item;
+    if (w->step == STEP_SPLIT && !atomic_load(&w->aio_failed))
+        count_read(c, w->it->end - w->it->start);
+    return continue_item(w, err);
 }
 
 /* Bytes a running item holds: its read buffer's share. */
@@ -449,6 +681,7 @@ static const struct ic_job_ops copy_ops = {
     .item_size = sizeof(struct work_item),
     .plan = ic_copy_plan,
     .run = run_item,
+    .resume = resume_item,
     .item_cost = item_cost,
     .complete = complete_copy,
     .interrupt = interrupt_copy,
@@ -462,9 +695,8 @@ static void free_copy(struct ic_copy *c)
     for (unsigned i = 0; i < c->nworkers; i++)
         free_worker(c->workers[i]);
     free(c->workers);
-    for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
-        pthread_cond_destroy(&c->turn_changed[i]);
-    free(c->turn_changed);
+    free(c->parked[0]);
+    free(c->parked[1]);
     pthread_mutex_destroy(&c->turn_lock);
     free(c->zeros);
     ic_known_zeros_free(&c->dst_zeros);
@@ -472,12 +704,15 @@ static void free_copy(struct ic_copy *c)
     free(c);
 }
 
-static struct worker *new_worker(struct ic_copy *c)
+static struct worker *new_worker(struct ic_copy *c, unsigned slot)
 {
     struct worker *w = calloc(1, sizeof *w);
     if (!w)
         return NULL;
     w->c = c;
+    w->slot = slot;
+    atomic_init(&w->pending, 0);
+    atomic_init(&w->aio_failed, 0);
     uint64_t g = ic_sparse_granularity(c->opt.sparse_threshold);
     /* look-around reads: a whole number of blocks, at least one */
     uint64_t want = c->opt.sparse_threshold < LOOKAROUND_CHUNK ? c->opt.sparse_threshold
@@ -498,6 +733,27 @@ static struct worker *new_worker(struct ic_copy *c)
         return NULL;
     }
     return w;
+}
+
+/* Items in flight: one per thread, or, where an endpoint's requests go
+ * out asynchronously, as many as its connections take (each item one
+ * read or a few writes), within COPY_BYTES_IN_FLIGHT of buffers. */
+static unsigned copy_slots(const struct ic_copy *c, const struct ic_copy_options *opt)
+{
+    unsigned want = opt->concurrency;
+    unsigned remote = 0;
+    if (c->aio_reads)
+        remote = ic_image_requests_in_flight(c->src);
+    if (c->aio_writes) {
+        unsigned w = ic_image_requests_in_flight(c->dst);
+        remote = w > remote ? w : remote;
+    }
+    uint64_t by_memory = COPY_BYTES_IN_FLIGHT / opt->request_size;
+    if (remote > by_memory)
+        remote = (unsigned)(by_memory ? by_memory : 1);
+    if (remote > want)
+        want = remote;
+    return want < IC_JOB_MAX_CONCURRENCY ? want : IC_JOB_MAX_CONCURRENCY;
 }
 
 void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
@@ -546,28 +802,35 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->zero_limit = ic_image_zero_limit(dst);
     c->zero_allocates = ic_image_zero_allocates(dst);
     ic_image_written(dst); /* no longer known to read as zeros */
-    size_t queue_depth = 4 * (size_t)opt->concurrency;
-    c->workers = calloc(opt->concurrency, sizeof *c->workers);
+    c->aio_reads = ic_image_aio_reads(src);
+    c->aio_writes = ic_image_aio_writes(dst);
+    /* holes a round trip is worth may be read through (the planner asks
+     * what one costs once it has made one), not into whole clusters, nor
+     * for an overlay, whose runs are cut by layer */
+    c->may_merge = c->write_align == 1 && !ic_image_has_backing_file(dst);
+    unsigned slots = copy_slots(c, opt);
+    size_t queue_depth = 4 * (size_t)slots;
+    c->workers = calloc(slots, sizeof *c->workers);
     int written_zeros = opt->sparse_threshold == 0 && !c->zero_allocates;
     if (written_zeros)
         c->zeros = calloc(1, c->opt.request_size);
-    /* items in flight: those queued and one per slot; twice that many
-     * turn slots keep any two waiting items on different ones */
-    c->turn_slots = 2 * (queue_depth + opt->concurrency);
-    c->turn_changed = calloc(c->turn_slots, sizeof *c->turn_changed);
+    /* the items that may park for a turn are consecutive in guest order
+     * and at most one per slot: twice as many places never collide */
+    c->turn_slots = 2 * (size_t)slots;
+    c->parked[0] = calloc(c->turn_slots, sizeof *c->parked[0]);
+    c->parked[1] = calloc(c->turn_slots, sizeof *c->parked[1]);
     if (pthread_mutex_init(&c->turn_lock, NULL)) {
         free(c->workers);
         free(c->zeros);
-        free(c->turn_changed);
+        free(c->parked[0]);
+        free(c->parked[1]);
         free(c);
         return ic_error_nomem(err);
     }
-    for (size_t i = 0; c->turn_changed && i < c->turn_slots; i++)
-        pthread_cond_init(&c->turn_changed[i], NULL);
-    for (; c->workers && c->nworkers < opt->concurrency; c->nworkers++)
-        if (!(c->workers[c->nworkers] = new_worker(c)))
+    for (; c->workers && c->nworkers < slots; c->nworkers++)
+        if (!(c->workers[c->nworkers] = new_worker(c, c->nworkers)))
             break;
-    if (!c->workers || c->nworkers < opt->concurrency || !c->turn_changed ||
+    if (!c->workers || c->nworkers < slots || !c->parked[0] || !c->parked[1] ||
         (written_zeros && !c->zeros)) {
         free_copy(c);
         return ic_error_nomem(err);
@@ -595,8 +858,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
 
-    struct ic_job_params params = {.concurrency = opt->concurrency, .queue_depth = queue_depth,
-                                   .total = ic_image_size(src), .pool = opt->pool};
+    struct ic_job_params params = {.concurrency = slots, .queue_depth = queue_depth,
+                                   .total = ic_image_size(src), .pool = opt->pool,
+                                   .threads = opt->concurrency};
     if (ic_job_start(&copy_ops, c, &params, &c->job, err) < 0) {
         free_copy(c);
         return -1;

@@ -17,11 +17,24 @@ enum {
     RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
 };
 
+/* Runs one read may cover: a costly source's short holes are read
+ * through rather than asked around (planner.c) */
+#define ITEM_PARTS 16
+
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */
     uint64_t ext_start, ext_end; /* the source extent it belongs to     */
     uint64_t seq;                /* guest order, for in-order writes    */
     int kind;                    /* RUN_*                               */
+    /* RUN_DATA read in one request across several whole source runs:
+     * each part ends where the next begins (the first at `start`);
+     * data parts are cut as extents of their own, zero parts are holes.
+     * 0: one run, [start, end) of the extent [ext_start, ext_end). */
+    unsigned nparts;
+    struct {
+        uint64_t end;
+        int data;
+    } parts[ITEM_PARTS];
 };
 
 /* known_zeros.c: the destination's zero ranges before the copy wrote */
@@ -33,6 +46,7 @@ int ic_known_zeros_cover(const struct ic_known_zeros *z, uint64_t off, uint64_t 
 void ic_known_zeros_free(struct ic_known_zeros *z);
 
 struct worker;
+struct parked;
 
 struct ic_copy {
     struct ic_image *src, *dst;
@@ -48,10 +62,15 @@ struct ic_copy {
     struct ic_job *job;       /* job.c runs the planner and the items */
     struct worker **workers;  /* per slot: buffers, staged writes */
     unsigned nworkers;
+    int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
+    int may_merge;      /* reads may go through holes: */
+    uint64_t merge_gap; /* holes up to this long are (0: none; the planner's) */
 
-    /* turns: steps that follow guest order across items (copy.c) */
+    /* turns: steps that follow guest order across items (copy.c); an
+     * item whose turn has not come parks (by turn seq % turn_slots) and
+     * is resumed when it comes */
     pthread_mutex_t turn_lock;
-    pthread_cond_t *turn_changed; /* per slot of turn_slots: turn seq % n */
+    struct parked *parked[2]; /* per turn */
     size_t turn_slots;
     uint64_t next_write_seq; /* in-order writes */
     uint64_t next_place_seq; /* host allocation in guest order */

@@ -34,6 +34,9 @@ struct ic_image;
 
 enum ic_driver_kind { IC_PROTOCOL, IC_FORMAT };
 
+/* The end of an asynchronous request: `err` NULL, or what went wrong. */
+typedef void ic_aio_done_fn(void *ctx, const struct ic_error *err);
+
 struct ic_driver {
     const char *name;
     enum ic_driver_kind kind;
@@ -133,6 +136,20 @@ struct ic_driver {
      * remote endpoint shuts its connections down instead of draining
      * them); the image is good for nothing but closing.  Any thread. */
     void (*abort)(struct ic_image *img);
+    /* Asynchronous I/O (remote endpoints): submit, and `done` runs once,
+     * on any thread (perhaps before the call returns), with NULL or the
+     * error.  A write's `buf` stays the caller's until then (no copy).
+     * 1: submitted; 0: not for this range (do it synchronously); -1: err,
+     * and `done` never runs. */
+    int (*aio_pread)(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                     ic_aio_done_fn *done, void *ctx, struct ic_error *err);
+    int (*aio_pwrite)(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                      ic_aio_done_fn *done, void *ctx, struct ic_error *err);
+    /* Remote endpoints: what a round trip is worth in bytes (a hole this
+     * short costs less read through than asked around; 0: requests are
+     * cheap), and the requests the endpoint keeps in flight at most. */
+    uint64_t (*request_cost)(const struct ic_image *img);
+    unsigned (*requests_in_flight)(const struct ic_image *img);
     /* copy in the kernel to another image of the same driver; -1 with
      * errnum ENOTSUP when it cannot */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

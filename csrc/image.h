@@ -101,6 +101,25 @@ int ic_image_reads_as_hole(struct ic_image *file, uint64_t off, uint64_t len);
 int ic_image_open_extent_file(struct ic_image *img, const char *name, struct ic_image **out,
                               struct ic_error *err);
 
+/* Asynchronous reads and writes, where the image's driver has them (an
+ * NBD export read or written as raw): 1 submitted (`done` runs once, on
+ * any thread, perhaps already), 0 not for this image or range (do it
+ * synchronously), -1 with `err` (`done` never runs).  A write's `buf` is
+ * the caller's until `done`. */
+int ic_image_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                       ic_aio_done_fn *done, void *ctx, struct ic_error *err);
+int ic_image_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                        ic_aio_done_fn *done, void *ctx, struct ic_error *err);
+/* Whether the image reads (writes) asynchronously at all */
+int ic_image_aio_reads(const struct ic_image *img);
+int ic_image_aio_writes(const struct ic_image *img);
+/* What a round trip costs, in bytes one could read meanwhile (0: local,
+ * requests are cheap): a hole this short is better read than asked
+ * around.  And how many requests the image keeps in flight (0: it has
+ * no asynchronous I/O). */
+uint64_t ic_image_request_cost(const struct ic_image *img);
+unsigned ic_image_requests_in_flight(const struct ic_image *img);
+
 /* Internal to the image layer (image.c, image_io.c). */
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,
                               uint64_t size);

@@ -184,6 +184,50 @@ int ic_image_pread(struct ic_image *img, void *buf, size_t len, uint64_t offset,
     return img->drv->pread(img, buf, len, offset, err);
 }
 
+int ic_image_aio_reads(const struct ic_image *img)
+{
+    return img->drv->aio_pread != NULL;
+}
+
+int ic_image_aio_writes(const struct ic_image *img)
+{
+    /* a staged write goes through the format, never straight out */
+    return img->drv->aio_pwrite != NULL && !img->drv->stage;
+}
+
+uint64_t ic_image_request_cost(const struct ic_image *img)
+{
+    return img->drv->request_cost ? img->drv->request_cost(img) : 0;
+}
+
+unsigned ic_image_requests_in_flight(const struct ic_image *img)
+{
+    return img->drv->requests_in_flight ? img->drv->requests_in_flight(img) : 0;
+}
+
+int ic_image_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                       ic_aio_done_fn *done, void *ctx, struct ic_error *err)
+{
+    if (!img->drv->aio_pread)
+        return 0;
+    if (check_range(img, off, len, err) < 0)
+        return -1;
+    return img->drv->aio_pread(img, buf, len, off, done, ctx, err);
+}
+
+int ic_image_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                        ic_aio_done_fn *done, void *ctx, struct ic_error *err)
+{
+    if (!ic_image_aio_writes(img))
+        return 0;
+    if (!ic_image_writable(img))
+        return ic_error_readonly(err, img->path);
+    if (check_range(img, off, len, err) < 0)
+        return -1;
+    ic_image_written(img);
+    return img->drv->aio_pwrite(img, buf, len, off, done, ctx, err);
+}
+
 int ic_image_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t offset,
                     struct ic_error *err)
 {

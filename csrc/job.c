@@ -35,7 +35,8 @@ struct ic_job {
     unsigned char *slot_items; /* the item each busy slot runs */
     uint64_t *slot_cost;
     unsigned char *slot_busy;
-    unsigned running;
+    unsigned char *slot_ready; /* ic_job_item_resume()d, waiting for a thread */
+    unsigned running, nready;
 
     pthread_cond_t space;    /* queue not full, or stopped */
     pthread_cond_t finished; /* CLOCK_MONOTONIC */
@@ -71,6 +72,30 @@ static unsigned free_slot(const struct ic_job *job)
         if (!job->slot_busy[s])
             return s;
     return job->concurrency;
+}
+
+/* A resumed item of some job, round robin: it goes before new items (it
+ * holds buffers and budget already). */
+static struct ic_job *take_ready(struct ic_pool *pool, unsigned *slot)
+{
+    struct ic_job *job = pool->jobs;
+    if (!job)
+        return NULL;
+    do {
+        if (job->nready) {
+            for (unsigned s = 0; s < job->concurrency; s++) {
+                if (job->slot_ready[s]) {
+                    job->slot_ready[s] = 0;
+                    job->nready--;
+                    pool->jobs = job->next;
+                    *slot = s;
+                    return job;
+                }
+            }
+        }
+        job = job->next;
+    } while (job != pool->jobs);
+    return NULL;
 }
 
 /* Take the next runnable item of any job, round robin; its slot is busy
@@ -201,7 +226,12 @@ static void *pool_main(void *arg)
     pthread_mutex_lock(&pool->lock);
     for (;;) {
         unsigned slot;
-        struct ic_job *job = take_item(pool, &slot);
+        int resumed = 1;
+        struct ic_job *job = take_ready(pool, &slot);
+        if (!job) {
+            resumed = 0;
+            job = take_item(pool, &slot);
+        }
         if (!job) {
             if (pool->shutdown)
                 break;
@@ -211,7 +241,8 @@ static void *pool_main(void *arg)
         pthread_mutex_unlock(&pool->lock);
         struct ic_error err = {0};
         void *item = job->slot_items + (size_t)slot * job->ops->item_size;
-        int r = job->ops->run(job->ctx, slot, item, &err);
+        int r = resumed ? job->ops->resume(job->ctx, slot, item, &err)
+                        : job->ops->run(job->ctx, slot, item, &err);
         if (r != IC_JOB_PENDING)
             item_finished(job, slot, r < 0, &err);
         pthread_mutex_lock(&pool->lock);
@@ -307,6 +338,7 @@ static void free_job_memory(struct ic_job *job)
     free(job->slot_items);
     free(job->slot_cost);
     free(job->slot_busy);
+    free(job->slot_ready);
     free(job);
 }
 
@@ -320,6 +352,10 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
                               IC_JOB_MAX_CONCURRENCY, n);
     if (!ops->plan || !ops->run || ops->item_size == 0)
         return ic_error_value(err, "a job needs a planner, an item handler and an item size");
+    unsigned threads = params->threads ? params->threads : n;
+    if (threads > IC_JOB_MAX_CONCURRENCY)
+        return ic_error_value(err, "threads must be from 1 to %u, not %u",
+                              IC_JOB_MAX_CONCURRENCY, threads);
     size_t qcap = params->queue_depth ? params->queue_depth : 4 * (size_t)n;
     if (qcap > (1u << 20))
         return ic_error_value(err, "queue depth %zu is more than %u items", qcap, 1u << 20);
@@ -336,7 +372,9 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
     job->slot_items = calloc(n, ops->item_size);
     job->slot_cost = calloc(n, sizeof *job->slot_cost);
     job->slot_busy = calloc(n, 1);
-    if (!job->queue || !job->slot_items || !job->slot_cost || !job->slot_busy) {
+    job->slot_ready = calloc(n, 1);
+    if (!job->queue || !job->slot_items || !job->slot_cost || !job->slot_busy ||
+        !job->slot_ready) {
         free_job_memory(job);
         return ic_error_nomem(err);
     }
@@ -351,7 +389,7 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
     }
     job->pool = params->pool;
     if (!job->pool) {
-        if (ic_pool_new(n, 0, &job->pool, err) < 0) {
+        if (ic_pool_new(threads, 0, &job->pool, err) < 0) {
             pthread_cond_destroy(&job->space);
             pthread_cond_destroy(&job->finished);
             free_job_memory(job);
@@ -409,6 +447,18 @@ void ic_job_item_done(struct ic_job *job, unsigned slot, int failed, const struc
     item_finished(job, slot, failed, err);
 }
 
+void ic_job_item_resume(struct ic_job *job, unsigned slot)
+{
+    struct ic_pool *pool = job->pool;
+    pthread_mutex_lock(&pool->lock);
+    if (!job->slot_ready[slot]) {
+        job->slot_ready[slot] = 1;
+        job->nready++;
+        pthread_cond_signal(&pool->work);
+    }
+    pthread_mutex_unlock(&pool->lock);
+}
+
 static void stop_with(struct ic_job *job, const struct ic_error *err)
 {
     pthread_mutex_lock(&job->pool->lock);
@@ -445,6 +495,14 @@ int ic_job_stopped(struct ic_job *job)
     int s = job->stopped;
     pthread_mutex_unlock(&job->pool->lock);
     return s;
+}
+
+int ic_job_cancelled(struct ic_job *job)
+{
+    pthread_mutex_lock(&job->pool->lock);
+    int c = job->cancelled;
+    pthread_mutex_unlock(&job->pool->lock);
+    return c;
 }
 
 void ic_job_add_progress(struct ic_job *job, uint64_t bytes)

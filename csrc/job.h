@@ -5,7 +5,10 @@
  * share a pool of worker threads and a budget of bytes in flight; a job
  * without a pool gets a private one.  An item may finish asynchronously:
  * its handler returns IC_JOB_PENDING and someone (an I/O completion)
- * calls ic_job_item_done() later, the slot staying busy until then.
+ * calls ic_job_item_done() later, the slot staying busy until then; or
+ * calls ic_job_item_resume(), and a pool thread goes on with the item in
+ * `resume` (an item waits for I/O or for its turn without a thread: the
+ * items in flight are not limited by the threads).
  *
  * Life of a job: start -> planner pushes, workers run -> when the planner
  * is done and no item is queued or running, `complete` runs (unless the
@@ -44,6 +47,10 @@ struct ic_job_ops {
     /* one item, on a pool thread, in slot `slot` (< concurrency): 0 done,
      * -1 failed (err), IC_JOB_PENDING */
     int (*run)(void *ctx, unsigned slot, void *item, struct ic_error *err);
+    /* optional: go on with an item ic_job_item_resume() woke, on a pool
+     * thread, in its slot: as run() (also when the job stopped meanwhile:
+     * the item ends itself) */
+    int (*resume)(void *ctx, unsigned slot, void *item, struct ic_error *err);
     /* optional: the bytes of the pool's budget the item holds while it runs */
     uint64_t (*item_cost)(void *ctx, const void *item);
     /* optional: once, after every item ran, unless the job stopped */
@@ -59,7 +66,8 @@ struct ic_job_params {
     unsigned concurrency; /* items running at once: 1..IC_JOB_MAX_CONCURRENCY */
     size_t queue_depth;   /* items queued ahead of the workers; 0: 4 per slot */
     uint64_t total;       /* what progress counts up to */
-    struct ic_pool *pool; /* NULL: a private pool of `concurrency` threads */
+    struct ic_pool *pool; /* NULL: a private pool of `threads` threads */
+    unsigned threads;     /* a private pool's threads: 0 = concurrency */
 };
 
 /* *out is set before the planner starts (plan() may be handed the job
@@ -68,9 +76,14 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
                  struct ic_job **out, struct ic_error *err);
 int ic_job_push(struct ic_job *job, const void *item);
 void ic_job_item_done(struct ic_job *job, unsigned slot, int failed, const struct ic_error *err);
+/* Any thread: the PENDING item of `slot` goes on, in ops->resume on a pool
+ * thread (before any new item: it holds its share of the budget). */
+void ic_job_item_resume(struct ic_job *job, unsigned slot);
 void ic_job_fail(struct ic_job *job, const struct ic_error *err);
 void ic_job_cancel(struct ic_job *job);
 int ic_job_stopped(struct ic_job *job);
+/* stopped by ic_job_cancel() (not by a failure) */
+int ic_job_cancelled(struct ic_job *job);
 void ic_job_add_progress(struct ic_job *job, uint64_t bytes);
 void ic_job_progress(struct ic_job *job, uint64_t *done, uint64_t *total);
 /* 1 once finished, 0 after timeout_ms */

@@ -69,6 +69,73 @@ static int run_kind(const struct ic_copy *c, const struct ic_extent *e, uint64_t
     return data ? RUN_DATA : RUN_ZERO;
 }
 
+/* A costly source's short holes are read through: whole runs, data and
+ * the holes between them, gather into one read of at most request_size
+ * (a hole no longer than the gap a round trip is worth, each data run
+ * cut from the others as its own extent); what does not fit is planned
+ * as it is. */
+struct merger {
+    struct ic_copy *c;
+    uint64_t start;  /* of the group */
+    unsigned nparts; /* 0: no group */
+    unsigned ndata;  /* parts up to the last data part */
+    struct {
+        uint64_t start, end;
+        int data;
+    } parts[ITEM_PARTS];
+};
+
+static int flush_group(struct merger *m, uint64_t *seq)
+{
+    struct ic_copy *c = m->c;
+    unsigned n = m->nparts, ndata = m->ndata;
+    m->nparts = m->ndata = 0;
+    if (n == 0)
+        return 0;
+    int r = 0;
+    if (ndata == 1) {
+        r = plan_extent(c, m->parts[0].start, m->parts[0].end, RUN_DATA, seq);
+    } else {
+        struct work_item item = {
+            .start = m->parts[0].start, .end = m->parts[ndata - 1].end,
+            .seq = (*seq)++, .kind = RUN_DATA, .nparts = ndata,
+        };
+        item.ext_start = item.start;
+        item.ext_end = item.end;
+        for (unsigned i = 0; i < ndata; i++) {
+            item.parts[i].end = m->parts[i].end;
+            item.parts[i].data = m->parts[i].data;
+        }
+        r = ic_job_push(c->job, &item);
+    }
+    /* the holes after the last data run were read for nothing */
+    for (unsigned i = ndata; i < n && r == 0; i++)
+        r = plan_extent(c, m->parts[i].start, m->parts[i].end, RUN_ZERO, seq);
+    return r;
+}
+
+static int merge_run(struct merger *m, uint64_t start, uint64_t end, int kind, uint64_t *seq)
+{
+    struct ic_copy *c = m->c;
+    uint64_t limit = c->opt.request_size;
+    int joins = m->nparts > 0 && m->nparts < ITEM_PARTS && end - m->start <= limit &&
+                (kind == RUN_DATA || (kind == RUN_ZERO && end - start <= c->merge_gap));
+    if (!joins) {
+        if (flush_group(m, seq) < 0)
+            return -1;
+        if (kind != RUN_DATA || end - start > limit / 2)
+            return plan_extent(c, start, end, kind, seq);
+        m->start = start;
+    }
+    m->parts[m->nparts].start = start;
+    m->parts[m->nparts].end = end;
+    m->parts[m->nparts].data = kind == RUN_DATA;
+    m->nparts++;
+    if (kind == RUN_DATA)
+        m->ndata = m->nparts;
+    return 0;
+}
+
 /* Source runs become items; with a destination that writes whole
  * clusters (compression), a zero run keeps only its cluster-aligned inside
  * and its ragged edges join the data around it (they read as zeros). */
@@ -77,13 +144,22 @@ struct aligner {
     uint64_t align, size, seq;
     uint64_t data_start, data_end; /* pending data run, not yet planned */
     int have_data;
+    struct merger merge;
 };
+
+/* A run as it is, or into a read through holes */
+static int plan_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
+{
+    if (!a->c->merge_gap)
+        return plan_extent(a->c, start, end, kind, &a->seq);
+    return merge_run(&a->merge, start, end, kind, &a->seq);
+}
 
 static int flush_data(struct aligner *a)
 {
     int r = 0;
     if (a->have_data && a->data_end > a->data_start)
-        r = plan_extent(a->c, a->data_start, a->data_end, RUN_DATA, &a->seq);
+        r = plan_run(a, a->data_start, a->data_end, RUN_DATA);
     a->have_data = 0;
     return r;
 }
@@ -113,7 +189,7 @@ static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
     }
     if (zs > start)
         add_data(a, start, zs);
-    if (flush_data(a) < 0 || plan_extent(a->c, zs, ze, kind, &a->seq) < 0)
+    if (flush_data(a) < 0 || plan_run(a, zs, ze, kind) < 0)
         return -1;
     if (end > ze)
         add_data(a, ze, end);
@@ -126,7 +202,7 @@ int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
     uint64_t size = ic_image_size(c->src);
     uint64_t run_start = 0, pos = 0;
     int run_kind_now = -1;
-    struct aligner al = {.c = c, .align = c->write_align, .size = size};
+    struct aligner al = {.c = c, .align = c->write_align, .size = size, .merge = {.c = c}};
     /* neighbours of one kind are one extent: the cache may answer a long
      * extent in pieces, and zero runs at extent edges are judged by it.
      * An overlay's runs also end where its backing file ends, as qemu-img
@@ -139,6 +215,11 @@ int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
         struct ic_extent e;
         if (ic_image_block_status(c->src, pos, size - pos, &e, err) < 0)
             return -1;
+        if (pos == 0 && c->may_merge) {
+            /* what a round trip costs is known once one was made */
+            uint64_t cost = ic_image_request_cost(c->src);
+            c->merge_gap = cost < c->opt.request_size / 2 ? cost : c->opt.request_size / 2;
+        }
         uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
         int kind = run_kind(c, &e, pos);
         /* qemu's data extents also end where the host bytes stop being
@@ -157,8 +238,9 @@ int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
         run_kind_now = kind;
         pos += len;
     }
-    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0)
-        flush_data(&al);
+    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0 &&
+        flush_data(&al) == 0)
+        flush_group(&al.merge, &al.seq);
     return 0;
 }
 

@@ -633,8 +633,13 @@ def slow_export(size="20G", **kw) -> Nbdkit:
     plugin behind noextents, so that every byte is data to read (zeros, in
     round trips: some 40 MB/s in 4 KiB requests), started by ``with``.
     What long copies are made of, now that zeros cost a copy next to
-    nothing (fully allocated output allocates them in a few requests)."""
-    return nbdkit("memory", size, filters=["noextents"], log=False, **kw)
+    nothing (fully allocated output allocates them in a few requests).
+    One server thread (``--threads=1``): nbdkit before 1.33.10 (Debian 12
+    has 1.32.5) asserts and dies when a client hangs up on replies its
+    other threads still write (connections.c raw_send_socket), and a
+    cancelled copy hangs up at once, by design."""
+    extra = list(kw.pop("extra", ())) + ["--threads=1"]
+    return nbdkit("memory", size, filters=["noextents"], log=False, extra=extra, **kw)
 
 
 def qemu_nbd(image, fmt="qcow2", read_only=False, *, allocation_depth=False, shared=0,

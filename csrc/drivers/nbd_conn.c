@@ -1,4 +1,4 @@
-/* The NBD driver's connections (nbd_internal.h): each has one I/O thread
+/* The NBD driver's connections (nbd_state.h): each has one I/O thread
  * that owns its libnbd handle, submits the requests callers queue and
  * polls the socket; completions settle the requests, and the first
  * failure of one nobody waits for is kept for every later call. */
@@ -9,9 +9,10 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "nbd_internal.h"
+#include "nbd_state.h"
 
 static const char *const op_names[] = {
     [OP_READ] = "read", [OP_WRITE] = "write", [OP_ZERO] = "zero",
@@ -36,39 +37,88 @@ int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char
 
 /* ---- the I/O thread of a connection ------------------------------------ */
 
-/* An unwaited request is over (st->lock held): it frees its room. */
-static void retire_locked(struct nbd_state *st, struct nbd_request *r)
+/* An unwaited request is over (st->lock held): it frees its room.  One
+ * with an asynchronous caller to tell is returned (told and freed once
+ * the lock is released: tell()); any other is freed. */
+static struct nbd_request *retire_locked(struct nbd_state *st, struct nbd_request *r)
 {
-    if (r->op == OP_WRITE)
-        st->bytes_in_flight -= r->len;
-    st->unwaited--;
+    if (r->op == OP_WRITE || r->op == OP_ZERO) {
+        if (r->op == OP_WRITE)
+            st->bytes_in_flight -= r->len;
+        st->unwaited--;
+    }
+    if (r->aio)
+        return r;
     free(r->buf);
     free(r);
+    return NULL;
+}
+
+/* An asynchronous request's part is answered (no lock held): the last
+ * part tells the caller.  A failed write is told the failure kept
+ * (first_failure), so that every caller hears of the same one. */
+static void tell(struct nbd_request *r)
+{
+    struct nbd_aio *a = r->aio;
+    if (r->error && !atomic_exchange(&a->failed, 1)) {
+        a->errnum = r->error;
+        a->op = r->op;
+        a->off = r->off;
+    }
+    free(r);
+    if (atomic_fetch_sub(&a->parts, 1) != 1)
+        return;
+    struct ic_error e = {0};
+    const struct ic_error *failure = NULL;
+    if (atomic_load(&a->failed)) {
+        if (a->op == OP_READ || nbd_failed(a->img, &e) == 0)
+            nbd_request_error(a->img, a->op, a->off, a->errnum, &e);
+        failure = &e;
+    }
+    a->done(a->ctx, failure);
+    free(a);
+}
+
+static void tell_all(struct nbd_request *list)
+{
+    while (list) {
+        struct nbd_request *next = list->next;
+        tell(list);
+        list = next;
+    }
 }
 
 /* Runs on the connection's I/O thread only (libnbd's callbacks, a refused
- * submission).  A nbd_failed unwaited request is held back (settle): a
+ * submission).  A failed unwaited write or zero is held back (settle): a
  * connection that dies fails everything in flight in one libnbd call, in
  * libnbd's order, and when a server dies every connection does; the
  * failure kept must be the first of them (first_failure), not whichever
- * libnbd reported first. */
+ * libnbd reported first.  An asynchronous read is told at once. */
 static void complete(struct nbd_request *r, int error)
 {
     struct nbd_state *st = r->st;
+    struct nbd_request *told = NULL;
     pthread_mutex_lock(&st->lock);
     if (r->waited) {
         r->error = error;
         r->done = 1;
+    } else if (r->op == OP_READ) {
+        r->error = error;
+        told = r;
     } else if (error) {
         r->error = error;
         r->next = r->conn->failures;
         r->conn->failures = r;
         atomic_fetch_add(&st->held, 1);
     } else {
-        retire_locked(st, r);
+        told = retire_locked(st, r);
     }
     pthread_cond_broadcast(&st->changed);
     pthread_mutex_unlock(&st->lock);
+    if (told) {
+        told->next = NULL;
+        tell(told);
+    }
 }
 
 /* Whether nbd_failed request `r` says better what went wrong than the failure
@@ -83,9 +133,11 @@ static int first_failure(const struct nbd_state *st, const struct nbd_request *r
 
 /* Every held failure at once (st->lock held): the first (first_failure)
  * is kept, also against a failure kept before; then their room is freed,
- * so that nobody sees the room before the failure. */
-static void publish_locked(struct nbd_state *st)
+ * so that nobody sees the room before the failure.  The asynchronous
+ * ones are returned, to be told once the lock is released. */
+static struct nbd_request *publish_locked(struct nbd_state *st)
 {
+    struct nbd_request *told = NULL;
     for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++) {
         struct nbd_conn *c = &st->conns[i];
         while (c->failures) {
@@ -98,10 +150,15 @@ static void publish_locked(struct nbd_state *st)
                 st->failed_refused = r->refused;
             }
             atomic_fetch_sub(&st->held, 1);
-            retire_locked(st, r);
+            struct nbd_request *t = retire_locked(st, r);
+            if (t) {
+                t->next = told;
+                told = t;
+            }
         }
     }
     pthread_cond_broadcast(&st->changed);
+    return told;
 }
 
 /* After each libnbd call of the I/O thread (and as it exits).  The
@@ -128,9 +185,11 @@ static void settle(struct nbd_conn *c, int exiting)
                     nbd_wake(&st->conns[i]);
         }
     }
+    struct nbd_request *told = NULL;
     if (!st->dying || st->nsettled == st->nthreads || exiting)
-        publish_locked(st);
+        told = publish_locked(st);
     pthread_mutex_unlock(&st->lock);
+    tell_all(told);
 }
 
 static int on_complete(void *user_data, int *error)
@@ -241,6 +300,13 @@ void *nbd_conn_thread(void *arg)
         alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
         if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
             break;
+        /* the connection died while requests wait in the queue: fail them
+         * now (nothing on a dead socket would wake the poll for them) */
+        pthread_mutex_lock(&st->lock);
+        int queued = c->head != NULL;
+        pthread_mutex_unlock(&st->lock);
+        if (!alive && queued)
+            continue;
         struct pollfd fds[2] = {{.fd = c->wake_fd, .events = POLLIN}, {.fd = -1}};
         if (alive) {
             unsigned dir = lib->aio_get_direction(c->h);
@@ -291,9 +357,28 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
     nbd_wake(c);
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* A small request's round trip is the cost of a request (a large read's
+ * also carries its bytes): the shortest seen is kept. */
+static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
+{
+    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
+        return;
+    uint64_t seen = atomic_load(&st->min_rtt);
+    while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
+        ;
+}
+
 /* Run `r` and wait for its reply: 0, or its errno */
 int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
 {
+    uint64_t t0 = now_ns();
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);
@@ -315,6 +400,7 @@ int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn 
     while (!r->done)
         pthread_cond_wait(&st->changed, &st->lock);
     pthread_mutex_unlock(&st->lock);
+    note_rtt(st, r, now_ns() - t0);
     return r->error;
 }
 
@@ -345,7 +431,8 @@ int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_er
         enum nbd_op op = r->op;
         uint64_t off = r->off;
         pthread_mutex_unlock(&st->lock);
-        free(r->buf);
+        if (!r->aio)
+            free(r->buf);
         free(r);
         return aborted ? nbd_request_error(img, op, off, ECANCELED, err) : nbd_failed(img, err);
     }
@@ -367,4 +454,113 @@ int nbd_drain(struct ic_image *img, struct ic_error *err)
         pthread_cond_wait(&st->changed, &st->lock);
     pthread_mutex_unlock(&st->lock);
     return nbd_failed(img, err);
+}
+
+/* ---- asynchronous reads and writes -------------------------------------- */
+
+static struct nbd_aio *new_aio(struct ic_image *img, unsigned parts, ic_aio_done_fn *done,
+                               void *ctx)
+{
+    struct nbd_aio *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->img = img;
+    a->done = done;
+    a->ctx = ctx;
+    atomic_init(&a->parts, parts);
+    atomic_init(&a->failed, 0);
+    return a;
+}
+
+static unsigned parts_of(const struct nbd_state *st, size_t len)
+{
+    return (unsigned)((len + st->max_block - 1) / st->max_block);
+}
+
+/* A read the server's minimum block size divides, in requests of at most
+ * its maximum, all queued at once; the caller's buffer is read into. */
+int nbd_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                  ic_aio_done_fn *done, void *ctx, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    uint64_t unit = st->min_block;
+    if (len == 0 || (unit > 1 && (off % unit || len % unit)))
+        return 0; /* the synchronous read reads the blocks around it */
+    unsigned n = parts_of(st, len);
+    struct nbd_aio *a = new_aio(img, n, done, ctx);
+    struct nbd_request **rs = a ? calloc(n, sizeof *rs) : NULL;
+    unsigned made = 0;
+    for (; rs && made < n; made++)
+        if (!(rs[made] = calloc(1, sizeof **rs)))
+            break;
+    if (!rs || made < n) {
+        for (unsigned i = 0; rs && i < made; i++)
+            free(rs[i]);
+        free(rs);
+        free(a);
+        return ic_error_nomem(err);
+    }
+    pthread_mutex_lock(&st->lock);
+    if (st->aborted) {
+        pthread_mutex_unlock(&st->lock);
+        for (unsigned i = 0; i < n; i++)
+            free(rs[i]);
+        free(rs);
+        free(a);
+        return nbd_request_error(img, OP_READ, off, ECANCELED, err);
+    }
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t at = (uint64_t)i * st->max_block;
+        *rs[i] = (struct nbd_request){.op = OP_READ, .buf = (char *)buf + at, .off = off + at,
+                                      .len = len - at < st->max_block ? len - at
+                                                                      : st->max_block,
+                                      .aio = a};
+        enqueue_locked(st, rs[i]);
+    }
+    pthread_mutex_unlock(&st->lock);
+    free(rs);
+    return 1;
+}
+
+/* A write of the caller's bytes (no copy), as the unwaited writes go: in
+ * requests of at most the server's maximum, each waiting for room. */
+int nbd_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                   ic_aio_done_fn *done, void *ctx, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    if (len == 0)
+        return 0;
+    unsigned n = parts_of(st, len);
+    struct nbd_aio *a = new_aio(img, n, done, ctx);
+    if (!a)
+        return ic_error_nomem(err);
+    for (unsigned i = 0; i < n; i++) {
+        uint64_t at = (uint64_t)i * st->max_block;
+        struct nbd_request *r = calloc(1, sizeof *r);
+        if (r)
+            *r = (struct nbd_request){.op = OP_WRITE, .buf = (char *)buf + at, .off = off + at,
+                                      .len = len - at < st->max_block ? len - at
+                                                                      : st->max_block,
+                                      .aio = a};
+        if (!r || nbd_queue_unwaited(img, r, err) < 0) {
+            if (!r)
+                ic_error_nomem(err);
+            if (i == 0) {
+                free(a);
+                return -1;
+            }
+            /* parts already out: they tell the caller, of this failure */
+            if (!atomic_exchange(&a->failed, 1)) {
+                a->errnum = err->errnum ? err->errnum : EIO;
+                a->op = OP_WRITE;
+                a->off = off + at;
+            }
+            if (atomic_fetch_sub(&a->parts, n - i) == n - i) {
+                a->done(a->ctx, err);
+                free(a);
+            }
+            return 1;
+        }
+    }
+    return 1;
 }

@@ -1,8 +1,8 @@
 /* The NBD driver's shared state: nbd.c opens, reads, writes and asks
  * block status; nbd_conn.c runs each connection's I/O thread and the
  * queue of requests in flight. */
-#ifndef IMGCOPY_NBD_INTERNAL_H
-#define IMGCOPY_NBD_INTERNAL_H
+#ifndef IMGCOPY_NBD_STATE_H
+#define IMGCOPY_NBD_STATE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -23,15 +23,31 @@ enum nbd_op { OP_READ, OP_WRITE, OP_ZERO, OP_FLUSH, OP_STATUS };
 
 struct nbd_state;
 
+/* An asynchronous read or write (nbd_aio_pread/pwrite) in one or more
+ * requests: `done` runs once the last has its reply. */
+struct nbd_aio {
+    struct ic_image *img;
+    ic_aio_done_fn *done;
+    void *ctx;
+    atomic_uint parts;   /* requests not answered yet */
+    atomic_int failed;   /* set by the first that failed, which fills: */
+    int errnum;
+    enum nbd_op op;
+    uint64_t off;
+};
+
 struct nbd_request {
     enum nbd_op op;
     struct nbd_state *st;
-    void *buf; /* read into; a write's own copy (freed at completion) */
+    /* read into; a write's own copy (freed at completion), or the
+     * caller's bytes (an asynchronous write: `aio` set) */
+    void *buf;
     uint64_t off, len;
     uint32_t flags;
     int refused;  /* libnbd refused it: it never went out (a dead connection) */
     struct nbd_conn *conn; /* the connection it went to */
     int waited; /* the caller waits: it frees the request */
+    struct nbd_aio *aio; /* asynchronous: told at completion, then freed */
     int done;
     int error;
     /* block status: the answer, per context */
@@ -82,6 +98,9 @@ struct nbd_state {
     uint64_t failed_off;
     int failed_refused;
     void *zeros; /* max_block zero bytes, for servers without WRITE_ZEROES */
+    /* the shortest round trip seen of a small request (ns; 0: none yet):
+     * what a request costs beyond its bytes */
+    _Atomic uint64_t min_rtt;
 };
 
 static inline struct nbd_state *nbd_state_of(struct ic_image *img)
@@ -101,5 +120,9 @@ int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn 
 int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
+int nbd_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
+                  ic_aio_done_fn *done, void *ctx, struct ic_error *err);
+int nbd_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
+                   ic_aio_done_fn *done, void *ctx, struct ic_error *err);
 
 #endif
