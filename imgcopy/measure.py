@@ -4,8 +4,10 @@ measure``.
 The numbers are qemu 7.2's (block/qcow2.c qcow2_measure, block/raw-format.c
 raw_measure), computed from the source's extent map: which target clusters
 hold data is all the source contributes, so holes and zero ranges cost
-nothing and no guest byte is read.  The C core computes the map; the rest is
-arithmetic.
+nothing and no guest byte is read.  The C core computes the map and says
+what each layer of the source is (Image.describe(): whether qemu sees a
+layer as all data, whether the image holds persistent bitmaps, and which);
+the rest is arithmetic.
 
 Options are checked as qemu-img checks them, with its messages: the option
 list syntax (``-o a=1,b=2``, ``,,`` for a comma), each option's type (size,
@@ -15,14 +17,13 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from .errors import ImageFormatError
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
 from ._keywords import suggest_keywords
-from .image import Image, PathArg, source_member
+from .image import Bitmap, Image, PathArg, source_member
 from .options import Qcow2Options
 
 _U64 = 1 << 64
@@ -439,16 +440,11 @@ def _qemu_length(img: Image) -> int:
     return size
 
 
-# Formats qemu 7.2 has no block status for: it takes all of such a layer as
-# data (its generic answer), whatever imgcopy's map says.
-_ALL_DATA_FORMATS = ("vhdx",)
-
-
 def _all_data_depth(img: Image) -> Optional[int]:
-    """The depth of the chain's first layer qemu sees as all data, if any."""
-    formats = [img.format] + [fmt for _, fmt in img.backing_chain]
-    for depth, fmt in enumerate(formats):
-        if fmt in _ALL_DATA_FORMATS:
+    """The depth of the chain's first layer qemu sees as all data (its
+    format has no block status in qemu 7.2: its generic answer), if any."""
+    for depth in range(len(img.backing_chain) + 1):
+        if img._img.describe(depth)["qemu_sees_all_data"]:
             return depth
     return None
 
@@ -474,78 +470,25 @@ def data_clusters(img: Image, cluster_size: int) -> int:
     return count
 
 
-_BITMAPS_EXT = 0x23852875
-_AUTOCLEAR_BITMAPS = 1
-
-
-def persistent_bitmaps(img: Image) -> List[Tuple[bytes, int]]:
-    """(name, granularity) of the persistent bitmaps of a qcow2 image, from
-    its bitmap directory (which the C core checked when it opened it)."""
-    with Image(img.filename, "raw", force_share=True, member=img.member) as f:
-        head = f.read(0, min(f.size, 1 << 21))
-        if len(head) < 104:
-            return []
-        (version,) = struct.unpack_from(">I", head, 4)
-        (cluster_bits,) = struct.unpack_from(">I", head, 20)
-        if version < 3:
-            return []
-        (autoclear,) = struct.unpack_from(">Q", head, 88)
-        (header_length,) = struct.unpack_from(">I", head, 100)
-        (backing_offset,) = struct.unpack_from(">Q", head, 8)
-        end = min(len(head), 1 << cluster_bits)
-        if backing_offset and backing_offset < end:
-            end = backing_offset
-        off = header_length
-        directory: Optional[Tuple[int, int, int]] = None
-        while off + 8 <= end:
-            etype, elen = struct.unpack_from(">II", head, off)
-            off += 8
-            if etype == 0 or off + elen > end:
-                break
-            if etype == _BITMAPS_EXT and elen == 24:
-                nb, _, dsize, doff = struct.unpack_from(">IIQQ", head, off)
-                directory = (nb, dsize, doff)
-            off += (elen + 7) // 8 * 8
-        if directory is None or not autoclear & _AUTOCLEAR_BITMAPS:
-            return []
-        nb, dsize, doff = directory
-        data = f.read(doff, dsize)
-    out = []
-    pos = 0
-    for _ in range(nb):
-        if pos + 24 > len(data):
-            break
-        granularity_bits = data[pos + 17]
-        name_size, extra = struct.unpack_from(">HI", data, pos + 18)
-        name = data[pos + 24 + extra:pos + 24 + extra + name_size].split(b"\0")[0]
-        out.append((name, 1 << granularity_bits))
-        pos += _round_up(24 + extra + name_size, 8)
-    return out
-
-
-def bitmaps_size(bitmaps: Sequence[Tuple[bytes, int]], virtual_size: int,
-                 cluster_size: int) -> int:
+def bitmaps_size(bitmaps: Sequence[Bitmap], virtual_size: int, cluster_size: int) -> int:
     """qcow2_get_persistent_dirty_bitmap_size: every bitmap fully allocated,
-    its table, and the directory."""
+    its table, and the directory (names counted in bytes, as stored)."""
     total = 0
     directory = 0
-    for name, granularity in bitmaps:
-        nbytes = -(-(-(-virtual_size // granularity)) // 8)
+    for bitmap in bitmaps:
+        nbytes = -(-(-(-virtual_size // bitmap.granularity)) // 8)
         clusters = -(-nbytes // cluster_size)
         total += clusters * cluster_size + _round_up(clusters * 8, cluster_size)
-        directory += _round_up(24 + len(name), 8)
+        directory += _round_up(24 + len(os.fsencode(bitmap.name)), 8)
     return total + _round_up(directory, cluster_size)
 
 
 def _source_bitmaps(img: Image, cluster_size: int) -> Optional[int]:
     """bitmaps size, or None when the source cannot hold persistent bitmaps
-    (anything but a qcow2 v3 image)."""
-    if img.format != "qcow2":
+    (as its driver says: anything but a qcow2 v3 image)."""
+    if not img._img.describe()["stores_bitmaps"]:
         return None
-    specific = dict(img._img.describe()["format_specific"])
-    if specific.get("compat") != "1.1":
-        return None
-    return bitmaps_size(persistent_bitmaps(img), img.size, cluster_size)
+    return bitmaps_size(img.bitmaps(), img.size, cluster_size)
 
 
 # -- measure ------------------------------------------------------------------
