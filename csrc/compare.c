@@ -86,7 +86,7 @@ enum layer_kind {
     LAYER_PLAIN, /* as imgcopy's extents: raw files, vpc                    */
     LAYER_QCOW2, /* never across an L2 table; compressed: a cluster a time  */
     LAYER_VMDK,  /* a grain a time                                          */
-    LAYER_VHDX,  /* no block status in qemu: all data, to the end           */
+    LAYER_ALL_DATA, /* no block status in qemu (vhdx): all data, to the end */
 };
 
 struct layer {
@@ -102,13 +102,13 @@ static void describe_layer(struct ic_image *img, struct layer *l)
     struct ic_image_info info;
     const char *fmt = ic_image_format(img);
     *l = (struct layer){.img = img, .qlen = ic_image_qemu_length(img), .kind = LAYER_PLAIN};
-    if (strcmp(fmt, "vhdx") == 0) {
-        l->kind = LAYER_VHDX;
+    ic_image_describe(img, &info);
+    if (info.qemu_sees_all_data) {
+        l->kind = LAYER_ALL_DATA;
         return;
     }
     if (strcmp(fmt, "qcow2") != 0 && strcmp(fmt, "vmdk") != 0)
         return;
-    ic_image_describe(img, &info);
     l->cluster = info.cluster_size;
     if (strcmp(fmt, "vmdk") == 0) {
         l->kind = LAYER_VMDK;
@@ -169,7 +169,7 @@ static int qemu_status(struct ic_compare *c, int which, uint64_t off, uint64_t *
             exhausted = 0;
             break;
         }
-        if (l->kind == LAYER_VHDX) {
+        if (l->kind == LAYER_ALL_DATA) {
             w = Q_DATA | Q_ALLOCATED;
             n = l->qlen - off;
             exhausted = 0;

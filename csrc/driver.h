@@ -101,7 +101,11 @@ struct ic_driver {
     int (*finish)(struct ic_image *img, int sync, struct ic_error *err);
     /* The internal snapshots found at open. */
     int (*snapshots)(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
-    /* What the header says, for info (`out` arrives zeroed). */
+    /* The persistent bitmaps found at open: the first `cap` into `out`;
+     * returns how many there are (see ic_image_bitmaps). */
+    size_t (*bitmaps)(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+    /* What the header says, and the format's facts, for info and measure
+     * (`out` arrives zeroed). */
     void (*describe)(struct ic_image *img, struct ic_image_info *out);
     /* qemu-img check of the format's own layer, read-only (`out` arrives
      * zeroed; detail lines go to out->messages).  Without it, checking the

@@ -61,6 +61,11 @@ int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, siz
     return 0;
 }
 
+size_t ic_image_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap)
+{
+    return img->drv->bitmaps ? img->drv->bitmaps(img, out, cap) : 0;
+}
+
 void ic_image_describe(struct ic_image *img, struct ic_image_info *out)
 {
     memset(out, 0, sizeof *out);

@@ -272,13 +272,36 @@ struct ic_snapshot {
 /* The image's internal snapshots, in table order (none for most formats). */
 int ic_image_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
 
+/* A persistent dirty bitmap stored in the image (qcow2), as qemu-img info
+ * lists it. */
+enum {
+    IC_BITMAP_IN_USE = 1u << 0, /* a program had it open for writing and did not
+                                   close it: its bits may be stale (inconsistent) */
+    IC_BITMAP_AUTO = 1u << 1,   /* enabled: writes through qemu update it */
+};
+struct ic_bitmap {
+    const char *name;     /* as stored (UTF-8 by the spec); valid while the image is open */
+    uint64_t granularity; /* bytes one bit covers */
+    unsigned flags;       /* IC_BITMAP_* */
+};
+/* The image's persistent bitmaps, in the order it stores them: the first
+ * `cap` into `out` (NULL with cap 0 counts them); returns how many it has.
+ * None once the image has been written (imgcopy keeps no bitmap up to
+ * date, and marks them invalid as qemu's readers expect). */
+size_t ic_image_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+
 /* What qemu-img info reports of an image beyond its sizes, as its format's
  * driver parsed it (info never parses a header a second time). */
-enum ic_info_kind { IC_INFO_STRING, IC_INFO_INT, IC_INFO_BOOL };
+enum ic_info_kind {
+    IC_INFO_STRING,
+    IC_INFO_INT,
+    IC_INFO_BOOL,
+    IC_INFO_BITMAPS, /* the image's bitmaps (ic_image_bitmaps), `number` of them, listed here */
+};
 struct ic_info_field {
     const char *key; /* qemu's name, e.g. "refcount-bits" */
     enum ic_info_kind kind;
-    int64_t number; /* INT, BOOL */
+    int64_t number; /* INT, BOOL, BITMAPS */
     char text[32];  /* STRING */
 };
 #define IC_INFO_MAX_FIELDS 16
@@ -288,6 +311,14 @@ struct ic_image_info {
     int has_backing;
     char backing_name[1024]; /* as the image stores it */
     char backing_format[16]; /* "": not stored */
+    /* Facts of the format that info and measure need, each driver stating
+     * its own (so that neither keeps a list of formats): */
+    int may_hold_compressed; /* clusters (grains) may be stored compressed:
+                                info counts them */
+    int qemu_sees_all_data;  /* qemu 7.2 has no block status for the format and
+                                takes all of this layer as data (measure, compare) */
+    int stores_bitmaps;      /* the image can hold persistent bitmaps (a
+                                qcow2 v3 image): measure reports their size */
     /* qemu-img info's "format-specific" data, in its order */
     size_t nfields;
     struct ic_info_field fields[IC_INFO_MAX_FIELDS];

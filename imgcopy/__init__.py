@@ -9,7 +9,7 @@ try:
     from .checksum import ChecksumMismatch, checksum, checksum_algorithms
     from .extents import Extent, ExtentMap
     from .features import features
-    from .image import Image, map, open
+    from .image import Bitmap, Image, map, open
     from .info import ImageInfo, info
     from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
     from .plan import CopyPlan, Request, plan
@@ -19,7 +19,7 @@ except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a trace
     _program.interrupted_while_starting()
     raise
 
-__all__ = ["CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
+__all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
            "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",

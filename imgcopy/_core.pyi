@@ -23,6 +23,12 @@ REQ_ZERO: int
 REQ_SKIP: int
 ZERO_MAY_UNMAP: int
 ZERO_FAST: int
+BITMAP_IN_USE: int
+BITMAP_AUTO: int
+
+# a persistent bitmap: name, granularity (bytes a bit covers), flags
+# (BITMAP_IN_USE, BITMAP_AUTO)
+_Bitmap = Tuple[str, int, int]
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class ImageDescription(TypedDict):
@@ -33,7 +39,12 @@ class ImageDescription(TypedDict):
     backing_format: Optional[str]  # None: not stored
     # where the backing file is, opened or not: (path, member or None)
     backing_location: Optional[Tuple[str, Optional[str]]]
-    format_specific: List[Tuple[str, Union[int, bool, str]]]  # qemu-img info's, in its order
+    # qemu-img info's, in its order; "bitmaps": Image.bitmaps()'s list
+    format_specific: List[Tuple[str, Union[int, bool, str, List[_Bitmap]]]]
+    # the format's facts, as its driver states them
+    may_hold_compressed: bool  # clusters (grains) may be stored compressed
+    qemu_sees_all_data: bool  # qemu 7.2 has no block status for it: all data
+    stores_bitmaps: bool  # can hold persistent bitmaps (qcow2 v3)
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CacheStats(TypedDict):
@@ -127,7 +138,10 @@ class Image:
         """The file of this image's chain that ``path`` names, or None."""
     def snapshots(self) -> bytes:
         """The internal snapshots, packed (struct ic_snapshot array)."""
-    def describe(self) -> ImageDescription: ...
+    def bitmaps(self) -> List[_Bitmap]:
+        """The persistent bitmaps, in the order the image stores them."""
+    def describe(self, depth: int = ...) -> ImageDescription:
+        """The image at ``depth`` of the backing chain (0: this one)."""
 
 def probe(path: _Path, /) -> str:
     """The format the file looks like ("raw" when nothing else matches, "tar" for a

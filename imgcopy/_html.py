@@ -6,14 +6,10 @@ from __future__ import annotations
 import os
 from bisect import bisect_left, bisect_right
 from html import escape
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
+from ._drawables import DrawnExtentMap, DrawnInfo, DrawnPlan
 from .sizes import LABELS, human_size, parse_size, share_text
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .extents import ExtentMap
-    from .info import ImageInfo
-    from .plan import CopyPlan
 
 # Shared with the matplotlib plot (imgcopy/_plot.py).  Every kind has at
 # least 3:1 contrast with the hole colour (WCAG 1.4.11, graphics), and the
@@ -304,7 +300,7 @@ def view(cls: str, head: str, body: str, width: int = STRIP_WIDTH) -> str:
 # --------------------------------------------------------------------------
 # ExtentMap
 
-def extent_map_html(emap: "ExtentMap", width: int = STRIP_WIDTH) -> str:
+def extent_map_html(emap: DrawnExtentMap, width: int = STRIP_WIDTH) -> str:
     """The notebook view of an ExtentMap: a title, the strip with its axis,
     and one table row per kind drawn (its swatch is the legend)."""
     s = emap.summary()
@@ -346,7 +342,7 @@ def extent_map_html(emap: "ExtentMap", width: int = STRIP_WIDTH) -> str:
     if len(emap.chain_formats) > 1:
         table_rows.append(("backing chain", " &rarr; ".join(
             f"{file_name(name)} ({escape(fmt)})"
-            for name, fmt in zip(emap._chain, emap.chain_formats)), ""))
+            for name, fmt in zip(emap.chain_files, emap.chain_formats)), ""))
     table_rows.append(("qemu-img map",
                        f"data {human_size(s['data_bytes'])}, present "
                        f"{human_size(s['allocated_bytes'])}, zero {human_size(s['zero_bytes'])}"
@@ -358,7 +354,7 @@ def extent_map_html(emap: "ExtentMap", width: int = STRIP_WIDTH) -> str:
 # --------------------------------------------------------------------------
 # CopyPlan
 
-def copy_plan_html(plan: "CopyPlan", width: int = STRIP_WIDTH) -> str:
+def copy_plan_html(plan: DrawnPlan, width: int = STRIP_WIDTH) -> str:
     """The notebook view of a CopyPlan: its requests as a strip (written,
     zeroed, skipped) and their totals."""
     t = plan.totals()
@@ -409,7 +405,7 @@ def _flatten(data: Any, prefix: str) -> Iterable[Tuple[str, str]]:
         yield prefix, yes_no(data)
 
 
-def image_info_html(info: "ImageInfo") -> str:
+def image_info_html(info: DrawnInfo) -> str:
     """The notebook view of an ImageInfo: qemu-img info's fields in words,
     sizes with their exact bytes."""
     rows: List[Tuple[str, ...]] = [("format", escape(info.format))]

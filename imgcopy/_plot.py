@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from ._drawables import DrawnExtentMap
 from ._html import COLORS, COMPRESSED_LABEL, STACKED
 from .sizes import KINDS, LABELS, human_size
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .extents import ExtentMap
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -35,7 +33,7 @@ def _split_axes(ax: Any) -> Tuple[Any, Optional[Any]]:
     return ax, None
 
 
-def plot_strip(emap: "ExtentMap", ax: Any, runs: List[Tuple[str, int, int]]) -> None:
+def plot_strip(emap: DrawnExtentMap, ax: Any, runs: List[Tuple[str, int, int]]) -> None:
     from matplotlib.patches import Patch
 
     span = emap.end - emap.start
@@ -71,7 +69,7 @@ def plot_strip(emap: "ExtentMap", ax: Any, runs: List[Tuple[str, int, int]]) -> 
                   borderaxespad=0.2)
 
 
-def plot_histogram(emap: "ExtentMap", ax: Any, bins: int) -> None:
+def plot_histogram(emap: DrawnExtentMap, ax: Any, bins: int) -> None:
     import numpy as np
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
@@ -101,7 +99,7 @@ def plot_histogram(emap: "ExtentMap", ax: Any, bins: int) -> None:
     ax.legend(fontsize="small", frameon=False)
 
 
-def plot_extent_map(emap: "ExtentMap", ax: Any = None, *, bins: int = 40,
+def plot_extent_map(emap: DrawnExtentMap, ax: Any = None, *, bins: int = 40,
                     title: Optional[str] = None) -> Tuple[Any, ...]:
     strip_ax, hist_ax = _split_axes(ax)
     runs = emap.runs()

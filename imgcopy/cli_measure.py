@@ -14,9 +14,9 @@ from typing import Any, List, Optional
 from .cli_common import cli_spelling
 from .errors import ImageFormatError, describe_remedies
 from .image import FORMATS, Image, display_name
-from .measure import (QEMU_FORMATS, MeasureError, Qcow2Target, check_output_format, measure_image,
-                      measure_size, parse_image_size, split_options, typed_options,
-                      valid_option_list)
+from .measure import Qcow2Target, measure_image, measure_size
+from .measure_options import (QEMU_FORMATS, MeasureError, check_output_format, parse_image_size,
+                              split_options, typed_options, valid_option_list)
 
 USAGE = ("usage: imgcopy measure [--output=human|json] [-O OUTPUT_FMT] [-o OPTIONS]\n"
          "                       [--size N | [-f FMT] [-U] [--member NAME] [--external-files]\n"

@@ -7,7 +7,7 @@ from typing import Optional, Tuple, Union
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
 from .image import PathArg, source_member
-from .job import DEST_FORMATS, NULL_TARGET, CopyJob, CopyResult  # noqa: F401 (convert's names)
+from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
 from .progress import Progress
 from .sizes import Size
@@ -125,7 +125,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     callback's exception, which cancel the copy.
 
     An unknown keyword raises TypeError naming the nearest valid one."""
-    job = CopyJob(
+    steps = CopySteps(
         src, dst, src_format=src_format, src_member=source_member("convert", member, src_member),
         src_external_files=src_external_files, dst_format=dst_format, create=create,
         force=force, force_share=force_share, options=options,
@@ -142,4 +142,4 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify)
-    return job.execute()
+    return steps.execute()

@@ -143,6 +143,12 @@ class ExtentMap(Sequence[Extent]):
         self._hiding = [f not in _PLAIN_FORMATS and d + 1 < len(formats)
                         for d, f in enumerate(formats)]
 
+    @property
+    def chain_files(self) -> List[str]:
+        """The files of the backing chain by depth (this image's first), as
+        to_human() names them."""
+        return list(self._chain)
+
     def __len__(self) -> int:
         return self._count
 

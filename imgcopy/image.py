@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _core
 from ._keywords import suggest_keywords
@@ -16,6 +17,31 @@ PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 # the formats the C core reads (csrc/registry.c)
 FORMATS = _core.formats()
 MODES = ("r", "r+")
+
+
+@dataclass(frozen=True)
+class Bitmap:
+    """A persistent dirty bitmap stored in an image (qcow2), as ``qemu-img
+    info`` lists it: ``name``; ``granularity``, the bytes one bit covers;
+    ``in_use``, a program had it open for writing and did not close it, so
+    its bits may be stale (qemu's "in-use" flag); ``auto``, it is enabled:
+    qemu updates it as the guest writes (its "auto" flag)."""
+
+    name: str
+    granularity: int
+    in_use: bool
+    auto: bool
+
+    @property
+    def enabled(self) -> bool:
+        """Whether writes through qemu update it (``auto``)."""
+        return self.auto
+
+    @property
+    def consistent(self) -> bool:
+        """Whether its bits can be trusted: it was closed properly (not
+        ``in_use``), as qemu decides when it loads it."""
+        return not self.in_use
 
 
 def display_name(path: PathArg, member: Optional[str] = None) -> str:
@@ -143,6 +169,15 @@ class Image:
     def backing_chain(self) -> list:
         """[(filename, format), ...] of the backing files, nearest first."""
         return self._img.chain()[1:]
+
+    def bitmaps(self) -> List[Bitmap]:
+        """The image's persistent dirty bitmaps, in the order it stores them
+        (a qcow2 v3 image's; none for other formats, nor once the image
+        has been written here: imgcopy does not update them, so it marks
+        them invalid, as qemu expects of a program unaware of them)."""
+        return [Bitmap(name, granularity, bool(flags & _core.BITMAP_IN_USE),
+                       bool(flags & _core.BITMAP_AUTO))
+                for name, granularity, flags in self._img.bitmaps()]
 
     @property
     def backing_members(self) -> list:

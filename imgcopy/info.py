@@ -87,14 +87,30 @@ def _snapshots(packed: bytes) -> List[Snapshot]:
 
 
 _ESCAPE = re.compile(r"\\(u[0-9a-f]{4}|.)")
+# an empty list or object ending its line: strings end in a quote, so a
+# line ending so is a container's
+_EMPTY = re.compile(r"^( *)(.*)(\[\]|\{\})(,?)$", re.MULTILINE)
 
 
 def qemu_json(obj: Any) -> str:
-    """JSON as qemu writes it: json.dumps' layout, non-ASCII and DEL as
+    """JSON as qemu writes it: json.dumps' layout, but an empty list or
+    object opened and closed on lines of their own; non-ASCII and DEL as
     \\uXXXX escapes with upper-case hex."""
     text = json.dumps(obj, indent=4).replace("\x7f", "\\u007F")
+    text = _EMPTY.sub(lambda m: f"{m[1]}{m[2]}{m[3][0]}\n{m[1]}{m[3][1]}{m[4]}", text)
     return _ESCAPE.sub(lambda m: "\\" + ("u" + m.group(1)[1:].upper() if m.group(1)[0] == "u"
                                           else m.group(1)), text)
+
+
+def _json_texts(data: Any) -> Any:
+    """Every string of ``data`` as qemu's JSON has it (see _json_text)."""
+    if isinstance(data, str):
+        return _json_text(data)
+    if isinstance(data, dict):
+        return {k: _json_texts(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_json_texts(v) for v in data]
+    return data
 
 
 @dataclass
@@ -145,7 +161,7 @@ class ImageInfo:
         if self.actual_size is not None:
             d["actual-size"] = self.actual_size
         if self.format_specific is not None:
-            d["format-specific"] = self.format_specific
+            d["format-specific"] = _json_texts(self.format_specific)
         if self.backing_filename is not None:
             if self.full_backing_filename is not None:
                 d["full-backing-filename"] = _json_text(self.full_backing_filename)
@@ -200,23 +216,21 @@ class ImageInfo:
 
 def _dump_specific(data: Dict[str, Any], depth: int) -> List[str]:
     """qemu's bdrv_image_info_specific_dump: "-" becomes " ", four spaces
-    of indent per level, booleans in lower case."""
-    out = []
+    of indent per level, list items as "[i]", booleans in lower case."""
+    return [line for key, value in data.items()
+            for line in _dump_item(key.replace("-", " "), value, depth)]
+
+
+def _dump_item(label: str, value: Any, depth: int) -> List[str]:
     pad = "    " * depth
-    for key, value in data.items():
-        name = key.replace("-", " ")
-        if isinstance(value, dict):
-            out.append(f"{pad}{name}:")
-            out.extend(_dump_specific(value, depth + 1))
-        elif isinstance(value, bool):
-            out.append(f"{pad}{name}: {'true' if value else 'false'}")
-        else:
-            out.append(f"{pad}{name}: {value}")
-    return out
-
-
-# formats whose clusters (grains) may be stored compressed: info counts them
-COMPRESSING_FORMATS = ("qcow2", "vmdk")
+    if isinstance(value, dict):
+        return [f"{pad}{label}:"] + _dump_specific(value, depth + 1)
+    if isinstance(value, list):
+        return [f"{pad}{label}:"] + [line for i, item in enumerate(value)
+                                     for line in _dump_item(f"[{i}]", item, depth + 1)]
+    if isinstance(value, bool):
+        return [f"{pad}{label}: {'true' if value else 'false'}"]
+    return [f"{pad}{label}: {value}"]
 
 
 def _compressed_clusters(emap: Any, cluster_size: int) -> int:
@@ -251,9 +265,9 @@ def info(path: PathArg, format: Optional[str] = None, *,
         size = img.size
         snapshots = _snapshots(img._img.snapshots())
         description = img._img.describe()
-        # formats with clusters may store some compressed (the image's own
-        # clusters: depth 0, whatever lies below)
-        emap = img.extents() if fmt in COMPRESSING_FORMATS else None
+        # the image's own clusters (depth 0, whatever lies below) stored
+        # compressed are counted where its format may store some
+        emap = img.extents() if description["may_hold_compressed"] else None
     chain: List[Tuple[str, str]] = []
     members: List[Optional[str]] = []
     if description["backing_name"] is not None:
@@ -281,7 +295,10 @@ def info(path: PathArg, format: Optional[str] = None, *,
     plain_nbd = fmt == "raw" and is_nbd_uri(filename)
     result.dirty_flag = None if plain_nbd else description["dirty"]
     if description["format_specific"]:
-        result.format_specific = {"type": fmt, "data": dict(description["format_specific"])}
+        data: Dict[str, Any] = dict(description["format_specific"])
+        if "bitmaps" in data:
+            data["bitmaps"] = [_bitmap_info(*b) for b in data["bitmaps"]]
+        result.format_specific = {"type": fmt, "data": data}
     if description["backing_name"] is not None:
         result.backing_filename = description["backing_name"]
         where = description["backing_location"]
@@ -311,9 +328,17 @@ def info_chain(path: PathArg, format: Optional[str] = None, *,
                     for (name, fmt), m in zip(top.backing_chain, top.backing_members)]
 
 
+def _bitmap_info(name: str, granularity: int, flags: int) -> Dict[str, Any]:
+    """A persistent bitmap as qemu-img info lists it (its keys, its flags'
+    names and order)."""
+    names = [word for bit, word in ((_core.BITMAP_IN_USE, "in-use"), (_core.BITMAP_AUTO, "auto"))
+             if flags & bit]
+    return {"flags": names, "name": name, "granularity": granularity}
+
+
 def chain_to_json(infos: List[ImageInfo]) -> str:
     """``qemu-img info --backing-chain --output=json``: a list."""
-    return json.dumps([i.to_dict() for i in infos], indent=4) + "\n"
+    return qemu_json([i.to_dict() for i in infos]) + "\n"
 
 
 def chain_to_human(infos: List[ImageInfo]) -> str:

@@ -1,5 +1,5 @@
-"""A copy as a job of named steps, built from its arguments without running
-(see CopyJob): what convert() and plan() are made of."""
+"""A copy as named steps, built from its arguments without running (see
+CopySteps): what convert() and plan() are made of."""
 from __future__ import annotations
 
 import os
@@ -84,7 +84,8 @@ def _existing_format(path: str) -> str:
     raise ImageFormatError(f"the destination is a {found} image and no destination format "
                            "was given", filename=path, remedies=remedies)
 
-class CopyJob:
+
+class CopySteps:
     """One copy, as steps: built from convert()'s arguments without running
     (nothing is checked, opened or touched until a step runs), then
     ``execute()``: ``validate`` (options, formats, the checksum algorithm;
@@ -93,8 +94,13 @@ class CopyJob:
     with progress), ``commit`` (the destination finished: a new file renamed
     into place), ``verify`` (read back, when asked).  Until the commit an
     error, the progress callback or Ctrl-C cancels the copy and raises; once
-    it is committed the job returns its result, a Ctrl-C arriving in
-    between being too late to change anything."""
+    it is committed the steps return their result, a Ctrl-C arriving in
+    between being too late to change anything.
+
+    ``request_log``: ``run`` records every request the engine makes
+    (``report["requests"]``), the copy of plan(): into the null target,
+    with ``offload`` (the kernel would copy whole extents) and ``flush``
+    off, as a plan's options say."""
 
     def __init__(self, src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                  src_member: Optional[str] = None, src_external_files: bool = False,
@@ -105,7 +111,7 @@ class CopyJob:
                  layout_keywords: Optional[Dict[str, Any]] = None,
                  progress: Progress = None, checksum: Union[bool, str, None] = None,
                  checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
-                 verify: bool = False) -> None:
+                 verify: bool = False, request_log: bool = False) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -118,6 +124,7 @@ class CopyJob:
         self.progress = progress
         self._checksum, self._checksum_block_size = checksum, checksum_block_size
         self.verify_after = verify
+        self.request_log = request_log
         # what the steps find and make
         self.algorithm: Optional[str] = None
         self.block_size = 0
@@ -140,7 +147,7 @@ class CopyJob:
                 result = self.copy()
         except KeyboardInterrupt:
             # a Ctrl-C after the destination was committed (closing the images,
-            # returning) is too late: the copy happened, and the job says so
+            # returning) is too late: the copy happened, and the result says so
             core, report, cache = self.core, self.report, self.cache
             if core is None or not core.finished or report is None or cache is None:
                 raise
@@ -256,10 +263,11 @@ class CopyJob:
         """The C engine's copy, reporting to ``bar`` (a progress as convert()
         takes it); the options it ran with replace the ones asked for."""
         source, core = self._open_source(), self._open_destination()
+        logged: Dict[str, Any] = {"offload": False, "flush": False} if self.request_log else {}
         self.report = _core.copy(source._img, core, progress=_progress_adapter(bar),
                                  checksum=self.algorithm,
-                                 checksum_block_size=self.block_size,
-                                 **self.options.engine_options())
+                                 checksum_block_size=self.block_size, log=self.request_log,
+                                 **self.options.engine_options(**logged))
         self.options = self.options.ran_with(self.report["options"])
         self.cache = source.cache_stats()
 
@@ -280,12 +288,12 @@ class CopyJob:
 
     def _open_source(self) -> Image:
         if self.source is None:
-            raise RuntimeError("the job's source is not open (open_source() first)")
+            raise RuntimeError("the copy's source is not open (open_source() first)")
         return self.source
 
     def _open_destination(self) -> _core.Image:
         if self.core is None:
-            raise RuntimeError("the job's destination is not open (open_destination() first)")
+            raise RuntimeError("the copy's destination is not open (open_destination() first)")
         return self.core
 
 

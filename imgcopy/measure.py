@@ -4,29 +4,30 @@ measure``.
 The numbers are qemu 7.2's (block/qcow2.c qcow2_measure, block/raw-format.c
 raw_measure), computed from the source's extent map: which target clusters
 hold data is all the source contributes, so holes and zero ranges cost
-nothing and no guest byte is read.  The C core computes the map; the rest is
-arithmetic.
-
-Options are checked as qemu-img checks them, with its messages: the option
-list syntax (``-o a=1,b=2``, ``,,`` for a comma), each option's type (size,
-number, on/off), then the qcow2 rules (cluster size, compat, refcount width,
-preallocation mode)."""
+nothing and no guest byte is read.  The C core computes the map and says
+what each layer of the source is (Image.describe(): whether qemu sees a
+layer as all data, whether the image holds persistent bitmaps, and which);
+the rest is arithmetic.  The options are read as qemu-img reads them, with
+its messages (measure_options.py); then come the qcow2 rules (cluster size,
+compat, refcount width, preallocation mode), here."""
 from __future__ import annotations
 
 import os
-import re
-import struct
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Union
 
 from .errors import ImageFormatError
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
 from ._keywords import suggest_keywords
-from .image import Image, PathArg, source_member
+from .image import Bitmap, Image, PathArg, source_member
+from .measure_options import (INT64_MAX, MeasureError, check_output_format, parse_image_size,
+                              qcow2_option_dict, raw_option_check, size_range_error)
 from .options import Qcow2Options
 
+__all__ = ["MeasureError", "MeasureResult", "Qcow2Target", "measure", "measure_image",
+           "measure_size"]
+
 _U64 = 1 << 64
-_INT64_MAX = (1 << 63) - 1
 
 # qcow2's limits (block/qcow2.h)
 _MIN_CLUSTER_BITS, _MAX_CLUSTER_BITS = 9, 21
@@ -35,255 +36,6 @@ _MAX_L1_BYTES = 0x2000000
 _L1E = 8
 _DEFAULT_CLUSTER = 65536
 _PREALLOC_MODES = ("off", "metadata", "falloc", "full")
-
-# The output formats: the ones imgcopy writes are measured; qemu's other
-# drivers answer as qemu-img does (tested with qemu 7.2).
-MEASURED_FORMATS = ("raw", "qcow2")
-_NO_MEASURE = frozenset("file gluster host_cdrom host_device iscsi iser nbd nfs nvme "
-                        "parallels qcow qed rbd ssh vdi vhdx vmdk vpc".split())
-_NO_CREATE = frozenset("blkdebug blklogwrites blkverify bochs cloop compress copy-before-write "
-                       "copy-on-read dmg ftp ftps http https null-aio null-co preallocate "
-                       "quorum replication snapshot-access throttle vvfat".split())
-QEMU_FORMATS = _NO_MEASURE | _NO_CREATE | {"luks", "raw", "qcow2"}
-
-# Each output format's creation options and their types, as qemu-img measure
-# takes them (the format's own and the file protocol's).
-_FILE_OPTIONS = {"size": "size", "preallocation": "str", "nocow": "bool",
-                 "extent_size_hint": "size"}
-_QCOW2_OPTIONS = dict(_FILE_OPTIONS, **{
-    "compat": "str", "backing_file": "str", "backing_fmt": "str", "encryption": "bool",
-    "encrypt.format": "str", "encrypt.key-secret": "str", "encrypt.cipher-alg": "str",
-    "encrypt.cipher-mode": "str", "encrypt.ivgen-alg": "str", "encrypt.ivgen-hash-alg": "str",
-    "encrypt.hash-alg": "str", "encrypt.iter-time": "number", "cluster_size": "size",
-    "lazy_refcounts": "bool", "refcount_bits": "number", "data_file": "str",
-    "data_file_raw": "bool", "compression_type": "str", "extended_l2": "bool"})
-OPTION_TYPES = {"raw": _FILE_OPTIONS, "qcow2": _QCOW2_OPTIONS}
-
-_SIZE_HINT = ("Optional suffix k, M, G, T, P or E means kilo-, mega-, giga-, tera-, peta-\n"
-              "and exabytes, respectively.")
-
-
-class MeasureError(ValueError):
-    """A bad argument, as qemu-img measure reports it: ``reports`` are its
-    error lines (each would be prefixed with the program's name)."""
-
-    def __init__(self, *reports: str) -> None:
-        super().__init__("\n".join(reports))
-        self.reports = list(reports)
-
-
-# -- qemu's number syntax ---------------------------------------------------
-
-class _SizeSyntax(ValueError):
-    """qemu_strtosz failed: ``out_of_range`` (ERANGE) or not a size (EINVAL)."""
-
-    def __init__(self, out_of_range: bool) -> None:
-        super().__init__("out of range" if out_of_range else "invalid size")
-        self.out_of_range = out_of_range
-
-
-_SUFFIX = {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50,
-           "E": 1 << 60}
-_DEC = re.compile(r"[ \t\n\v\f\r]*([+-]?)([0-9]+)")
-_HEX = re.compile(r"[ \t\n\v\f\r]*[+-]?0[xX]([0-9a-fA-F]+)")
-_FRACTION = re.compile(r"\.[0-9]+(?:[eE][+-]?[0-9]+)?")
-
-
-def qemu_strtosz(text: str, warnings: Optional[List[str]] = None) -> int:
-    """A byte count as qemu's qemu_strtosz reads it: decimal (a fraction
-    allowed with a suffix, rounded half up), or hex (0x..); suffixes
-    B/K/M/G/T/P/E in either case, powers of 1024.  Raises _SizeSyntax."""
-    m = _DEC.match(text)
-    if m is None:
-        raise _SizeSyntax(False)
-    if m.group(1) == "-":
-        raise _SizeSyntax(False)
-    val = int(m.group(2))
-    if val >= _U64:
-        raise _SizeSyntax(True)
-    pos = m.end()
-    frac_bits = 0
-    hexa = False
-    if val == 0 and text[pos:pos + 1] in ("x", "X"):
-        h = _HEX.match(text)
-        if h is None:  # "0x" and no digit: strtoull stops at the x
-            pass
-        else:
-            val = int(h.group(1), 16)
-            if val >= _U64:
-                raise _SizeSyntax(True)
-            pos = h.end()
-            if text[pos:pos + 1] == ".":
-                raise _SizeSyntax(False)
-            hexa = True
-    elif text[pos:pos + 1] == ".":
-        f = _FRACTION.match(text, pos)
-        if f is None:
-            pos += 1  # "1." and "1.k": no fractional digits
-        elif "e" in f.group(0).lower():
-            raise _SizeSyntax(False)
-        else:
-            frac_bits = int(float(f.group(0)) * 2.0 ** 64)
-            pos = f.end()
-    mul = _SUFFIX.get(text[pos:pos + 1].upper()) if pos < len(text) else None
-    if mul is not None:
-        if hexa and warnings is not None:
-            warnings.append(f"warning: Using a multiplier suffix on hex numbers is deprecated: "
-                            f"{text}")
-        pos += 1
-    else:
-        mul = 1
-    if pos != len(text):
-        raise _SizeSyntax(False)
-    if mul == 1:
-        if frac_bits:
-            raise _SizeSyntax(False)
-        return val
-    # qemu's 64.64 fixed point, 0.5 rounded up
-    frac = frac_bits * mul
-    result = val * mul + (frac >> 64) + ((frac & (_U64 - 1)) >> 63)
-    if result >= _U64:
-        raise _SizeSyntax(True)
-    return result
-
-
-def parse_image_size(text: str, warnings: Optional[List[str]] = None) -> int:
-    """qemu-img's --size N (cvtnum): MeasureError with its messages."""
-    try:
-        value = qemu_strtosz(text, warnings)
-    except _SizeSyntax as exc:
-        if exc.out_of_range:
-            raise _size_range_error() from None
-        raise MeasureError("Invalid image size specified. You may use k, M, G, T, P or E "
-                           "suffixes for",
-                           "kilobytes, megabytes, gigabytes, terabytes, petabytes and "
-                           "exabytes.") from None
-    if value > _INT64_MAX:
-        raise _size_range_error()
-    return value
-
-
-def _size_range_error() -> MeasureError:
-    return MeasureError(f"Invalid image size specified. Must be between 0 and {_INT64_MAX}.")
-
-
-def _strtou64(text: str) -> int:
-    """qemu_strtou64 with base 0, the whole string: ValueError, or
-    OverflowError when too large.  A minus sign wraps, as strtoull does."""
-    m = re.fullmatch(r"[ \t\n\v\f\r]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)", text)
-    if m is None:
-        raise ValueError(text)
-    digits = m.group(2)
-    if digits[:2].lower() == "0x":
-        value = int(digits, 16)
-    elif digits.startswith("0") and len(digits) > 1:
-        value = int(digits, 8)
-    else:
-        value = int(digits)
-    if value >= _U64:
-        raise OverflowError(text)
-    return (-value) % _U64 if m.group(1) == "-" else value
-
-
-def _bool(name: str, value: str) -> bool:
-    if value in ("on", "yes", "true", "y"):
-        return True
-    if value in ("off", "no", "false", "n"):
-        return False
-    raise ValueError(f"Parameter '{name}' expects 'on' or 'off'")
-
-
-# -- qemu's option lists ----------------------------------------------------
-
-def valid_option_list(text: str) -> bool:
-    """qemu-img's check of one -o argument: not empty, no leading comma, no
-    lone trailing comma."""
-    if not text or text[0] == ",":
-        return False
-    stripped = text.rstrip(",")
-    return (len(text) - len(stripped)) % 2 == 0
-
-
-def split_options(text: str) -> List[Tuple[str, str]]:
-    """``name=value,...`` as qemu's option parser splits it: ``,,`` is a
-    comma inside a value; a bare ``name`` is name=on, ``noname`` name=off."""
-    out: List[Tuple[str, str]] = []
-    pos = 0
-    while pos < len(text):
-        stop = pos
-        while stop < len(text) and text[stop] not in "=,":
-            stop += 1
-        name = text[pos:stop]
-        if stop < len(text) and text[stop] == "=":
-            pos = stop + 1
-            value = []
-            while pos < len(text):
-                if text[pos] == ",":
-                    if text[pos + 1:pos + 2] != ",":
-                        break
-                    pos += 1
-                value.append(text[pos])
-                pos += 1
-            out.append((name, "".join(value)))
-        else:
-            pos = stop
-            out.append((name[2:], "off") if name.startswith("no") else (name, "on"))
-        if pos < len(text):  # the comma after it
-            pos += 1
-    return out
-
-
-def typed_options(out_fmt: str, pairs: Sequence[Tuple[str, str]]) -> Dict[str, object]:
-    """The options of ``pairs`` checked against ``out_fmt``'s list, as
-    qemu_opts_do_parse checks them (in order; the last of a name wins):
-    MeasureError with qemu's two reports for the first bad one."""
-    types = OPTION_TYPES[out_fmt]
-    out: Dict[str, object] = {}
-    for name, value in pairs:
-        if name == "id":
-            continue
-        try:
-            kind = types.get(name)
-            if kind is None:
-                raise ValueError(f"Invalid parameter '{name}'")
-            if kind == "bool":
-                out[name] = _bool(name, value)
-            elif kind == "size":
-                try:
-                    out[name] = qemu_strtosz(value)
-                except _SizeSyntax as exc:
-                    if exc.out_of_range:
-                        raise ValueError(f"Value '{value}' is out of range for parameter "
-                                         f"'{name}'") from None
-                    raise ValueError(f"Parameter '{name}' expects a non-negative number below "
-                                     f"2^64\n{_SIZE_HINT}") from None
-            elif kind == "number":
-                try:
-                    out[name] = _strtou64(value)
-                except OverflowError:
-                    raise ValueError(f"Value '{value}' is too large for parameter "
-                                     f"'{name}'") from None
-                except ValueError:
-                    raise ValueError(f"Parameter '{name}' expects a number") from None
-            else:
-                out[name] = value
-        except ValueError as exc:
-            raise MeasureError(str(exc), f"Invalid options for file format '{out_fmt}'") \
-                from None
-    return out
-
-
-def check_output_format(out_fmt: str) -> None:
-    """MeasureError unless ``out_fmt`` is measured, as qemu-img says it."""
-    if out_fmt in MEASURED_FORMATS:
-        return
-    if out_fmt in _NO_CREATE:
-        raise MeasureError(f"Format driver '{out_fmt}' does not support image creation")
-    if out_fmt in _NO_MEASURE:
-        raise MeasureError(f"Block driver '{out_fmt}' does not support size measurement")
-    if out_fmt == "luks":
-        raise MeasureError("measuring for a luks image is not supported (raw, qcow2)")
-    raise MeasureError(f"Unknown file format '{out_fmt}'")
 
 
 # -- the qcow2 target -------------------------------------------------------
@@ -391,7 +143,7 @@ def _round_up(n: int, unit: int) -> int:
 
 def _int64(value: int) -> int:
     value %= _U64
-    return value - _U64 if value > _INT64_MAX else value
+    return value - _U64 if value > INT64_MAX else value
 
 
 @dataclass(frozen=True)
@@ -439,16 +191,11 @@ def _qemu_length(img: Image) -> int:
     return size
 
 
-# Formats qemu 7.2 has no block status for: it takes all of such a layer as
-# data (its generic answer), whatever imgcopy's map says.
-_ALL_DATA_FORMATS = ("vhdx",)
-
-
 def _all_data_depth(img: Image) -> Optional[int]:
-    """The depth of the chain's first layer qemu sees as all data, if any."""
-    formats = [img.format] + [fmt for _, fmt in img.backing_chain]
-    for depth, fmt in enumerate(formats):
-        if fmt in _ALL_DATA_FORMATS:
+    """The depth of the chain's first layer qemu sees as all data (its
+    format has no block status in qemu 7.2: its generic answer), if any."""
+    for depth in range(len(img.backing_chain) + 1):
+        if img._img.describe(depth)["qemu_sees_all_data"]:
             return depth
     return None
 
@@ -474,117 +221,33 @@ def data_clusters(img: Image, cluster_size: int) -> int:
     return count
 
 
-_BITMAPS_EXT = 0x23852875
-_AUTOCLEAR_BITMAPS = 1
-
-
-def persistent_bitmaps(img: Image) -> List[Tuple[bytes, int]]:
-    """(name, granularity) of the persistent bitmaps of a qcow2 image, from
-    its bitmap directory (which the C core checked when it opened it)."""
-    with Image(img.filename, "raw", force_share=True, member=img.member) as f:
-        head = f.read(0, min(f.size, 1 << 21))
-        if len(head) < 104:
-            return []
-        (version,) = struct.unpack_from(">I", head, 4)
-        (cluster_bits,) = struct.unpack_from(">I", head, 20)
-        if version < 3:
-            return []
-        (autoclear,) = struct.unpack_from(">Q", head, 88)
-        (header_length,) = struct.unpack_from(">I", head, 100)
-        (backing_offset,) = struct.unpack_from(">Q", head, 8)
-        end = min(len(head), 1 << cluster_bits)
-        if backing_offset and backing_offset < end:
-            end = backing_offset
-        off = header_length
-        directory: Optional[Tuple[int, int, int]] = None
-        while off + 8 <= end:
-            etype, elen = struct.unpack_from(">II", head, off)
-            off += 8
-            if etype == 0 or off + elen > end:
-                break
-            if etype == _BITMAPS_EXT and elen == 24:
-                nb, _, dsize, doff = struct.unpack_from(">IIQQ", head, off)
-                directory = (nb, dsize, doff)
-            off += (elen + 7) // 8 * 8
-        if directory is None or not autoclear & _AUTOCLEAR_BITMAPS:
-            return []
-        nb, dsize, doff = directory
-        data = f.read(doff, dsize)
-    out = []
-    pos = 0
-    for _ in range(nb):
-        if pos + 24 > len(data):
-            break
-        granularity_bits = data[pos + 17]
-        name_size, extra = struct.unpack_from(">HI", data, pos + 18)
-        name = data[pos + 24 + extra:pos + 24 + extra + name_size].split(b"\0")[0]
-        out.append((name, 1 << granularity_bits))
-        pos += _round_up(24 + extra + name_size, 8)
-    return out
-
-
-def bitmaps_size(bitmaps: Sequence[Tuple[bytes, int]], virtual_size: int,
-                 cluster_size: int) -> int:
+def bitmaps_size(bitmaps: Sequence[Bitmap], virtual_size: int, cluster_size: int) -> int:
     """qcow2_get_persistent_dirty_bitmap_size: every bitmap fully allocated,
-    its table, and the directory."""
+    its table, and the directory (names counted in bytes, as stored)."""
     total = 0
     directory = 0
-    for name, granularity in bitmaps:
-        nbytes = -(-(-(-virtual_size // granularity)) // 8)
+    for bitmap in bitmaps:
+        nbytes = -(-(-(-virtual_size // bitmap.granularity)) // 8)
         clusters = -(-nbytes // cluster_size)
         total += clusters * cluster_size + _round_up(clusters * 8, cluster_size)
-        directory += _round_up(24 + len(name), 8)
+        directory += _round_up(24 + len(os.fsencode(bitmap.name)), 8)
     return total + _round_up(directory, cluster_size)
 
 
 def _source_bitmaps(img: Image, cluster_size: int) -> Optional[int]:
     """bitmaps size, or None when the source cannot hold persistent bitmaps
-    (anything but a qcow2 v3 image)."""
-    if img.format != "qcow2":
+    (as its driver says: anything but a qcow2 v3 image)."""
+    if not img._img.describe()["stores_bitmaps"]:
         return None
-    specific = dict(img._img.describe()["format_specific"])
-    if specific.get("compat") != "1.1":
-        return None
-    return bitmaps_size(persistent_bitmaps(img), img.size, cluster_size)
+    return bitmaps_size(img.bitmaps(), img.size, cluster_size)
 
 
 # -- measure ------------------------------------------------------------------
 
-def _option_value(name: str, value: object) -> object:
-    """A keyword of measure() in qemu's terms (sizes and numbers as strings
-    read as -o reads them)."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, str):
-        kind = _QCOW2_OPTIONS.get(name, "str")
-        if kind in ("size", "number", "bool"):
-            return typed_options("qcow2", [(name, value)])[name]
-    return value
-
-
-_COMPAT_NAMES = {"v2": "0.10", "v3": "1.1"}
-
-
 def qcow2_target(create_options: Optional[Qcow2Options] = None,
-                 **keywords: object) -> Qcow2Target:
+                 **keywords: object) -> "Qcow2Target":
     """A Qcow2Target from a Qcow2Options object and keywords (which win)."""
-    opts: Dict[str, object] = {}
-    if create_options is not None:
-        if create_options.cluster_size is not None:
-            opts["cluster_size"] = create_options.cluster_size
-        opts["compat"] = _COMPAT_NAMES.get(create_options.compat, create_options.compat)
-        opts["preallocation"] = create_options.preallocation
-        if create_options.backing_file is not None:
-            opts["backing_file"] = create_options.backing_file
-    for name, value in keywords.items():
-        if value is None:
-            continue
-        if name == "backing_file":
-            opts["backing_file"] = value if isinstance(value, str) else \
-                os.fsdecode(value)  # type: ignore[arg-type]
-        else:
-            opts[name] = _option_value(name, value)
-    return Qcow2Target.from_options(opts)
+    return Qcow2Target.from_options(qcow2_option_dict(create_options, **keywords))
 
 
 Source = Union[PathArg, Image]
@@ -639,16 +302,11 @@ def measure(src: Optional[Source] = None, *, size: Optional[Union[int, str]] = N
     if dst_format == "qcow2":
         target = qcow2_target(create_options, **keywords)
     else:
-        given = [k for k, v in keywords.items() if v is not None and k != "preallocation"]
-        if create_options is not None:
-            raise ValueError("create_options (Qcow2Options) need dst_format='qcow2'")
-        if given:
-            raise MeasureError(f"Invalid parameter '{given[0]}'",
-                               f"Invalid options for file format '{dst_format}'")
+        raw_option_check(dst_format, create_options, keywords)
     if size is not None:
         nbytes = size if isinstance(size, int) else parse_image_size(size)
-        if not 0 <= nbytes <= _INT64_MAX:
-            raise _size_range_error()
+        if not 0 <= nbytes <= INT64_MAX:
+            raise size_range_error()
         return measure_size(nbytes, target)
     if isinstance(src, Image):
         return measure_image(src, target)

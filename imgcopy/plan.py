@@ -6,9 +6,9 @@ from typing import Dict, Iterator, List, NamedTuple, Optional
 from . import _core
 from .extents import packed_struct
 from ._keywords import suggest_keywords
-from .image import Image, PathArg, source_member
-from .job import null_destination
-from .options import CopyOptions, with_keywords
+from .image import PathArg, source_member
+from .job import NULL_TARGET, CopySteps
+from .options import CopyOptions
 from .sizes import Size, human_size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
@@ -99,18 +99,25 @@ def plan(src: PathArg, *, src_format: Optional[str] = None, member: Optional[str
     None decided).  ``member`` (or its long name ``src_member``) and
     ``src_external_files``: ``open()``'s ``member`` and ``external_files``
     for the source."""
-    src_member = source_member("plan", member, src_member)
-    options = with_keywords(options if options is not None else CopyOptions(),
-                            sparse_threshold=sparse_threshold,
-                            request_size=request_size, concurrency=concurrency,
-                            target_is_zero=target_is_zero)
-    with Image(src, src_format, member=src_member, external_files=src_external_files) as source:
-        sink = null_destination(source.size)  # a copy's, into the null target
+    # convert()'s steps, into the null target, every request recorded
+    steps = CopySteps(src, NULL_TARGET, src_format=src_format,
+                      src_member=source_member("plan", member, src_member),
+                      src_external_files=src_external_files, dst_format="null",
+                      options=options,
+                      option_keywords=dict(sparse_threshold=sparse_threshold,
+                                           request_size=request_size, concurrency=concurrency,
+                                           target_is_zero=target_is_zero),
+                      request_log=True)
+    steps.validate()
+    with steps.open_source():
+        sink = steps.open_destination()
         try:
-            report = _core.copy(source._img, sink, log=True,
-                                **options.engine_options(offload=False, flush=False))
+            steps.run()
         finally:
             sink.close()
-        counters = {k: v for k, v in report.items() if isinstance(v, int)}
-        return CopyPlan(report["requests"] or b"", counters, size=source.size,
-                        options=options.ran_with(report["options"]))
+    report = steps.report
+    if report is None:  # cannot be: run() returned
+        raise RuntimeError("the plan's copy ended without its report")
+    counters = {k: v for k, v in report.items() if isinstance(v, int)}
+    return CopyPlan(report["requests"] or b"", counters, size=steps.source_size,
+                    options=steps.options)

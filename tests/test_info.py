@@ -156,12 +156,62 @@ def test_describe_is_what_the_header_says(qcow2_store, tmp_path):
     assert d["format_specific"] == [("compat", "1.1"), ("compression-type", "zlib"),
                                     ("lazy-refcounts", False), ("refcount-bits", 16),
                                     ("corrupt", False), ("extended-l2", False)]
+    assert (d["may_hold_compressed"], d["qemu_sees_all_data"], d["stores_bitmaps"]) == \
+        (True, False, True)
     raw = str(tmp_path / "plain.raw")
     make_sparse(raw, MiB)
     with imgcopy.open(raw) as img:
         assert img._img.describe() == {"cluster_size": 0, "dirty": False, "backing_name": None,
                                        "backing_format": None, "backing_location": None,
-                                       "format_specific": []}
+                                       "format_specific": [], "may_hold_compressed": False,
+                                       "qemu_sees_all_data": False, "stores_bitmaps": False}
+
+
+# what each format's driver says of it (info and measure keep no list of
+# formats): (format, qemu-img create options, facts)
+FORMAT_FACTS = [
+    ("qcow2", ["-o", "compat=0.10"], (True, False, False)),
+    ("vmdk", ["-o", "subformat=streamOptimized"], (True, False, False)),
+    ("vmdk", ["-o", "subformat=monolithicFlat"], (True, False, False)),
+    ("vhdx", [], (False, True, False)),
+    ("vpc", [], (False, False, False)),
+]
+
+
+@pytest.mark.parametrize("fmt,opts,facts", FORMAT_FACTS,
+                         ids=[f"{f}{o[-1:]}" for f, o, _ in FORMAT_FACTS])
+def test_describe_states_the_formats_facts(tmp_path, fmt, opts, facts):
+    """The facts, and what they decide: compressed clusters counted where a
+    format may hold some, a layer qemu takes as all data measured so (the
+    oracle: qemu-img measure of an empty image of that format)."""
+    path = str(tmp_path / f"img.{fmt}")
+    qemu_img("create", "-q", "-f", fmt, *opts, path, "4M")
+    with imgcopy.open(path, fmt) as img:
+        d = img._img.describe()
+        with pytest.raises(IndexError):
+            img._img.describe(1)
+    assert (d["may_hold_compressed"], d["qemu_sees_all_data"], d["stores_bitmaps"]) == facts
+    assert (imgcopy.info(path, fmt).compressed_clusters is not None) is facts[0]
+    want = json.loads(qemu_img("measure", "--output=json", "-f", fmt, "-O", "qcow2",
+                               path).stdout)
+    assert imgcopy.measure(path, src_format=fmt, dst_format="qcow2").to_dict() == want
+    # an empty image: qemu's map says all data only where it has no block status
+    assert (want["required"] > 4 * MiB) is facts[1]
+
+
+def test_describe_down_the_chain(tmp_path):
+    """describe(depth): each layer's own header and facts (measure asks
+    each for qemu's view of it)."""
+    base = str(tmp_path / "base.vhdx")
+    top = str(tmp_path / "top.qcow2")
+    qemu_img("create", "-q", "-f", "vhdx", base, "4M")
+    qemu_img("create", "-q", "-f", "qcow2", "-b", base, "-F", "vhdx", top)
+    with imgcopy.open(top) as img:
+        layers = [img._img.describe(depth) for depth in range(2)]
+        with pytest.raises(IndexError):
+            img._img.describe(2)
+    assert [d["qemu_sees_all_data"] for d in layers] == [False, True]
+    assert layers[0]["backing_name"] == base and layers[1]["backing_name"] is None
 
 
 def test_backing_name_bytes_as_stored(tmp_path):

@@ -17,7 +17,7 @@ from imgcopy import cli
 from imgcopy.measure import MeasureError
 
 from .gen.sparse import make_sparse, seeded_bytes
-from .oracles import qemu_img, qemu_io, require_qemu_img
+from .oracles import qemu_img, qemu_io, qemu_io_args, require_qemu_img
 from .units import KiB, MiB
 
 pytestmark = pytest.mark.usefixtures("_qemu")
@@ -123,6 +123,13 @@ def _build_sources(d):
     qemu_img("bitmap", "--add", "-g", "512", path("bm.qcow2"), "b" * 77)
     qemu_img("bitmap", "--add", "-g", "2M", "--disable", path("bm.qcow2"), "x")
     src["bitmaps"] = ("bm.qcow2", "qcow2")
+    # bitmaps left in use (qemu-io opened the image for writing, which marks
+    # them so, and died), one with a name of 2-byte UTF-8 characters
+    qemu_img("create", "-q", "-f", "qcow2", path("bm-in-use.qcow2"), "3M")
+    qemu_img("bitmap", "--add", "-g", "4k", path("bm-in-use.qcow2"), "\u00e9" * 45)
+    qemu_img("bitmap", "--add", "--disable", path("bm-in-use.qcow2"), "off")
+    qemu_io_args("-f", "qcow2", "-c", "sigraise 9", path("bm-in-use.qcow2"), check=False)
+    src["bitmaps-in-use"] = ("bm-in-use.qcow2", "qcow2")
 
     # metadata preallocation (zero clusters with an offset), an internal
     # snapshot (the active layer counts)
@@ -184,7 +191,8 @@ def _readable(fmt):
 
 
 SOURCE_NAMES = ["sparse0", "sparse1", "sparse2", "ends", "tiny", "empty", "zeros", "conv",
-                "zero_clusters", "compressed", "v2", "chain", "bitmaps", "prealloc_metadata",
+                "zero_clusters", "compressed", "v2", "chain", "bitmaps", "bitmaps-in-use",
+                "prealloc_metadata",
                 "snapshot", "falloc", "over-vhdx", "vpc-dynamic",
                 "vpc-fixed", "vhdx-dynamic", "vhdx-fixed", "vmdk-monolithicSparse",
                 "vmdk-streamOptimized", "hyperv2012r2-dynamic.vhd", "d2v-zerofilled.vhd",
@@ -237,7 +245,7 @@ def test_python_api_agrees(sources):
     """measure() gives the CLI's numbers: keywords, Qcow2Options, an open Image."""
     d, src = sources
     import json
-    for name in ["sparse1", "chain", "bitmaps", "compressed"]:
+    for name in ["sparse1", "chain", "bitmaps", "bitmaps-in-use", "compressed"]:
         filename, fmt = src[name]
         path = os.path.join(d, filename)
         for out_fmt, opts in LAYOUTS[:8]:

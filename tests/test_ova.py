@@ -185,6 +185,7 @@ def test_ova_without_member_refused_everywhere(ova, tmp_path, fmt):
              (lambda: imgcopy.check(archive, format=fmt), "member", "format"),
              (lambda: imgcopy.measure(archive, src_format=fmt, dst_format="qcow2"),
               "member", "src_format"),
+             (lambda: imgcopy.plan(archive, src_format=fmt), "src_member", "src_format"),
              (lambda: imgcopy.compare(archive, archive, a_format=fmt, b_format=fmt),
               "a_member", "a_format")]
     for call, member, format in calls:

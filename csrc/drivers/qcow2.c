@@ -34,6 +34,8 @@ static void qcow2_close(struct ic_image *img)
     }
     free(s->l1);
     free(s->snapshots);
+    free(s->bitmaps);
+    free(s->bitmap_names);
     pthread_mutex_destroy(&s->meta_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
     free(s);
@@ -88,7 +90,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
             s->l1[i] = qcow2_be64(&s->l1[i]);
     }
 
-    if (qcow2_load_snapshots(img, err) < 0 || qcow2_check_bitmaps(img, err) < 0)
+    if (qcow2_load_snapshots(img, err) < 0 || qcow2_load_bitmaps(img, err) < 0)
         return -1;
 
     if (qcow2_l2_init(img, err) < 0)
@@ -125,12 +127,14 @@ static int qcow2_create(struct ic_image *img, int *fresh, struct ic_error *err)
 }
 
 /* qemu-img info's qcow2 "format-specific" (qemu 7.2's keys and order;
- * bitmaps and external data files are not reported). */
+ * external data files are not supported, so never reported). */
 static void qcow2_describe(struct ic_image *img, struct ic_image_info *out)
 {
     const struct qcow2_header *h = &qcow2_state_of(img)->h;
     int v3 = h->version >= 3;
     out->cluster_size = h->cluster_size;
+    out->may_hold_compressed = 1;
+    out->stores_bitmaps = v3; /* the bitmaps extension is a v3 feature */
     out->dirty = (h->incompatible & QCOW2_INCOMPAT_DIRTY) != 0;
     out->has_backing = h->backing_name[0] != '\0';
     snprintf(out->backing_name, sizeof out->backing_name, "%s", h->backing_name);
@@ -141,6 +145,10 @@ static void qcow2_describe(struct ic_image *img, struct ic_image_info *out)
     if (v3)
         ic_image_info_add(out, "lazy-refcounts", IC_INFO_BOOL,
                           (h->compatible & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0, NULL);
+    /* qemu lists them only when there are some */
+    size_t nbitmaps = qcow2_bitmaps(img, NULL, 0);
+    if (nbitmaps)
+        ic_image_info_add(out, "bitmaps", IC_INFO_BITMAPS, (int64_t)nbitmaps, NULL);
     ic_image_info_add(out, "refcount-bits", IC_INFO_INT, 1ll << h->refcount_order, NULL);
     if (v3) {
         ic_image_info_add(out, "corrupt", IC_INFO_BOOL,
@@ -168,6 +176,7 @@ const struct ic_driver ic_format_qcow2 = {
     .unstage = qcow2_unstage,
     .finish = qcow2_finish,
     .snapshots = qcow2_snapshots,
+    .bitmaps = qcow2_bitmaps,
     .describe = qcow2_describe,
     .check = qcow2_check,
     .write_alignment = qcow2_write_alignment,

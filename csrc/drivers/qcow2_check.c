@@ -461,20 +461,13 @@ static int check_bitmaps(struct ck *c)
     const struct qcow2_header *h = &c->s->h;
     if (!h->has_bitmaps || h->nb_bitmaps == 0)
         return 0;
-    uint64_t len = h->bitmap_directory_size;
-    reference(c, h->bitmap_directory_offset, len);
-    /* open checked the directory (at most 64 MiB) and the tables */
-    uint8_t *dir = malloc(len ? len : 1);
+    reference(c, h->bitmap_directory_offset, h->bitmap_directory_size);
+    /* open checked the directory and the tables, and listed the bitmaps */
     uint64_t *table = malloc(c->csz);
-    int ret = dir && table ? 0 : ic_error_nomem(c->err);
-    if (ret == 0 && len)
-        ret = qcow2_read_meta(c->img, dir, len, h->bitmap_directory_offset,
-                              "unreadable bitmap directory", c->err);
-    for (uint64_t pos = 0; ret == 0 && pos + 24 <= len;) {
-        const uint8_t *e = dir + pos;
-        uint64_t toff = qcow2_be64(e);
-        uint64_t entries = qcow2_be32(e + 8);
-        uint16_t name_size = (uint16_t)(e[18] << 8 | e[19]);
+    int ret = table ? 0 : ic_error_nomem(c->err);
+    for (size_t i = 0; ret == 0 && i < c->s->nbitmaps; i++) {
+        uint64_t toff = c->s->bitmaps[i].table_offset;
+        uint64_t entries = c->s->bitmaps[i].table_size;
         reference(c, toff, entries * 8);
         uint64_t per = c->csz / 8;
         for (uint64_t k = 0; ret == 0 && k < entries; k += per) {
@@ -491,9 +484,7 @@ static int check_bitmaps(struct ck *c)
                 }
             }
         }
-        pos += (24ull + name_size + 7) / 8 * 8;
     }
-    free(dir);
     free(table);
     return ret;
 }

@@ -319,8 +319,7 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
 #define BITMAP_MIN_GRANULARITY 9
 #define BITMAP_MAX_GRANULARITY 31
 #define BITMAP_MAX_NAME 1023
-#define BITMAP_FLAG_IN_USE 1u
-#define BITMAP_KNOWN_FLAGS 3u /* in use, auto */
+#define BITMAP_KNOWN_FLAGS (QCOW2_BITMAP_IN_USE | QCOW2_BITMAP_AUTO)
 #define BITMAP_TYPE_DIRTY 1
 
 /* qemu's constraints on one directory entry */
@@ -339,11 +338,12 @@ static int bitmap_entry_ok(const uint8_t *e, const struct qcow2_header *h)
     if (phys > BITMAP_MAX_PHYS_SIZE)
         return 0;
     /* a bitmap in use may be stale; one that is not must cover the disk */
-    return (flags & BITMAP_FLAG_IN_USE) || h->size <= ((phys * 8) << granularity);
+    return (flags & QCOW2_BITMAP_IN_USE) || h->size <= ((phys * 8) << granularity);
 }
 
-int qcow2_check_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
-                                 const char *path, struct ic_error *err)
+int qcow2_parse_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
+                                 struct qcow2_bitmap *out, char *names, const char *path,
+                                 struct ic_error *err)
 {
     if (len == 0)
         return bad(path, err, "bitmap_directory_size is 0", 0);
@@ -365,11 +365,26 @@ int qcow2_check_bitmap_directory(const uint8_t *dir, size_t len, const struct qc
                        pos);
         if (extra)
             return bad(path, err, "bitmap directory entry with extra data", extra);
+        const char *name = (const char *)e + BITMAP_ENTRY_FIXED;
         if (!bitmap_entry_ok(e, h)) {
             int n = name_size > 64 ? 64 : name_size;
             return ic_error_format(err, path, "corrupt qcow2 image: bitmap '%.*s' of the "
-                                   "bitmap directory breaks qcow2's constraints", n,
-                                   (const char *)e + BITMAP_ENTRY_FIXED);
+                                   "bitmap directory breaks qcow2's constraints", n, name);
+        }
+        if (out && names) {
+            /* the name goes where its entry starts in the directory: names
+             * never overlap, and its NUL fits in the entry's fixed part */
+            char *copy = names + pos;
+            size_t n = strnlen(name, name_size);
+            memcpy(copy, name, n);
+            copy[n] = '\0';
+            out[count - 1] = (struct qcow2_bitmap){
+                .name = copy,
+                .granularity_bits = e[17],
+                .flags = qcow2_be32(e + 12),
+                .table_offset = qcow2_be64(e),
+                .table_size = qcow2_be32(e + 8),
+            };
         }
         pos += (size_t)entry_len;
     }

@@ -126,10 +126,27 @@ int qcow2_parse_extensions(const uint8_t *cluster0, size_t len, struct qcow2_hea
 /* Refuse what imgcopy cannot read correctly, naming the feature. */
 int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
                          const char *path, struct ic_error *err);
+/* A bitmap directory entry's flags */
+enum { QCOW2_BITMAP_IN_USE = 1u << 0, QCOW2_BITMAP_AUTO = 1u << 1 };
+
+/* One persistent dirty bitmap of the directory: what info lists, and where
+ * its table is for a reader of its dirty ranges. */
+struct qcow2_bitmap {
+    const char *name;         /* NUL-terminated, cut at a NUL as qemu cuts it */
+    uint8_t granularity_bits; /* a bit covers 2^granularity_bits bytes (9..31) */
+    uint32_t flags;           /* QCOW2_BITMAP_IN_USE, QCOW2_BITMAP_AUTO */
+    uint64_t table_offset;    /* cluster aligned */
+    uint32_t table_size;      /* entries of 8 bytes */
+};
+
 /* The bitmap directory (`len` bytes, the whole directory) checked as qemu
- * checks it on opening an image with valid bitmaps. */
-int qcow2_check_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
-                                 const char *path, struct ic_error *err);
+ * checks it on opening an image with valid bitmaps.  With `out` (room for
+ * h->nb_bitmaps entries) and `names` (room for `len` bytes: every name and
+ * its NUL fit in the entries holding them), its entries in directory
+ * order, their names copied into `names`; without them, only checked. */
+int qcow2_parse_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
+                                 struct qcow2_bitmap *out, char *names, const char *path,
+                                 struct ic_error *err);
 /* A bitmap table entry as qemu accepts it (reserved bits clear, aligned). */
 int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size);
 /* The fixed part of snapshot table entry `index`; checks its extra data

@@ -55,6 +55,7 @@ struct qcow2_writer {
     enum ic_compression_type compression; /* the header's compression_type */
     int compression_level;                /* 0: the type's default */
     int marked; /* the header says incomplete: written to since finish() */
+    int bitmaps_dropped; /* a header was written: its auto-clear bits say no bitmaps */
     /* host allocation (qcow2_alloc.c) */
     uint16_t *rc; /* refcount per host cluster */
     uint64_t rc_len;
@@ -84,6 +85,13 @@ struct qcow2_state {
 
     struct ic_snapshot *snapshots; /* the snapshot table, read at open */
     size_t nsnapshots;
+
+    /* the persistent bitmaps, from the directory read at open (none when
+     * the auto-clear bit says a program unaware of them wrote the image
+     * last); their names live in bitmap_names */
+    struct qcow2_bitmap *bitmaps;
+    size_t nbitmaps;
+    char *bitmap_names;
 };
 
 static inline struct qcow2_state *qcow2_state_of(struct ic_image *img)
@@ -174,10 +182,11 @@ int qcow2_count_refcounted(struct ic_image *img, uint64_t end_cluster, uint64_t 
                            uint64_t *count);
 
 /* qcow2_tables.c: the snapshot table and the bitmap directory, read and
- * checked at open as qemu does. */
+ * checked at open as qemu does (the bitmaps' tables too). */
 int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err);
-int qcow2_check_bitmaps(struct ic_image *img, struct ic_error *err);
+int qcow2_load_bitmaps(struct ic_image *img, struct ic_error *err);
 int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
+size_t qcow2_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
 
 /* qcow2_read.c */
 int qcow2_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
@@ -201,7 +210,8 @@ uint64_t qcow2_write_alignment(const struct ic_image *img);
  * clusters of their own, which a write may fill. */
 int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
                           struct ic_error *err);
-/* The header, marked complete or not. */
+/* The header, marked complete or not (with meta_lock held, or before any
+ * other thread has the image). */
 int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
 
 /* qcow2_check.c: qemu-img check, read-only */

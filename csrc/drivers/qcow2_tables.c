@@ -117,49 +117,76 @@ int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t
 
 /* Each bitmap not in use has a table of cluster offsets: qemu loads it at
  * open and refuses entries with reserved bits or misaligned offsets. */
-static int check_bitmap_tables(struct ic_image *img, const uint8_t *dir, uint64_t len,
-                               struct ic_error *err)
+static int check_bitmap_tables(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     struct window w = {.img = img, .buf = malloc(WINDOW)};
     if (!w.buf)
         return ic_error_nomem(err);
     int ret = 0;
-    for (uint64_t pos = 0; pos < len && ret == 0;) {
-        const uint8_t *e = dir + pos;
-        uint64_t table = qcow2_be64(e);
-        uint32_t entries = qcow2_be32(e + 8), flags = qcow2_be32(e + 12);
-        uint16_t name_size = (uint16_t)(e[18] << 8 | e[19]);
-        for (uint32_t k = 0; k < entries && !(flags & 1) && ret == 0; k++) {
+    for (size_t i = 0; i < s->nbitmaps && ret == 0; i++) {
+        const struct qcow2_bitmap *b = &s->bitmaps[i];
+        if (b->flags & QCOW2_BITMAP_IN_USE)
+            continue;
+        for (uint32_t k = 0; k < b->table_size && ret == 0; k++) {
             uint8_t raw[8];
-            if (window_read(&w, raw, 8, table + 8ull * k, "unreadable bitmap table", err) < 0)
+            if (window_read(&w, raw, 8, b->table_offset + 8ull * k, "unreadable bitmap table",
+                            err) < 0)
                 ret = -1;
             else if (!qcow2_bitmap_table_entry_ok(qcow2_be64(raw), s->h.cluster_size))
                 ret = ic_error_format(err, img->path, "corrupt qcow2 image: entry %u of "
-                                      "bitmap '%.*s''s table is invalid", k,
-                                      name_size > 64 ? 64 : name_size, (const char *)e + 24);
+                                      "bitmap '%.64s''s table is invalid", k, b->name);
         }
-        pos += (24ull + name_size + 7) / 8 * 8;
     }
     free(w.buf);
     return ret;
 }
 
-int qcow2_check_bitmaps(struct ic_image *img, struct ic_error *err)
+int qcow2_load_bitmaps(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     if (!s->h.has_bitmaps)
         return 0;
-    uint64_t len = s->h.bitmap_directory_size;
+    uint64_t len = s->h.bitmap_directory_size; /* at most 64 MiB: parse_bitmaps */
+    uint32_t nb = s->h.nb_bitmaps;              /* 1 to 65535 */
+    if (ic_image_take_meta_budget(img, (uint64_t)nb * sizeof *s->bitmaps + len) < 0)
+        return ic_error_format(err, img->path, "the backing chain's bitmap directories need "
+                               "more than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
     uint8_t *dir = malloc(len ? len : 1);
-    if (!dir)
-        return ic_error_nomem(err);
+    s->bitmaps = calloc(nb, sizeof *s->bitmaps);
+    s->bitmap_names = malloc(len ? len : 1);
+    if (!dir || !s->bitmaps || !s->bitmap_names) {
+        free(dir);
+        return ic_error_nomem(err); /* what was allocated is freed at close */
+    }
     int ret = 0;
     if ((len && qcow2_read_meta(img, dir, len, s->h.bitmap_directory_offset,
                                 "unreadable bitmap directory", err) < 0) ||
-        qcow2_check_bitmap_directory(dir, (size_t)len, &s->h, img->path, err) < 0 ||
-        check_bitmap_tables(img, dir, len, err) < 0)
+        qcow2_parse_bitmap_directory(dir, (size_t)len, &s->h, s->bitmaps, s->bitmap_names,
+                                     img->path, err) < 0)
         ret = -1;
     free(dir);
+    if (ret == 0) {
+        s->nbitmaps = nb;
+        ret = check_bitmap_tables(img, err);
+    }
     return ret;
+}
+
+size_t qcow2_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    pthread_mutex_lock(&s->meta_lock);
+    size_t n = s->w && s->w->bitmaps_dropped ? 0 : s->nbitmaps;
+    pthread_mutex_unlock(&s->meta_lock);
+    for (size_t i = 0; i < n && i < cap; i++) {
+        const struct qcow2_bitmap *b = &s->bitmaps[i];
+        out[i] = (struct ic_bitmap){
+            .name = b->name,
+            .granularity = 1ull << b->granularity_bits,
+            .flags = ((b->flags & QCOW2_BITMAP_IN_USE) ? IC_BITMAP_IN_USE : 0) |
+                     ((b->flags & QCOW2_BITMAP_AUTO) ? IC_BITMAP_AUTO : 0),
+        };
+    }
+    return n;
 }

@@ -121,7 +121,12 @@ int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err)
         qcow2_patch_header(s->w->header, &s->h, complete, h, &len);
     else
         qcow2_encode_header(&s->h, complete, h, &len);
-    return ic_image_pwrite(s->file, h, len, 0, err);
+    if (ic_image_pwrite(s->file, h, len, 0, err) < 0)
+        return -1;
+    /* the auto-clear bits are cleared (we keep no bitmap up to date): the
+     * image's bitmaps, if any, are stale from now on */
+    s->w->bitmaps_dropped = 1;
+    return 0;
 }
 
 uint64_t qcow2_write_alignment(const struct ic_image *img)

@@ -552,6 +552,7 @@ static void vhdx_describe(struct ic_image *img, struct ic_image_info *out)
 {
     struct vhdx_state *s = state_of(img);
     out->cluster_size = s->m.block_size;
+    out->qemu_sees_all_data = 1; /* qemu 7.2's vhdx driver has no block status */
     if (s->m.has_parent) {
         out->has_backing = 1;
         snprintf(out->backing_name, sizeof out->backing_name, "%.1023s", img->backing_name);

@@ -455,6 +455,7 @@ static void vmdk_describe(struct ic_image *img, struct ic_image_info *out)
         alike = !s->ext[i].flat && s->ext[i].compressed == s->ext[0].compressed &&
                 s->ext[i].grain == s->ext[0].grain;
     out->cluster_size = alike ? s->ext[0].grain : 0;
+    out->may_hold_compressed = 1; /* streamOptimized grains */
     out->has_backing = img->backing_name[0] != '\0';
     snprintf(out->backing_name, sizeof out->backing_name, "%.*s",
              (int)sizeof out->backing_name - 1, img->backing_name);

@@ -295,14 +295,50 @@ static PyObject *image_snapshots(ImageObject *self, PyObject *unused)
     return packed_bytes(snapshots, count, sizeof *snapshots);
 }
 
-/* An ic_info_field's value as Python's int, bool or str */
-static PyObject *info_value(const struct ic_info_field *field)
+/* [(name, granularity, flags), ...] of the image's persistent bitmaps
+ * (flags: BITMAP_IN_USE, BITMAP_AUTO) */
+static PyObject *bitmap_list(struct ic_image *img)
+{
+    size_t n = ic_image_bitmaps(img, NULL, 0);
+    struct ic_bitmap *bitmaps = n ? PyMem_Calloc(n, sizeof *bitmaps) : NULL;
+    if (n && !bitmaps)
+        return PyErr_NoMemory();
+    /* as many as there were a moment ago, at most: an image being written
+     * drops its bitmaps */
+    size_t now = ic_image_bitmaps(img, bitmaps, n);
+    if (now < n)
+        n = now;
+    PyObject *list = PyList_New(0);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *item = Py_BuildValue("(O&KI)", PyUnicode_DecodeFSDefault, bitmaps[i].name,
+                                       (unsigned long long)bitmaps[i].granularity,
+                                       bitmaps[i].flags);
+        if (!item || PyList_Append(list, item) < 0)
+            Py_CLEAR(list);
+        Py_XDECREF(item);
+    }
+    PyMem_Free(bitmaps);
+    return list;
+}
+
+static PyObject *image_bitmaps(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct ic_image *img = image_usable(self);
+    return img ? bitmap_list(img) : NULL;
+}
+
+/* An ic_info_field's value as Python's int, bool, str or, for the
+ * bitmaps, bitmap_list()'s list */
+static PyObject *info_value(struct ic_image *img, const struct ic_info_field *field)
 {
     switch (field->kind) {
     case IC_INFO_BOOL:
         return PyBool_FromLong(field->number != 0);
     case IC_INFO_INT:
         return PyLong_FromLongLong(field->number);
+    case IC_INFO_BITMAPS:
+        return bitmap_list(img);
     case IC_INFO_STRING:
         break;
     }
@@ -314,18 +350,26 @@ static PyObject *decoded_or_none(const char *text)
     return text[0] ? PyUnicode_DecodeFSDefault(text) : Py_NewRef(Py_None);
 }
 
-/* What the image's own header says (imgcopy/_core.pyi: ImageDescription) */
-static PyObject *image_describe(ImageObject *self, PyObject *unused)
+/* What the header of the image at `depth` of the chain (0: this one) says,
+ * and its format's facts (imgcopy/_core.pyi: ImageDescription) */
+static PyObject *image_describe(ImageObject *self, PyObject *args, PyObject *kwds)
 {
-    (void)unused;
+    static char *kwlist[] = {"depth", NULL};
+    unsigned int depth = 0;
     struct ic_image *img = image_usable(self);
-    if (!img)
+    if (!img || !PyArg_ParseTupleAndKeywords(args, kwds, "|I:describe", kwlist, &depth))
         return NULL;
+    for (unsigned int d = 0; d < depth && img; d++)
+        img = ic_image_backing(img);
+    if (!img) {
+        PyErr_Format(PyExc_IndexError, "the backing chain has no image at depth %u", depth);
+        return NULL;
+    }
     struct ic_image_info info;
     ic_image_describe(img, &info);
     PyObject *specific = PyList_New(0);
     for (size_t i = 0; specific && i < info.nfields; i++) {
-        PyObject *value = info_value(&info.fields[i]);
+        PyObject *value = info_value(img, &info.fields[i]);
         PyObject *item = value ? Py_BuildValue("(sO)", info.fields[i].key, value) : NULL;
         if (!item || PyList_Append(specific, item) < 0)
             Py_CLEAR(specific);
@@ -345,13 +389,17 @@ static PyObject *image_describe(ImageObject *self, PyObject *unused)
                                                      Py_None);
     PyObject *result = NULL;
     if (specific && backing_name && backing_format && location)
-        result = Py_BuildValue("{s:K,s:O,s:O,s:O,s:O,s:O}",
+        result = Py_BuildValue("{s:K,s:O,s:O,s:O,s:O,s:O,s:O,s:O,s:O}",
                                "cluster_size", (unsigned long long)info.cluster_size,
                                "dirty", info.dirty ? Py_True : Py_False,
                                "backing_name", backing_name,
                                "backing_format", backing_format,
                                "backing_location", location,
-                               "format_specific", specific);
+                               "format_specific", specific,
+                               "may_hold_compressed",
+                               info.may_hold_compressed ? Py_True : Py_False,
+                               "qemu_sees_all_data", info.qemu_sees_all_data ? Py_True : Py_False,
+                               "stores_bitmaps", info.stores_bitmaps ? Py_True : Py_False);
     Py_XDECREF(specific);
     Py_XDECREF(backing_name);
     Py_XDECREF(backing_format);
@@ -394,7 +442,8 @@ static PyMethodDef image_methods[] = {
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, NULL},
     {"reads_file", (PyCFunction)image_reads_file, METH_O, NULL},
     {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS, NULL},
-    {"describe", (PyCFunction)image_describe, METH_NOARGS, NULL},
+    {"bitmaps", (PyCFunction)image_bitmaps, METH_NOARGS, NULL},
+    {"describe", KEYWORDS(image_describe), NULL},
     {"chain", (PyCFunction)image_chain, METH_NOARGS, NULL},
     {"chain_members", (PyCFunction)image_chain_members, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -360,6 +360,8 @@ static int core_exec(PyObject *m)
         {"REQ_WRITE", IC_REQ_WRITE},
         {"REQ_ZERO", IC_REQ_ZERO},
         {"REQ_SKIP", IC_REQ_SKIP},
+        {"BITMAP_IN_USE", IC_BITMAP_IN_USE},
+        {"BITMAP_AUTO", IC_BITMAP_AUTO},
     };
     for (size_t i = 0; i < sizeof constants / sizeof constants[0]; i++)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)

@@ -1,8 +1,9 @@
 /* libFuzzer target for the qcow2 parser and read driver.
  *
  * Each input is a qcow2 file.  It goes through the pure header functions
- * (qcow2_parse_header, qcow2_parse_extensions, qcow2_check_features) and
- * then through the whole driver: ic_image_open, ic_image_map over at most
+ * (qcow2_parse_header, qcow2_parse_extensions, qcow2_check_features,
+ * qcow2_parse_bitmap_directory) and then through the whole driver:
+ * ic_image_open, the bitmaps it lists and describes, ic_image_map over at most
  * the first and the last 64 MiB of the virtual disk, and a few bounded
  * ic_image_pread calls at offsets derived from the input.  Failing with an
  * error is fine; crashing, leaking, hanging or allocating without bound
@@ -65,10 +66,28 @@ static void parse_only(const uint8_t *data, size_t size)
                 for (int force = 0; force < 2; force++)
                     for (int writable = 0; writable < 2; writable++)
                         (void)qcow2_check_features(h, force, writable, "input", &err);
-                /* whatever follows the header, as a directory and entries */
-                if (h->has_bitmaps && size > 112)
-                    (void)qcow2_check_bitmap_directory(data + 112, size - 112, h, "input",
+                /* whatever follows the header, as a directory and entries:
+                 * checked, then listed (every name copied, every entry read) */
+                if (h->has_bitmaps && size > 112) {
+                    size_t len = size - 112;
+                    struct qcow2_bitmap *list = calloc(h->nb_bitmaps, sizeof *list);
+                    char *names = malloc(len);
+                    (void)qcow2_parse_bitmap_directory(data + 112, len, h, NULL, NULL, "input",
                                                        &err);
+                    if (list && names &&
+                        qcow2_parse_bitmap_directory(data + 112, len, h, list, names, "input",
+                                                     &err) == 0) {
+                        size_t sum = 0;
+                        for (uint32_t i = 0; i < h->nb_bitmaps; i++)
+                            sum += strlen(list[i].name) + list[i].granularity_bits +
+                                   list[i].table_size;
+                        if (verbose)
+                            fprintf(stderr, "  bitmap directory: %u entries (%zu)\n",
+                                    h->nb_bitmaps, sum);
+                    }
+                    free(list);
+                    free(names);
+                }
                 for (size_t off = 112; off + QCOW2_SNAPSHOT_FIXED <= size && off < 4096;
                      off += QCOW2_SNAPSHOT_FIXED) {
                     struct qcow2_snapshot_entry e;
@@ -102,6 +121,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fprintf(stderr, "  open: size %llu, backing %s\n",
                 (unsigned long long)ic_image_size(img),
                 ic_image_backing(img) ? ic_image_path(ic_image_backing(img)) : "none");
+    /* what info lists: the bitmaps the driver loaded, their names read */
+    struct ic_image_info info;
+    ic_image_describe(img, &info);
+    size_t nbitmaps = ic_image_bitmaps(img, NULL, 0);
+    struct ic_bitmap *bitmaps = calloc(nbitmaps ? nbitmaps : 1, sizeof *bitmaps);
+    if (bitmaps) {
+        size_t got = ic_image_bitmaps(img, bitmaps, nbitmaps);
+        size_t sum = 0;
+        for (size_t i = 0; i < got; i++)
+            sum += strlen(bitmaps[i].name) + (size_t)(bitmaps[i].granularity & 1);
+        if (verbose)
+            fprintf(stderr, "  bitmaps: %zu (%zu), info fields %zu\n", got, sum, info.nfields);
+        free(bitmaps);
+    }
     fuzz_exercise(img, data, size);
     ic_image_close(img);
     return 0;

@@ -85,6 +85,19 @@ img -o cluster_size=512,compression_type=zstd v3-zstd-512.qcow2 64K 2>/dev/null 
     "write -c -P 0xb3 512 512" "write -c -P 0xb4 4k 512" "write -P 0xb5 8k 1k" \
     2>/dev/null || true
 
+# persistent bitmaps: a directory of several entries (fine and coarse
+# granularities, a disabled one, a long name), and bitmaps left in use by
+# a qemu-io that died with the image open for writing
+img -o cluster_size=4096 v3-bitmaps.qcow2 1M
+io v3-bitmaps.qcow2 "write -P 0xd1 0 8k"
+qemu-img bitmap --add -g 512 v3-bitmaps.qcow2 fine
+qemu-img bitmap --add -g 64k --disable v3-bitmaps.qcow2 off
+qemu-img bitmap --add -g 2M v3-bitmaps.qcow2 "a-bitmap-with-a-rather-long-name-$(printf '%0100d' 0)"
+img -o cluster_size=4096 v3-bitmaps-in-use.qcow2 1M
+qemu-img bitmap --add -g 4k v3-bitmaps-in-use.qcow2 dirty
+qemu-img bitmap --add --disable v3-bitmaps-in-use.qcow2 off
+qemu-io -f qcow2 -c "sigraise 9" v3-bitmaps-in-use.qcow2 >/dev/null 2>&1 || true
+
 # features imgcopy refuses, by name: extended L2, dirty, external data
 img -o cluster_size=16384,extended_l2=on v3-extl2.qcow2 1M
 img -o cluster_size=4096,lazy_refcounts=on v3-dirty.qcow2 256K
