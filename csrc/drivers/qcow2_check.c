@@ -562,9 +562,8 @@ static uint64_t compare(struct ck *c)
 static int check_copied(struct ck *c)
 {
     struct qcow2_state *s = c->s;
-    /* the entries past the end of the file are zeros (open read them so) */
-    uint64_t l1_live = live_entries(c, s->h.l1_table_offset, s->h.l1_size);
-    for (uint64_t i = 0; i < l1_live; i++) {
+    /* the entries past the end of the file are zeros (open held none) */
+    for (uint64_t i = 0; i < s->l1_len; i++) {
         uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
         if (!l2_offset)
             continue;
