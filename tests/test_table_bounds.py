@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from .convert_helpers import imgcopy_child_env
-from .fuzz import hostile
+from .fuzz import hostile, hostile_vmdk
 
 SANITIZED = "asan" in os.environ.get("LD_PRELOAD", "")
 SLOW = 5 if SANITIZED else 1
@@ -186,3 +186,25 @@ def test_qcow2_check_stops(name, tmp_path):
     assert ok == "check: 0 corruptions, 0 leaks, 0 errors", ok
     assert "corrupt qcow2 image" in outcome, outcome
     assert_bounded(name, t_bad, t_base, factor=2)
+
+
+# -- vmdk ----------------------------------------------------------------
+
+def vmdk_layout(d, name, data):
+    """The fuzz harness's files beside `name` (tests/fuzz/hostile_vmdk.py)."""
+    for helper, content in hostile_vmdk.helper_files().items():
+        write(d, helper, content)
+    return write(d, name, data)
+
+
+@pytest.mark.parametrize("name", ["capacity-gd-92MB-past-eof"])
+def test_vmdk_grain_directory_past_eof(name, tmp_path):
+    """A grain directory of 23 Mi entries (92 MB) claimed by a file of 28 KB:
+    opened, mapped and read as cheaply as the same extent with its own
+    capacity, and to the same end (qemu's, tests/test_vmdk_hostile.py)."""
+    base = vmdk_layout(tmp_path, "base.vmdk", hostile_vmdk.sparse())
+    bad = vmdk_layout(tmp_path, "input.vmdk", hostile_vmdk.CASES[name][0])
+    (t_base, t_bad), (ok, outcome) = time_files([(base, "vmdk", "open"), (bad, "vmdk", "open")],
+                                                str(tmp_path))
+    assert ok == "ok" and outcome == "ok", (ok, outcome)
+    assert_bounded(name, t_bad, t_base)
