@@ -160,7 +160,25 @@ def test_qcow2_table_past_eof(name, op, tmp_path):
     assert_bounded("%s (%s)" % (name, op), t_bad, t_base)
 
 
-@pytest.mark.parametrize("name", ["check-l2-tables-in-turn", "check-reftable-8MiB-beyond-eof"])
+@pytest.mark.parametrize("name", ["bitmaps-tables-beyond-eof", "bitmaps-tables-overlapping"])
+def test_qcow2_bitmap_tables_at_open(name, tmp_path):
+    """2000 bitmaps whose tables claim 64 Ki entries each, past the end of
+    the file or overlapping in its last 64 KiB: opened (or refused) as
+    cheaply as the base image."""
+    base = write(tmp_path, "base.qcow2", qcow2_baseline())
+    bad = write(tmp_path, "hostile.qcow2", qcow2_case(name))
+    (t_base, t_bad), (_, outcome) = time_files([(base, "qcow2", "open"),
+                                                (bad, "qcow2", "open")], str(tmp_path))
+    if hostile.CASES_BY_NAME[name].expect == "any":
+        assert outcome == "ok", outcome
+    else:
+        assert "overlapping" in outcome, outcome
+    assert_bounded(name, t_bad, t_base)
+
+
+@pytest.mark.parametrize("name", ["check-l2-tables-in-turn", "check-reftable-8MiB-beyond-eof",
+                                  "check-bitmaps-in-use-tables-beyond-eof",
+                                  "bitmaps-tables-beyond-eof"])
 def test_qcow2_check_cost_of_small_file(name, tmp_path):
     """Tables named over and over, stored refcounts of many blocks in turn,
     a refcount table mostly past the end: checked about as cheaply as the

@@ -343,15 +343,28 @@ static int check_bitmaps(struct ck *c)
     if (ret == 0 && len)
         ret = qcow2_read_meta(c->img, dir, len, h->bitmap_directory_offset,
                               "unreadable bitmap directory", c->err);
+    /* entries past the end of the file read as zeros (nothing to count);
+     * tables overlapping each other are refused past what the file holds,
+     * as open refuses them */
+    uint64_t allowed = qcow2_bitmap_entries_allowed(c->file_len);
     for (uint64_t pos = 0; ret == 0 && pos + 24 <= len;) {
         const uint8_t *e = dir + pos;
         uint64_t toff = qcow2_be64(e);
         uint64_t entries = qcow2_be32(e + 8);
         uint16_t name_size = (uint16_t)(e[18] << 8 | e[19]);
         reference(c, toff, entries * 8);
-        uint64_t per = c->csz / 8;
-        for (uint64_t k = 0; ret == 0 && k < entries; k += per) {
-            uint64_t n = entries - k < per ? entries - k : per;
+        uint64_t per = c->csz / 8, live = live_entries(c, toff, entries);
+        if (live > allowed) {
+            ret = ic_error_format(c->err, c->img->path, "corrupt qcow2 image: the bitmaps' "
+                                  "tables hold more than %llu entries in a file of %llu bytes "
+                                  "(tables overlapping?)",
+                                  (unsigned long long)qcow2_bitmap_entries_allowed(c->file_len),
+                                  (unsigned long long)c->file_len);
+            break;
+        }
+        allowed -= live;
+        for (uint64_t k = 0; ret == 0 && k < live; k += per) {
+            uint64_t n = live - k < per ? live - k : per;
             ret = qcow2_read_meta(c->img, table, n * 8, toff + k * 8, "unreadable bitmap "
                                   "table", c->err);
             for (uint64_t j = 0; ret == 0 && j < n; j++) {
@@ -364,6 +377,12 @@ static int check_bitmaps(struct ck *c)
                 }
             }
         }
+        /* the zeros after them, unless qemu cannot read them at all: from
+         * QCOW2_MAX_OFFSET on (where a chunk starts: tables are cluster
+         * aligned) */
+        if (ret == 0 && unreadable(toff, entries * 8))
+            ret = qcow2_corrupt(c->img, c->err, "unreadable bitmap table",
+                                toff > QCOW2_MAX_OFFSET ? toff : QCOW2_MAX_OFFSET);
         pos += (24ull + name_size + 7) / 8 * 8;
     }
     free(dir);

@@ -113,6 +113,14 @@ static inline uint64_t qcow2_entries_in_file(uint64_t file_len, uint64_t off, ui
     return live < n ? live : n;
 }
 
+/* The entries of bitmap tables a file justifies: those of tables that do
+ * not overlap (as in an image qemu wrote) twice over, plus a floor.  A
+ * hostile directory may name one table thousands of times. */
+static inline uint64_t qcow2_bitmap_entries_allowed(uint64_t file_len)
+{
+    return (1ull << 16) + file_len / 8 * 2;
+}
+
 static inline int qcow2_corrupt(struct ic_image *img, struct ic_error *err, const char *what,
                                 uint64_t value)
 {

@@ -116,11 +116,15 @@ int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t
 }
 
 /* Each bitmap not in use has a table of cluster offsets: qemu loads it at
- * open and refuses entries with reserved bits or misaligned offsets. */
+ * open and refuses entries with reserved bits or misaligned offsets.  Its
+ * entries past the end of the file read as zeros, which are valid: only
+ * those inside the file are read (a table may claim 64 Mi entries), and
+ * tables that overlap each other are refused past what the file holds. */
 static int check_bitmap_tables(struct ic_image *img, const uint8_t *dir, uint64_t len,
                                struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t fsize = ic_image_size(s->file), allowed = qcow2_bitmap_entries_allowed(fsize);
     struct window w = {.img = img, .buf = malloc(WINDOW)};
     if (!w.buf)
         return ic_error_nomem(err);
@@ -130,7 +134,20 @@ static int check_bitmap_tables(struct ic_image *img, const uint8_t *dir, uint64_
         uint64_t table = qcow2_be64(e);
         uint32_t entries = qcow2_be32(e + 8), flags = qcow2_be32(e + 12);
         uint16_t name_size = (uint16_t)(e[18] << 8 | e[19]);
-        for (uint32_t k = 0; k < entries && !(flags & 1) && ret == 0; k++) {
+        pos += (24ull + name_size + 7) / 8 * 8;
+        if (flags & 1)
+            continue;
+        uint64_t live = qcow2_entries_in_file(fsize, table, entries);
+        if (live > allowed) {
+            ret = ic_error_format(err, img->path, "corrupt qcow2 image: the bitmaps' tables "
+                                  "hold more than %llu entries in a file of %llu bytes "
+                                  "(tables overlapping?)",
+                                  (unsigned long long)qcow2_bitmap_entries_allowed(fsize),
+                                  (unsigned long long)fsize);
+            break;
+        }
+        allowed -= live;
+        for (uint32_t k = 0; k < live && ret == 0; k++) {
             uint8_t raw[8];
             if (window_read(&w, raw, 8, table + 8ull * k, "unreadable bitmap table", err) < 0)
                 ret = -1;
@@ -139,7 +156,12 @@ static int check_bitmap_tables(struct ic_image *img, const uint8_t *dir, uint64_
                                       "bitmap '%.*s''s table is invalid", k,
                                       name_size > 64 ? 64 : name_size, (const char *)e + 24);
         }
-        pos += (24ull + name_size + 7) / 8 * 8;
+        /* the rest read as zeros, unless qemu cannot read them at all:
+         * from QCOW2_MAX_OFFSET on (tables are cluster aligned: so is the
+         * entry where reading fails) */
+        if (ret == 0 && (table > QCOW2_MAX_OFFSET || 8ull * entries > QCOW2_MAX_OFFSET - table))
+            ret = qcow2_corrupt(img, err, "unreadable bitmap table",
+                                table > QCOW2_MAX_OFFSET ? table : QCOW2_MAX_OFFSET);
     }
     free(w.buf);
     return ret;

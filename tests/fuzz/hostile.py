@@ -428,6 +428,35 @@ def _reftable_beyond_eof() -> bytes:
     return bytes(hdr) + reftable + bytes(cs) + b"\0\1" * (cs // 2)
 
 
+def _bitmaps_beyond_eof(nbitmaps: int = 2000, in_use: bool = False, cluster_bits: int = 12,
+                        size: int = 1 << 40, table_size: int = 0, zeros: int = 0) -> bytes:
+    """`nbitmaps` dirty bitmaps (granularity 512 bytes, named b00000...),
+    each with a table of `table_size` entries (0: what the disk needs, 64 Ki
+    for 1 TiB of 4 KiB clusters) at 1 TiB: past the end of the file, zeros
+    (valid entries).  In use, a bitmap need not cover the disk and open
+    does not read its table; a check reads them all.  `zeros`: that many
+    zero bytes end the file, where every table lies instead (they all
+    overlap)."""
+    cs = 1 << cluster_bits
+    per_l2 = (cs // 8) * cs
+    l1_size = -(-size // per_l2)
+    if not table_size:
+        table_size = -(-(-(-size // 512) // 8) // cs)
+    dir_off, dir_len = 4 * cs, 32 * nbitmaps
+    hdr = _small_header(cluster_bits, size, l1_size, 3 * cs, cs)
+    put(hdr, ">Q", OFF_AUTOCLEAR, 1)  # the bitmaps extension is valid
+    ext = struct.pack(">IIIIQQ", 0x23852875, 24, nbitmaps, 0, dir_len, dir_off)
+    hdr[HEADER_LENGTH:HEADER_LENGTH + len(ext) + 8] = ext + bytes(8)
+    reftable = struct.pack(">Q", 2 * cs).ljust(cs, b"\0")
+    refblock = struct.pack(">H", 1) * 5
+    image = bytes(hdr) + reftable + refblock.ljust(cs, b"\0") + bytes(cs)
+    tables = len(image) + -(-dir_len // cs) * cs if zeros else (1 << 40) + 4 * cs
+    directory = b"".join(
+        struct.pack(">QIIBBHI", tables, table_size, 1 if in_use else 0, 1, 9, 6, 0)
+        + (b"b%05d" % i).ljust(8, b"\0") for i in range(nbitmaps))
+    return image + directory.ljust(-(-dir_len // cs) * cs, b"\0") + bytes(zeros)
+
+
 def _feature_bit(bit: int, named: bool) -> Callable[[], bytes]:
     def build():
         buf, lay = base_image()
@@ -685,6 +714,16 @@ case("check-snapshots-naming-one-l1", "any", lambda: _snapshots_naming_one_l1(),
      "in a 214 KB file, a check stops")
 case("check-reftable-8MiB-beyond-eof", "any", _reftable_beyond_eof,
      "an 8 MiB refcount table in a 2 KiB file: read as far as the file goes")
+case("check-bitmaps-in-use-tables-beyond-eof", "any",
+     lambda: _bitmaps_beyond_eof(2000, True, 9, 32 << 10, 1 << 16),
+     "2000 bitmaps in use, each with a table of 64 Ki entries past the end of a 66 KB "
+     "file: a check reads them as far as the file goes (qemu-img check agrees)")
+case("bitmaps-tables-overlapping", "error", lambda: _bitmaps_beyond_eof(2000, zeros=64 << 10),
+     "2000 bitmaps of a 1 TiB disk whose tables all start in the last 64 KiB of the file: "
+     "more entries than the file holds, refused at open")
+case("bitmaps-tables-beyond-eof", "any", lambda: _bitmaps_beyond_eof(2000),
+     "2000 bitmaps of a 1 TiB disk, each with a table of 64 Ki entries past the end of the "
+     "file: open checks them as far as the file goes (qemu loads 256 MiB per bitmap)")
 
 CASES_BY_NAME: Dict[str, Case] = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"
