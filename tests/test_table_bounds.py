@@ -150,10 +150,11 @@ def qcow2_metadata_preallocated(path, clusters=1 << 19):
 
 
 @pytest.mark.parametrize("op", ["open", "check"])
-@pytest.mark.parametrize("name", ["l1-size-32MiB-beyond-eof"])
+@pytest.mark.parametrize("name", ["l1-size-32MiB-beyond-eof", "reftable-8MiB-beyond-eof-with-data"])
 def test_qcow2_table_past_eof(name, op, tmp_path):
-    """The largest L1 table qemu takes (32 MiB), claimed by a 4 KiB file:
-    opened, mapped and checked as cheaply as the same image without it."""
+    """The largest L1 table qemu takes (32 MiB), or refcount table (8 MiB),
+    claimed by a file of a few KiB: opened, mapped and checked as cheaply
+    as the base image."""
     base = write(tmp_path, "base.qcow2", qcow2_baseline())
     bad = write(tmp_path, "hostile.qcow2", qcow2_case(name))
     (t_base, t_bad), _ = time_files([(base, "qcow2", op), (bad, "qcow2", op)], str(tmp_path))
@@ -178,7 +179,7 @@ def test_qcow2_bitmap_tables_at_open(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["check-l2-tables-in-turn", "check-reftable-8MiB-beyond-eof",
                                   "check-bitmaps-in-use-tables-beyond-eof",
-                                  "bitmaps-tables-beyond-eof"])
+                                  "bitmaps-tables-beyond-eof", "check-snapshots-beyond-eof"])
 def test_qcow2_check_cost_of_small_file(name, tmp_path):
     """Tables named over and over, stored refcounts of many blocks in turn,
     a refcount table mostly past the end: checked about as cheaply as the

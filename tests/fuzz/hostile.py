@@ -418,12 +418,21 @@ def _snapshots_naming_one_l1(nsnapshots: int = 1500, l1_size: int = 16384) -> by
     return bytes(hdr) + bytes(cs) + l2 + l1.ljust(l1_bytes, b"\0") + entry * nsnapshots
 
 
-def _reftable_beyond_eof() -> bytes:
+def _reftable_beyond_eof(with_data: bool = False) -> bytes:
     """The largest refcount table qemu takes (8 MiB), in a file of 2 KiB:
-    one entry inside the file, 1 Mi entries past its end (zeros)."""
+    one entry inside the file, 1 Mi entries past its end (zeros).
+    `with_data`: one data cluster, so that block status asks whether the
+    image looks metadata-preallocated (the refcounts of the file's
+    clusters)."""
     cb, cs = 9, 512
     hdr = _small_header(cb, 1 << 20, (1 << 20) // cs // (cs // 8), 2 * cs, cs,
                         (8 << 20) // cs)
+    if with_data:
+        reftable = struct.pack(">Q", 4 * cs).ljust(cs, b"\0")
+        l1 = struct.pack(">Q", COPIED | 3 * cs).ljust(cs, b"\0")
+        l2 = struct.pack(">Q", COPIED | 5 * cs).ljust(cs, b"\0")
+        refblock = (struct.pack(">H", 1) * 6).ljust(cs, b"\0")
+        return bytes(hdr) + reftable + l1 + l2 + refblock + b"\x5a" * cs
     reftable = struct.pack(">Q", 3 * cs).ljust(cs, b"\0")
     return bytes(hdr) + reftable + bytes(cs) + b"\0\1" * (cs // 2)
 
@@ -455,6 +464,18 @@ def _bitmaps_beyond_eof(nbitmaps: int = 2000, in_use: bool = False, cluster_bits
         struct.pack(">QIIBBHI", tables, table_size, 1 if in_use else 0, 1, 9, 6, 0)
         + (b"b%05d" % i).ljust(8, b"\0") for i in range(nbitmaps))
     return image + directory.ljust(-(-dir_len // cs) * cs, b"\0") + bytes(zeros)
+
+
+def _snapshots_beyond_eof(nsnapshots: int = 65535) -> bytes:
+    """A v2 image (no snapshot entry needs extra data) of three 64 KiB
+    clusters whose snapshot table, `nsnapshots` entries, starts at its end:
+    each entry reads as zeros (40 bytes, no L1 table)."""
+    cb, cs = 16, 1 << 16
+    hdr = _small_header(cb, 1 << 20, 1, 2 * cs, cs, 1, 4, nsnapshots, 3 * cs)
+    put(hdr, ">I", OFF_VERSION, 2)
+    put(hdr, ">I", OFF_REFCOUNT_ORDER, 0)
+    put(hdr, ">I", OFF_HEADER_LENGTH, 0)
+    return bytes(hdr) + bytes(2 * cs)
 
 
 def _feature_bit(bit: int, named: bool) -> Callable[[], bytes]:
@@ -714,6 +735,12 @@ case("check-snapshots-naming-one-l1", "any", lambda: _snapshots_naming_one_l1(),
      "in a 214 KB file, a check stops")
 case("check-reftable-8MiB-beyond-eof", "any", _reftable_beyond_eof,
      "an 8 MiB refcount table in a 2 KiB file: read as far as the file goes")
+case("reftable-8MiB-beyond-eof-with-data", "any", lambda: _reftable_beyond_eof(True),
+     "an 8 MiB refcount table in a 3 KiB file with a data cluster: the test for metadata "
+     "preallocation reads the entries of the file's clusters, not the table")
+case("check-snapshots-beyond-eof", "any", _snapshots_beyond_eof,
+     "65535 snapshots, all past the end of the file: a check counts them, it does not read "
+     "them one by one (qemu-img check agrees)")
 case("check-bitmaps-in-use-tables-beyond-eof", "any",
      lambda: _bitmaps_beyond_eof(2000, True, 9, 32 << 10, 1 << 16),
      "2000 bitmaps in use, each with a table of 64 Ki entries past the end of a 66 KB "
