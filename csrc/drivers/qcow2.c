@@ -34,6 +34,7 @@ static void qcow2_close(struct ic_image *img)
     }
     free(s->l1);
     free(s->snapshots);
+    free(s->snapshot_extra);
     pthread_mutex_destroy(&s->meta_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
     free(s);

@@ -559,9 +559,26 @@ static int load_reftable(struct ck *c)
     return 0;
 }
 
+/* qcow2_check_read_snapshot_table: a version 3 image's snapshot entries
+ * hold at least 16 bytes of extra data (the 64-bit VM state size and the
+ * disk size).  qemu says so before it counts references. */
+static void check_snapshot_entries(struct ck *c)
+{
+    const struct qcow2_state *s = c->s;
+    if (s->h.version < 3)
+        return;
+    for (size_t i = 0; i < s->nsnapshots; i++) {
+        if (s->snapshot_extra[i] < 16) {
+            c->r->corruptions++;
+            MSG(c, "ERROR snapshot table entry %d is incomplete\n", (int)i);
+        }
+    }
+}
+
 static int run(struct ck *c)
 {
     const struct qcow2_header *h = &c->s->h;
+    check_snapshot_entries(c);
     /* header */
     reference(c, 0, c->csz);
     if (check_l1(c, h->l1_table_offset, h->l1_size, 1) < 0 || check_snapshots(c) < 0)

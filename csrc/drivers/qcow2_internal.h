@@ -87,6 +87,7 @@ struct qcow2_state {
     struct qcow2_writer *w; /* a writable image, or NULL */
 
     struct ic_snapshot *snapshots; /* the snapshot table, read at open */
+    uint32_t *snapshot_extra;      /* each entry's extra_data_size */
     size_t nsnapshots;
 };
 

@@ -54,12 +54,14 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err)
     uint32_t nb = s->h.nb_snapshots;
     if (nb == 0)
         return 0;
-    if (ic_image_take_meta_budget(img, (uint64_t)nb * sizeof *s->snapshots) < 0)
+    if (ic_image_take_meta_budget(img, (uint64_t)nb * (sizeof *s->snapshots +
+                                                       sizeof *s->snapshot_extra)) < 0)
         return ic_error_format(err, img->path, "the backing chain's snapshot tables need "
                                "more than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
     struct window w = {.img = img, .buf = malloc(WINDOW)};
     s->snapshots = calloc(nb, sizeof *s->snapshots);
-    if (!w.buf || !s->snapshots) {
+    s->snapshot_extra = calloc(nb, sizeof *s->snapshot_extra);
+    if (!w.buf || !s->snapshots || !s->snapshot_extra) {
         free(w.buf);
         return ic_error_nomem(err);
     }
@@ -99,6 +101,7 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err)
         sn->vm_clock_nsec = e.vm_clock_nsec;
         sn->date_sec = e.date_sec;
         sn->date_nsec = e.date_nsec;
+        s->snapshot_extra[i] = e.extra_data_size;
         off += entry_len;
     }
     free(w.buf);
