@@ -190,6 +190,31 @@ def test_snapshots(tmp_path, capfd, monkeypatch):
     assert_same(capfd, monkeypatch, p)
 
 
+def test_snapshot_entry_without_extra_data(tmp_path, capfd, monkeypatch):
+    """A version 3 image's snapshot entry without its 16 bytes of extra data
+    (VM state size, disk size): qemu-img check calls it incomplete, a
+    corruption, before it counts references."""
+    require_qemu()
+    p = create(tmp_path / "sn.qcow2", 4 * MiB)
+    write_seeded(p, 4 * MiB, seed=5)
+    qemu_img("snapshot", "-c", "first", p)
+    with open(p, "r+b") as f:
+        f.seek(64)
+        table = struct.unpack(">Q", f.read(8))[0]
+        f.seek(table)
+        fixed = bytearray(f.read(40))
+        id_size, name_size = struct.unpack_from(">HH", fixed, 12)
+        extra = struct.unpack_from(">I", fixed, 36)[0]
+        assert extra >= 16
+        f.seek(table + 40 + extra)
+        names = f.read(id_size + name_size)
+        struct.pack_into(">I", fixed, 36, 0)
+        f.seek(table)
+        f.write(bytes(fixed) + names + bytes(extra))
+    q = assert_same(capfd, monkeypatch, p)
+    assert q[0] == 2 and "snapshot table entry 0 is incomplete" in q[2], q
+
+
 def test_bitmaps(tmp_path, capfd, monkeypatch):
     require_qemu()
     p = create(tmp_path / "bm.qcow2", 4 * MiB)

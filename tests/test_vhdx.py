@@ -407,8 +407,12 @@ def test_hostile(tmp_path, name):
     try:
         with imgcopy.open(img, format="vhdx") as im:
             list(im.extents())
-            for off in range(0, im.size, 4 * MiB):
-                im.read(off, min(4 * MiB, im.size - off))
+            # the first and the last 64 MiB of a huge disk, all of the others
+            ends = (0, im.size) if name not in hostile_vhdx.HUGE else \
+                (0, min(im.size, 64 * MiB), max(0, im.size - 64 * MiB), im.size)
+            for a, b in zip(ends[::2], ends[1::2]):
+                for off in range(a, b, 4 * MiB):
+                    im.read(off, min(4 * MiB, b - off))
         failed = None
     except (ImageFormatError, OSError) as e:
         failed = e

@@ -36,10 +36,40 @@ static void qcow2_close(struct ic_image *img)
     free(s->snapshots);
     free(s->bitmaps);
     free(s->bitmap_names);
+    free(s->snapshot_extra);
     pthread_mutex_destroy(&s->meta_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
     free(s);
     img->drv_state = NULL;
+}
+
+/* The L1 table, read as qemu reads it at open: the whole table, zeros past
+ * the end of the file, an error past the largest offset qemu reads.  Only
+ * its entries inside the file are held (s->l1_len): the others are zeros,
+ * so that a table of 4 M entries claimed by a file of a few KiB costs what
+ * the file holds. */
+static int load_l1(struct ic_image *img, struct qcow2_state *s, uint64_t fsize,
+                   struct ic_error *err)
+{
+    uint64_t off = s->h.l1_table_offset, n = s->h.l1_size;
+    if (!n)
+        return 0;
+    if (off > QCOW2_MAX_OFFSET || n * 8 > QCOW2_MAX_OFFSET - off)
+        return qcow2_corrupt(img, err, "unreadable L1 table", off);
+    s->l1_len = qcow2_entries_in_file(fsize, off, n);
+    if (!s->l1_len)
+        return 0;
+    if (ic_image_take_meta_budget(img, s->l1_len * 8) < 0)
+        return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
+                               "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
+    s->l1 = malloc(s->l1_len * 8);
+    if (!s->l1)
+        return ic_error_nomem(err);
+    if (qcow2_read_meta(img, s->l1, s->l1_len * 8, off, "unreadable L1 table", err) < 0)
+        return -1;
+    for (uint64_t i = 0; i < s->l1_len; i++)
+        s->l1[i] = qcow2_be64(&s->l1[i]);
+    return 0;
 }
 
 static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *err)
@@ -75,22 +105,8 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
     /* qemu sees whole 512-byte sectors of the virtual size */
     img->size = s->h.size / 512 * 512;
     s->l2_entries = s->h.cluster_size / 8;
-    uint64_t l1_bytes = (uint64_t)s->h.l1_size * 8;
-    if (s->h.l1_size) {
-        if (ic_image_take_meta_budget(img, l1_bytes) < 0)
-            return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
-                                   "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
-        s->l1 = malloc(l1_bytes);
-        if (!s->l1)
-            return ic_error_nomem(err);
-        if (qcow2_read_meta(img, s->l1, l1_bytes, s->h.l1_table_offset, "unreadable L1 table",
-                      err) < 0)
-            return -1;
-        for (uint64_t i = 0; i < s->h.l1_size; i++)
-            s->l1[i] = qcow2_be64(&s->l1[i]);
-    }
-
-    if (qcow2_load_snapshots(img, err) < 0 || qcow2_load_bitmaps(img, err) < 0)
+    if (load_l1(img, s, fsize, err) < 0 || qcow2_load_snapshots(img, err) < 0 ||
+        qcow2_load_bitmaps(img, err) < 0)
         return -1;
 
     if (qcow2_l2_init(img, err) < 0)

@@ -254,17 +254,21 @@ int qcow2_count_refcounted(struct ic_image *img, uint64_t end_cluster, uint64_t 
     uint64_t table_bytes = (uint64_t)s->h.refcount_table_clusters * csz;
     if (table_bytes > QCOW2_MAX_REFTABLE_BYTES)
         return -1;
-    uint64_t *table = malloc(table_bytes ? table_bytes : 1);
+    /* the entries of the first end_cluster clusters, not the whole table
+     * (up to 8 MiB, mostly past the end of a small file) */
+    uint64_t need = end_cluster / per_block + (end_cluster % per_block != 0);
+    uint64_t entries = table_bytes / 8 < need ? table_bytes / 8 : need;
+    uint64_t *table = malloc(entries ? entries * 8 : 1);
     uint8_t *block = malloc(csz);
     int ret = -1;
     if (!table || !block ||
-        qcow2_read_meta(img, table, table_bytes, s->h.refcount_table_offset, "refcount table",
+        qcow2_read_meta(img, table, entries * 8, s->h.refcount_table_offset, "refcount table",
                         &err))
         goto out;
     *count = 0;
     for (uint64_t i = 0; i < end_cluster && *count < threshold;) {
         uint64_t ti = i / per_block;
-        if (ti >= table_bytes / 8)
+        if (ti >= entries)
             break;
         uint64_t boff = qcow2_be64(&table[ti]) & QCOW2_OFFSET_MASK;
         uint64_t first = i, last = (ti + 1) * per_block;

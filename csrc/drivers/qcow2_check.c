@@ -11,8 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../check_messages.h"
-#include "qcow2_internal.h"
+#include "qcow2_check_internal.h"
 
 /* qemu's masks of reserved bits and offsets */
 #define L1E_RESERVED 0x7f000000000001ffull
@@ -25,76 +24,8 @@
 /* The computed refcounts: one counter per host cluster, at most this much
  * memory (a hostile header may claim a huge sparse file). */
 #define COUNTS_MAX_BYTES (1ull << 30)
-/* L2 entries one check visits at most: L1 entries may all name one L2
- * table, so the work is bounded, not the file. */
-#define MAX_L2_ENTRIES_VISITED (1ull << 31)
 /* L1 entries read at a time */
 #define L1_CHUNK 8192u
-
-/* A host cluster and the references one L2 table's pass made to it: n
- * raised its count, `over` found it at the maximum (qemu's overflow). */
-struct ref_count {
-    uint64_t cluster, n, over;
-};
-
-/* L2 tables whose passes are remembered, by offset (hashed), and the most
- * clusters inside the file a remembered pass may reference: a pass over
- * a table naming many is replayed by scanning the table again. */
-#define REPLAY_SLOTS 64u
-#define REPLAY_MAX_CLUSTERS 256u
-
-/* What one L2 table's pass did (check_l2, with fragmentation counted or
- * not): its messages, a run of the message buffer, the references it made
- * per cluster and its counter deltas.  A pass is remembered only when
- * each cluster it references was either at the maximum count all along
- * (every reference an overflow: its messages are the same while the count
- * stays there, and it does forever) or never reached it; then the
- * messages depend on nothing but the table. */
-struct slot {
-    uint64_t offset; /* UINT64_MAX: empty */
-    int frag;
-    size_t text_from, text_to;
-    struct ref_count refs[REPLAY_MAX_CLUSTERS];
-    size_t nrefs;
-    uint64_t d_corruptions, d_allocated, d_fragmented, d_compressed;
-};
-
-struct copied_slot {
-    uint64_t offset; /* UINT64_MAX: empty */
-    size_t text_from, text_to;
-    uint64_t found;
-};
-
-struct ck {
-    struct ic_image *img;
-    struct qcow2_state *s;
-    struct ic_check_result *r;
-    struct ic_error *err;
-    uint64_t csz, file_len;
-    uint32_t *counts; /* computed references per host cluster */
-    uint64_t ncounts; /* entries allocated */
-    uint64_t nb_clusters; /* qemu's refcount array size: grows with references */
-    uint64_t count_max;
-    uint64_t *l2;      /* one L2 table */
-    uint64_t l2_at;    /* where it was read from; UINT64_MAX: nowhere */
-    uint64_t l2_live;  /* its entries inside the file; the rest are zeros */
-    uint64_t visited;  /* L2 entries */
-    /* the stored refcounts */
-    uint64_t *reftable;
-    uint64_t reftable_entries;
-    uint8_t *block;
-    uint64_t block_off; /* what `block` holds; 0: nothing */
-    unsigned bits;
-    uint64_t per_block;
-    int nomem;
-    int signaled; /* qemu's corruption message was given (once per open) */
-    /* What passes over L2 tables did, replayed when an L1 entry names a
-     * table again (a hostile image may name a few tables thousands of
-     * times). */
-    struct slot *slots;         /* REPLAY_SLOTS */
-    struct copied_slot *copied; /* REPLAY_SLOTS */
-    struct slot *rec;           /* the pass being recorded, or NULL */
-};
 
 #define MSG(c, ...)                                                                          \
     do {                                                                                     \
@@ -117,31 +48,6 @@ static int beyond(const struct ck *c, uint64_t off, uint64_t len)
     return off > UINT64_MAX - len ||
            (off + len > c->file_len && off + len - c->file_len >= c->csz) ||
            off + len > (uint64_t)INT64_MAX;
-}
-
-/* One more reference to cluster k in the pass being recorded (an
- * overflow or not); too many clusters, or one that reaches the maximum
- * during the pass, and the pass is not remembered. */
-static void record(struct ck *c, uint64_t k, int overflow)
-{
-    struct slot *sl = c->rec;
-    for (size_t i = sl->nrefs; i-- > 0;) {
-        struct ref_count *rc = &sl->refs[i];
-        if (rc->cluster == k) {
-            if (overflow ? rc->n != 0 : rc->over != 0)
-                c->rec = NULL;
-            else if (overflow)
-                rc->over++;
-            else
-                rc->n++;
-            return;
-        }
-    }
-    if (sl->nrefs == REPLAY_MAX_CLUSTERS) {
-        c->rec = NULL;
-        return;
-    }
-    sl->refs[sl->nrefs++] = (struct ref_count){k, !overflow, !!overflow};
 }
 
 static void reference(struct ck *c, uint64_t off, uint64_t len)
@@ -167,13 +73,13 @@ static void reference(struct ck *c, uint64_t off, uint64_t len)
                    "convert to create a clean copy if the image cannot be opened for "
                    "writing\n");
             c->r->corruptions++;
-            if (c->rec)
-                record(c, k, 1);
+            if (c->rec->on)
+                qcow2_ck_record(c, k, 1);
             continue;
         }
         c->counts[k]++;
-        if (c->rec)
-            record(c, k, 0);
+        if (c->rec->on)
+            qcow2_ck_record(c, k, 0);
     }
 }
 
@@ -182,7 +88,7 @@ static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
 {
     *out = 0;
     uint64_t ti = cluster / c->per_block;
-    if (ti >= c->reftable_entries)
+    if (ti >= c->reftable_live) /* past the end of the file, zeros */
         return 0;
     uint64_t boff = c->reftable[ti] & REFT_OFFSET_MASK;
     if (!boff)
@@ -210,14 +116,10 @@ static int stored_refcount(struct ck *c, uint64_t cluster, uint64_t *out)
 }
 
 /* How many of the n 8-byte entries of a table at `off` hold bytes of the
- * file: the rest read as zeros (qcow2_read_meta, as qemu reads past the
- * end), and a zero entry names nothing. */
+ * file (the rest read as zeros: they name nothing). */
 static uint64_t live_entries(const struct ck *c, uint64_t off, uint64_t n)
 {
-    if (off >= c->file_len)
-        return 0;
-    uint64_t live = (c->file_len - off + 7) / 8;
-    return live < n ? live : n;
+    return qcow2_entries_in_file(c->file_len, off, n);
 }
 
 /* Whether qemu's read (bdrv_pread) of [off, off + len) fails: past the
@@ -241,60 +143,26 @@ static int read_table(struct ck *c, void *buf, uint64_t n, uint64_t off, uint64_
     return 0;
 }
 
-/* Table offsets are multiples of a power of two: hashed, not taken mod. */
-static unsigned slot_index(uint64_t l2_offset)
-{
-    return (unsigned)(((l2_offset >> 9) * 0x9e3779b97f4a7c15ull) >> 58) % REPLAY_SLOTS;
-}
-
-static struct slot *slot_of(struct ck *c, uint64_t l2_offset)
-{
-    return &c->slots[slot_index(l2_offset)];
-}
-
-/* A remembered pass again, when it does the same: no count it raises
- * reaches the maximum now, and the counts it found at the maximum are
- * there still.  0 when it cannot (the table is scanned again). */
-static int replay(struct ck *c, const struct slot *sl)
-{
-    for (size_t i = 0; i < sl->nrefs; i++) {
-        const struct ref_count *rc = &sl->refs[i];
-        uint64_t have = c->counts[rc->cluster];
-        if (rc->over ? have != c->count_max : c->count_max - have < rc->n)
-            return 0;
-    }
-    if (ic_check_repeat(c->r, sl->text_from, sl->text_to) < 0)
-        c->nomem = 1;
-    for (size_t i = 0; i < sl->nrefs; i++) {
-        uint64_t k = sl->refs[i].cluster;
-        c->counts[k] += (uint32_t)sl->refs[i].n;
-        if (k >= c->nb_clusters)
-            c->nb_clusters = k + 1;
-    }
-    c->r->corruptions += sl->d_corruptions;
-    c->r->allocated_clusters += sl->d_allocated;
-    c->r->fragmented_clusters += sl->d_fragmented;
-    c->r->compressed_clusters += sl->d_compressed;
-    return 1;
-}
-
 /* check_refcounts_l2: `frag` for the active L1 table (the fragmentation
  * counters). */
 static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
 {
     const struct qcow2_header *h = &c->s->h;
     uint64_t next_contiguous = 0;
-    struct slot *sl = slot_of(c, l2_offset);
-    int again = sl->offset == l2_offset && sl->frag == frag;
-    c->visited += again ? sl->nrefs + 1 : live_entries(c, l2_offset, c->s->l2_entries);
-    if (c->visited > MAX_L2_ENTRIES_VISITED) {
-        ic_error_format(c->err, c->img->path, "corrupt qcow2 image: more than %llu L2 "
-                        "entries to check (L1 tables naming the same L2 tables over and "
-                        "over?)", (unsigned long long)MAX_L2_ENTRIES_VISITED);
-        return -1;
+    uint64_t key = l2_offset | (frag != 0); /* the offset's low 9 bits are 0 */
+    uint32_t id = qcow2_ck_index_get(&c->pass_index, key);
+    if (id < SATURATING) {
+        if (qcow2_ck_spend(c, c->passes[id].nrefs + 1ull) < 0)
+            return -1;
+        if (qcow2_ck_replay(c, &c->passes[id]))
+            return 0;
     }
-    if (again && replay(c, sl))
-        return 0;
+    /* scanned: for the first time, or again as a count reaches the
+     * maximum, or a table too big to remember (or no index left) */
+    uint64_t live = live_entries(c, l2_offset, c->s->l2_entries);
+    int first = id != NOT_REMEMBERED && (id != NO_RECORD || c->pass_index.used < MEMO_MAX_KEYS);
+    if ((first && qcow2_ck_first_scan(c, live) < 0) || qcow2_ck_spend(c, live + 1) < 0)
+        return -1;
     /* L1 entries naming one table again cost no second read */
     if (l2_offset != c->l2_at) {
         c->l2_at = UINT64_MAX;
@@ -304,11 +172,8 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
         c->l2_at = l2_offset;
     }
     struct ic_check_result before = *c->r;
-    /* the slot is rewritten: it names this table only once complete */
-    sl->offset = UINT64_MAX;
-    sl->nrefs = 0;
-    sl->text_from = c->r->messages_len;
-    c->rec = sl;
+    size_t text_from = c->r->messages_len;
+    qcow2_ck_pass_begin(c);
     /* the entries past the end of the file are zeros: unallocated */
     for (uint64_t i = 0; i < c->l2_live; i++) {
         uint64_t e = qcow2_be64(&c->l2[i]);
@@ -354,16 +219,7 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
         }
         reference(c, off, c->csz);
     }
-    if (c->rec) {
-        sl->offset = l2_offset;
-        sl->frag = frag;
-        sl->text_to = c->r->messages_len;
-        sl->d_corruptions = c->r->corruptions - before.corruptions;
-        sl->d_allocated = c->r->allocated_clusters - before.allocated_clusters;
-        sl->d_fragmented = c->r->fragmented_clusters - before.fragmented_clusters;
-        sl->d_compressed = c->r->compressed_clusters - before.compressed_clusters;
-    }
-    c->rec = NULL;
+    qcow2_ck_remember(c, key, &before, text_from);
     return 0;
 }
 
@@ -376,6 +232,17 @@ static int check_l1(struct ck *c, uint64_t l1_offset, uint64_t l1_size, int frag
     if (!l1_size)
         return 0;
     reference(c, l1_offset, l1_size * 8);
+    uint64_t in_file = live_entries(c, l1_offset, l1_size);
+    if (in_file) {
+        c->l1_walked += in_file;
+        if (c->l1_walked > c->l1_allowed)
+            return ic_error_format(c->err, c->img->path, "corrupt qcow2 image: its L1 tables "
+                                   "hold more than %llu entries in a file of %llu bytes "
+                                   "(snapshots naming the same L1 table over and over?)",
+                                   (unsigned long long)c->l1_allowed,
+                                   (unsigned long long)c->file_len);
+        qcow2_ck_allow_walk(c, in_file);
+    }
     uint64_t chunk[L1_CHUNK];
     for (uint64_t first = 0; first < l1_size; first += L1_CHUNK) {
         uint64_t n = l1_size - first < L1_CHUNK ? l1_size - first : L1_CHUNK, live;
@@ -426,6 +293,12 @@ static int check_snapshots(struct ck *c)
         struct qcow2_snapshot_entry e;
         uint64_t entry_len;
         off = (off + 7) / 8 * 8;
+        if (off >= c->file_len) {
+            /* this entry and every one after it read as zeros (open read
+             * them all): 40 bytes each, naming no L1 table */
+            end = off + (uint64_t)QCOW2_SNAPSHOT_FIXED * (s->nsnapshots - i);
+            break;
+        }
         if (qcow2_read_meta(c->img, fixed, sizeof fixed, off, "unreadable snapshot table",
                             c->err) < 0 ||
             qcow2_parse_snapshot_entry(fixed, (uint32_t)i, &e, &entry_len, c->img->path,
@@ -465,13 +338,26 @@ static int check_bitmaps(struct ck *c)
     /* open checked the directory and the tables, and listed the bitmaps */
     uint64_t *table = malloc(c->csz);
     int ret = table ? 0 : ic_error_nomem(c->err);
+    /* entries past the end of the file read as zeros (nothing to count);
+     * tables overlapping each other are refused past what the file holds,
+     * as open refuses them */
+    uint64_t allowed = qcow2_bitmap_entries_allowed(c->file_len);
     for (size_t i = 0; ret == 0 && i < c->s->nbitmaps; i++) {
         uint64_t toff = c->s->bitmaps[i].table_offset;
         uint64_t entries = c->s->bitmaps[i].table_size;
         reference(c, toff, entries * 8);
-        uint64_t per = c->csz / 8;
-        for (uint64_t k = 0; ret == 0 && k < entries; k += per) {
-            uint64_t n = entries - k < per ? entries - k : per;
+        uint64_t per = c->csz / 8, live = live_entries(c, toff, entries);
+        if (live > allowed) {
+            ret = ic_error_format(c->err, c->img->path, "corrupt qcow2 image: the bitmaps' "
+                                  "tables hold more than %llu entries in a file of %llu bytes "
+                                  "(tables overlapping?)",
+                                  (unsigned long long)qcow2_bitmap_entries_allowed(c->file_len),
+                                  (unsigned long long)c->file_len);
+            break;
+        }
+        allowed -= live;
+        for (uint64_t k = 0; ret == 0 && k < live; k += per) {
+            uint64_t n = live - k < per ? live - k : per;
             ret = qcow2_read_meta(c->img, table, n * 8, toff + k * 8, "unreadable bitmap "
                                   "table", c->err);
             for (uint64_t j = 0; ret == 0 && j < n; j++) {
@@ -484,6 +370,12 @@ static int check_bitmaps(struct ck *c)
                 }
             }
         }
+        /* the zeros after them, unless qemu cannot read them at all: from
+         * QCOW2_MAX_OFFSET on (where a chunk starts: tables are cluster
+         * aligned) */
+        if (ret == 0 && unreadable(toff, entries * 8))
+            ret = qcow2_corrupt(c->img, c->err, "unreadable bitmap table",
+                                toff > QCOW2_MAX_OFFSET ? toff : QCOW2_MAX_OFFSET);
     }
     free(table);
     return ret;
@@ -492,7 +384,8 @@ static int check_bitmaps(struct ck *c)
 /* check_refblocks: each refcount block is referenced once. */
 static void check_refblocks(struct ck *c)
 {
-    for (uint64_t i = 0; i < c->reftable_entries; i++) {
+    /* the entries past the end of the file are zeros: no block */
+    for (uint64_t i = 0; i < c->reftable_live; i++) {
         uint64_t e = c->reftable[i], off = e & REFT_OFFSET_MASK;
         if (e & REFT_RESERVED) {
             MSG(c, "ERROR refcount table entry %" PRIu64 " has reserved bits set\n", i);
@@ -521,14 +414,25 @@ static void check_refblocks(struct ck *c)
     }
 }
 
+/* What compare() leaves in counts[] for the COPIED pass: each cluster's
+ * stored refcount, or one of these. */
+#define STORED_UNREADABLE UINT32_MAX
+#define STORED_LARGE (UINT32_MAX - 1) /* at least that: read it again */
+
 /* compare_refcounts: the stored refcount of every host cluster against the
- * references found; returns the highest cluster in use. */
+ * references found; returns the highest cluster in use.  The stored
+ * refcounts replace the references in counts[] (no longer needed): the
+ * COPIED pass asks for them again. */
 static uint64_t compare(struct ck *c)
 {
     uint64_t highest = 0;
     for (uint64_t i = 0; i < c->nb_clusters; i++) {
         uint64_t r1, r2 = c->counts[i];
         int ret = stored_refcount(c, i, &r1);
+        c->counts[i] = ret < 0 ? STORED_UNREADABLE
+                       : r1 >= STORED_LARGE ? STORED_LARGE
+                                            : (uint32_t)r1;
+        c->stored_n = i + 1;
         if (ret < 0) {
             MSG(c, "Can't get refcount for cluster %" PRIu64 ": %s\n", i, strerror(-ret));
             c->r->check_errors++;
@@ -548,18 +452,30 @@ static uint64_t compare(struct ck *c)
     return highest;
 }
 
+/* The stored refcount of a cluster, for the COPIED pass: compare() read
+ * those of the clusters it compared (a hostile image's L2 entries may
+ * name clusters of many refcount blocks in turn). */
+static int stored_again(struct ck *c, uint64_t cluster, uint64_t *out)
+{
+    if (cluster < c->stored_n && c->counts[cluster] != STORED_LARGE) {
+        *out = c->counts[cluster];
+        return c->counts[cluster] == STORED_UNREADABLE ? -EIO : 0;
+    }
+    return stored_refcount(c, cluster, out);
+}
+
 /* check_oflag_copied: the COPIED flag of active L1 and L2 entries says
  * whether the stored refcount is exactly 1. */
 static int check_copied(struct ck *c)
 {
     struct qcow2_state *s = c->s;
-    /* the entries past the end of the file are zeros (open read them so) */
-    uint64_t l1_live = live_entries(c, s->h.l1_table_offset, s->h.l1_size);
-    for (uint64_t i = 0; i < l1_live; i++) {
+    qcow2_ck_allow_walk(c, s->l1_len);
+    /* the entries past the end of the file are zeros (open held none) */
+    for (uint64_t i = 0; i < s->l1_len; i++) {
         uint64_t e = s->l1[i], l2_offset = e & QCOW2_OFFSET_MASK, rc;
         if (!l2_offset)
             continue;
-        if (stored_refcount(c, l2_offset / c->csz, &rc) < 0)
+        if (stored_again(c, l2_offset / c->csz, &rc) < 0)
             continue; /* reported by compare() */
         if ((rc == 1) != ((e & QCOW2_OFLAG_COPIED) != 0)) {
             c->r->corruptions++;
@@ -567,15 +483,21 @@ static int check_copied(struct ck *c)
                    " refcount=%" PRIu64 "\n", (int)i, e, rc);
         }
         /* a table seen before: the same findings */
-        struct copied_slot *cs = &c->copied[slot_index(l2_offset)];
-        if (cs->offset == l2_offset) {
-            if (ic_check_repeat(c->r, cs->text_from, cs->text_to) < 0)
+        uint32_t id = qcow2_ck_index_get(&c->copied_index, l2_offset);
+        if (id != NO_RECORD) {
+            struct copied_pass *cp = &c->copied[id];
+            if (ic_check_repeat(c->r, cp->text_from, cp->text_to) < 0)
                 c->nomem = 1;
-            c->r->corruptions += cs->found;
+            c->r->corruptions += cp->found;
+            if (qcow2_ck_spend(c, 1) < 0)
+                return -1;
             continue;
         }
         c->l2_at = UINT64_MAX;
         uint64_t live = live_entries(c, l2_offset, s->l2_entries);
+        if ((c->copied_index.used < MEMO_MAX_KEYS && qcow2_ck_first_scan(c, live) < 0) ||
+            qcow2_ck_spend(c, live + 1) < 0)
+            return -1;
         if (l2_offset > QCOW2_MAX_OFFSET - c->csz ||
             qcow2_read_meta(c->img, c->l2, live * 8, l2_offset, "unreadable L2 table",
                             c->err) < 0) {
@@ -590,7 +512,7 @@ static int check_copied(struct ck *c)
             uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
             if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
                 continue;
-            if (stored_refcount(c, off / c->csz, &rc) < 0)
+            if (stored_again(c, off / c->csz, &rc) < 0)
                 continue;
             if ((rc == 1) != ((l2e & QCOW2_OFLAG_COPIED) != 0)) {
                 c->r->corruptions++;
@@ -598,10 +520,10 @@ static int check_copied(struct ck *c)
                        "\n", l2e, rc);
             }
         }
-        if (signaled == c->signaled) { /* qemu's one-time message is not repeated */
-            *cs = (struct copied_slot){l2_offset, text_from, c->r->messages_len,
-                                       c->r->corruptions - corruptions};
-        }
+        /* qemu's one-time message is not repeated: such a pass is not
+         * remembered (there is one at most) */
+        if (signaled == c->signaled)
+            qcow2_ck_remember_copied(c, l2_offset, text_from, c->r->corruptions - corruptions);
     }
     return 0;
 }
@@ -611,21 +533,43 @@ static int load_reftable(struct ck *c)
     const struct qcow2_header *h = &c->s->h;
     uint64_t bytes = (uint64_t)h->refcount_table_clusters * c->csz; /* <= 8 MiB: open */
     c->reftable_entries = bytes / 8;
-    c->reftable = malloc(bytes ? bytes : 1);
+    /* only the entries inside the file are read: the rest are zeros */
+    c->reftable_live = live_entries(c, h->refcount_table_offset, c->reftable_entries);
+    c->reftable = malloc(c->reftable_live ? c->reftable_live * 8 : 1);
     c->block = malloc(c->csz);
     if (!c->reftable || !c->block)
         return ic_error_nomem(c->err);
-    if (qcow2_read_meta(c->img, c->reftable, bytes, h->refcount_table_offset,
+    if (unreadable(h->refcount_table_offset, bytes))
+        return qcow2_corrupt(c->img, c->err, "unreadable refcount table",
+                             h->refcount_table_offset);
+    if (qcow2_read_meta(c->img, c->reftable, c->reftable_live * 8, h->refcount_table_offset,
                         "unreadable refcount table", c->err) < 0)
         return -1;
-    for (uint64_t i = 0; i < c->reftable_entries; i++)
+    for (uint64_t i = 0; i < c->reftable_live; i++)
         c->reftable[i] = qcow2_be64(&c->reftable[i]);
     return 0;
+}
+
+/* qcow2_check_read_snapshot_table: a version 3 image's snapshot entries
+ * hold at least 16 bytes of extra data (the 64-bit VM state size and the
+ * disk size).  qemu says so before it counts references. */
+static void check_snapshot_entries(struct ck *c)
+{
+    const struct qcow2_state *s = c->s;
+    if (s->h.version < 3)
+        return;
+    for (size_t i = 0; i < s->nsnapshots; i++) {
+        if (s->snapshot_extra[i] < 16) {
+            c->r->corruptions++;
+            MSG(c, "ERROR snapshot table entry %d is incomplete\n", (int)i);
+        }
+    }
 }
 
 static int run(struct ck *c)
 {
     const struct qcow2_header *h = &c->s->h;
+    check_snapshot_entries(c);
     /* header */
     reference(c, 0, c->csz);
     if (check_l1(c, h->l1_table_offset, h->l1_size, 1) < 0 || check_snapshots(c) < 0)
@@ -665,13 +609,11 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
                                (unsigned long long)c.nb_clusters, COUNTS_MAX_BYTES >> 20);
     c.counts = calloc(c.ncounts, sizeof *c.counts);
     c.l2 = malloc(c.csz);
-    c.slots = malloc(REPLAY_SLOTS * sizeof *c.slots);
-    c.copied = malloc(REPLAY_SLOTS * sizeof *c.copied);
-    int ret = c.counts && c.l2 && c.slots && c.copied ? 0 : ic_error_nomem(err);
-    for (unsigned i = 0; ret == 0 && i < REPLAY_SLOTS; i++) {
-        c.slots[i].offset = UINT64_MAX;
-        c.copied[i].offset = UINT64_MAX;
-    }
+    c.rec = calloc(1, sizeof *c.rec);
+    int ret = c.counts && c.l2 && c.rec ? 0 : ic_error_nomem(err);
+    c.l1_allowed = L1_ENTRIES_FLOOR + c.file_len / 8 * 2;
+    c.first_allowed = FIRST_SCAN_FLOOR + c.file_len / 8 * 3 * 2;
+    c.work_allowed = WORK_FLOOR;
     if (ret == 0)
         ret = load_reftable(&c);
     if (ret == 0 && run(&c) < 0 && !out->failed_errno)
@@ -680,8 +622,7 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
         ret = ic_error_nomem(err);
     free(c.counts);
     free(c.l2);
-    free(c.slots);
-    free(c.copied);
+    qcow2_ck_free(&c);
     free(c.reftable);
     free(c.block);
     return ret;

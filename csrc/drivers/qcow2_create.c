@@ -84,6 +84,7 @@ int qcow2_create_new(struct ic_image *img, int *fresh, struct ic_error *err)
     w->compression_level = (int)o->compression_level;
     if (!(s->l1 = calloc(l1 ? l1 : 1, sizeof *s->l1)))
         return ic_error_nomem(err);
+    s->l1_len = l1;
     if (qcow2_l2_init(img, err) < 0)
         return -1;
     /* header cluster, then the L1 table; everything else is appended */
@@ -131,6 +132,8 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
     w->compression = qcow2_compression(h);
     if (ic_image_pread(s->file, w->header, sizeof w->header < fsize ? sizeof w->header : fsize,
                        0, err) < 0)
+        return -1;
+    if (qcow2_l1_hold_all(img, err) < 0)
         return -1;
     return qcow2_alloc_load(img, err); /* marked incomplete at the first write */
 }

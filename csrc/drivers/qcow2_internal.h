@@ -68,7 +68,11 @@ struct qcow2_writer {
 struct qcow2_state {
     struct qcow2_header h;
     struct ic_image *file; /* the host file: img->file, the image layer's */
-    uint64_t *l1;          /* host byte order */
+    uint64_t *l1;          /* host byte order: its first l1_len entries */
+    /* Entries of the L1 table held in memory (and by the L2 store's
+     * arrays): a reader's are those inside the host file, the rest read as
+     * zeros (qcow2_l1_entry); a writer's are all h.l1_size of them. */
+    uint64_t l1_len;
     uint64_t l2_entries;   /* entries per L2 table */
 
     /* guards the L1 and L2 tables and the writer's allocation state */
@@ -84,6 +88,7 @@ struct qcow2_state {
     struct qcow2_writer *w; /* a writable image, or NULL */
 
     struct ic_snapshot *snapshots; /* the snapshot table, read at open */
+    uint32_t *snapshot_extra;      /* each entry's extra_data_size */
     size_t nsnapshots;
 
     /* the persistent bitmaps, from the directory read at open (none when
@@ -97,6 +102,32 @@ struct qcow2_state {
 static inline struct qcow2_state *qcow2_state_of(struct ic_image *img)
 {
     return img->drv_state;
+}
+
+/* L1 entry i: past the entries in memory, 0 (no L2 table). */
+static inline uint64_t qcow2_l1_entry(const struct qcow2_state *s, uint64_t i)
+{
+    return i < s->l1_len ? s->l1[i] : 0;
+}
+
+/* How many of the n 8-byte entries of a table at `off` hold bytes of a
+ * file of `file_len` bytes: the rest read as zeros (qcow2_read_meta, as
+ * qemu reads past the end), and a zero entry names nothing.  A table
+ * sized by a header field costs what the file holds, not what it claims. */
+static inline uint64_t qcow2_entries_in_file(uint64_t file_len, uint64_t off, uint64_t n)
+{
+    if (off >= file_len)
+        return 0;
+    uint64_t live = (file_len - off) / 8 + ((file_len - off) % 8 != 0);
+    return live < n ? live : n;
+}
+
+/* The entries of bitmap tables a file justifies: those of tables that do
+ * not overlap (as in an image qemu wrote) twice over, plus a floor.  A
+ * hostile directory may name one table thousands of times. */
+static inline uint64_t qcow2_bitmap_entries_allowed(uint64_t file_len)
+{
+    return (1ull << 16) + file_len / 8 * 2;
 }
 
 static inline int qcow2_corrupt(struct ic_image *img, struct ic_error *err, const char *what,
@@ -144,6 +175,9 @@ static inline enum ic_compression_type qcow2_compression(const struct qcow2_head
 
 /* qcow2_l2.c.  Needs s->l1 and s->h.  Without meta_lock held: */
 int qcow2_l2_init(struct ic_image *img, struct ic_error *err);
+/* A writer may set any L1 entry: all h.l1_size of them in memory (the
+ * ones past the end of the file, zeros). */
+int qcow2_l1_hold_all(struct ic_image *img, struct ic_error *err);
 void qcow2_l2_free(struct qcow2_state *s);
 /* Up to `n` entries from guest cluster `gc` on, within one table: *got of
  * them.  A table that does not exist reads as zero entries. */

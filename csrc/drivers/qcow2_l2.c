@@ -15,7 +15,7 @@ int qcow2_l2_init(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     struct l2_store *st = &s->l2;
-    uint64_t n = s->h.l1_size ? s->h.l1_size : 1;
+    uint64_t n = s->l1_len ? s->l1_len : 1;
     if (ic_image_take_meta_budget(img, n * (sizeof *st->tables + sizeof *st->dirty)) < 0)
         return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
                                "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
@@ -33,10 +33,39 @@ int qcow2_l2_init(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+int qcow2_l1_hold_all(struct ic_image *img, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    struct l2_store *st = &s->l2;
+    uint64_t have = s->l1_len, n = s->h.l1_size;
+    if (have >= n)
+        return 0;
+    if (ic_image_take_meta_budget(img, (n - have) * (sizeof *s->l1 + sizeof *st->tables +
+                                                      sizeof *st->dirty)) < 0)
+        return ic_error_format(err, img->path, "the backing chain's L1 tables need more "
+                               "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
+    uint64_t *l1 = realloc(s->l1, n * sizeof *l1);
+    if (l1)
+        s->l1 = l1;
+    uint64_t **tables = realloc(st->tables, n * sizeof *tables);
+    if (tables)
+        st->tables = tables;
+    uint8_t *dirty = realloc(st->dirty, n * sizeof *dirty);
+    if (dirty)
+        st->dirty = dirty;
+    if (!l1 || !tables || !dirty)
+        return ic_error_nomem(err);
+    memset(l1 + have, 0, (n - have) * sizeof *l1);
+    memset(tables + have, 0, (n - have) * sizeof *tables);
+    memset(dirty + have, 0, (n - have) * sizeof *dirty);
+    s->l1_len = n;
+    return 0;
+}
+
 void qcow2_l2_free(struct qcow2_state *s)
 {
     struct l2_store *st = &s->l2;
-    for (uint64_t i = 0; st->tables && i < s->h.l1_size; i++)
+    for (uint64_t i = 0; st->tables && i < s->l1_len; i++)
         free(st->tables[i]);
     free(st->tables);
     free(st->dirty);
@@ -127,7 +156,7 @@ int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, u
     *got = n;
     int ret = 0;
     pthread_mutex_lock(&s->meta_lock);
-    if (i >= s->h.l1_size || (!s->l2.tables[i] && !(s->l1[i] & QCOW2_OFFSET_MASK))) {
+    if (i >= s->l1_len || (!s->l2.tables[i] && !(s->l1[i] & QCOW2_OFFSET_MASK))) {
         memset(out, 0, n * sizeof *out);
     } else {
         const uint64_t *t = resident(img, i, err);
@@ -142,7 +171,7 @@ int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, u
 
 int qcow2_l2_has_table(struct qcow2_state *s, uint64_t i)
 {
-    if (i >= s->h.l1_size)
+    if (i >= s->l1_len)
         return 0;
     /* a read-only image's tables never change */
     if (!s->w)
@@ -158,7 +187,7 @@ uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error
     struct qcow2_state *s = qcow2_state_of(img);
     struct l2_store *st = &s->l2;
     uint64_t i = gc / s->l2_entries;
-    if (i >= s->h.l1_size) {
+    if (i >= s->l1_len) { /* a writer holds every entry: past the table */
         ic_error_value(err, "%s: cluster %llu is past the L1 table", img->path,
                        (unsigned long long)gc);
         return NULL;
@@ -193,14 +222,14 @@ uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error
 
 const uint64_t *qcow2_l2_dirty(const struct qcow2_state *s, uint64_t i)
 {
-    return i < s->h.l1_size && s->l2.dirty[i] ? s->l2.tables[i] : NULL;
+    return i < s->l1_len && s->l2.dirty[i] ? s->l2.tables[i] : NULL;
 }
 
 void qcow2_l2_written(struct qcow2_state *s)
 {
     struct l2_store *st = &s->l2;
     /* written tables leave memory; reads load them again as clean ones */
-    for (uint64_t i = 0; i < s->h.l1_size; i++) {
+    for (uint64_t i = 0; i < s->l1_len; i++) {
         if (!st->dirty[i])
             continue;
         free(st->tables[i]);

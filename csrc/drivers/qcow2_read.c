@@ -190,11 +190,12 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
         /* whole L2 ranges without a table are one unallocated run: a
          * petabyte of nothing maps in one step */
         uint64_t l1_index = gc / s->l2_entries, l1_end = l1_index;
-        while (l1_end < s->h.l1_size && !qcow2_l2_has_table(s, l1_end) &&
+        while (l1_end < s->l1_len && !qcow2_l2_has_table(s, l1_end) &&
                l1_end * s->l2_entries * csz < end)
             l1_end++;
-        if (l1_end > l1_index || l1_index >= s->h.l1_size) {
-            uint64_t run_end = l1_index >= s->h.l1_size ? end : l1_end * s->l2_entries * csz;
+        /* past the L1 entries in memory, none has a table */
+        if (l1_end > l1_index || l1_index >= s->l1_len) {
+            uint64_t run_end = l1_end >= s->l1_len ? end : l1_end * s->l2_entries * csz;
             if (run_end > end || run_end < pos)
                 run_end = end;
             if (status_below(pos, run_end, out, err) < 0)

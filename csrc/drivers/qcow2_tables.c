@@ -54,12 +54,14 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err)
     uint32_t nb = s->h.nb_snapshots;
     if (nb == 0)
         return 0;
-    if (ic_image_take_meta_budget(img, (uint64_t)nb * sizeof *s->snapshots) < 0)
+    if (ic_image_take_meta_budget(img, (uint64_t)nb * (sizeof *s->snapshots +
+                                                       sizeof *s->snapshot_extra)) < 0)
         return ic_error_format(err, img->path, "the backing chain's snapshot tables need "
                                "more than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
     struct window w = {.img = img, .buf = malloc(WINDOW)};
     s->snapshots = calloc(nb, sizeof *s->snapshots);
-    if (!w.buf || !s->snapshots) {
+    s->snapshot_extra = calloc(nb, sizeof *s->snapshot_extra);
+    if (!w.buf || !s->snapshots || !s->snapshot_extra) {
         free(w.buf);
         return ic_error_nomem(err);
     }
@@ -99,6 +101,7 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err)
         sn->vm_clock_nsec = e.vm_clock_nsec;
         sn->date_sec = e.date_sec;
         sn->date_nsec = e.date_nsec;
+        s->snapshot_extra[i] = e.extra_data_size;
         off += entry_len;
     }
     free(w.buf);
@@ -116,10 +119,14 @@ int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t
 }
 
 /* Each bitmap not in use has a table of cluster offsets: qemu loads it at
- * open and refuses entries with reserved bits or misaligned offsets. */
+ * open and refuses entries with reserved bits or misaligned offsets.  Its
+ * entries past the end of the file read as zeros, which are valid: only
+ * those inside the file are read (a table may claim 64 Mi entries), and
+ * tables that overlap each other are refused past what the file holds. */
 static int check_bitmap_tables(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t fsize = ic_image_size(s->file), allowed = qcow2_bitmap_entries_allowed(fsize);
     struct window w = {.img = img, .buf = malloc(WINDOW)};
     if (!w.buf)
         return ic_error_nomem(err);
@@ -128,15 +135,32 @@ static int check_bitmap_tables(struct ic_image *img, struct ic_error *err)
         const struct qcow2_bitmap *b = &s->bitmaps[i];
         if (b->flags & QCOW2_BITMAP_IN_USE)
             continue;
-        for (uint32_t k = 0; k < b->table_size && ret == 0; k++) {
+        uint64_t table = b->table_offset;
+        uint32_t entries = b->table_size;
+        uint64_t live = qcow2_entries_in_file(fsize, table, entries);
+        if (live > allowed) {
+            ret = ic_error_format(err, img->path, "corrupt qcow2 image: the bitmaps' tables "
+                                  "hold more than %llu entries in a file of %llu bytes "
+                                  "(tables overlapping?)",
+                                  (unsigned long long)qcow2_bitmap_entries_allowed(fsize),
+                                  (unsigned long long)fsize);
+            break;
+        }
+        allowed -= live;
+        for (uint32_t k = 0; k < live && ret == 0; k++) {
             uint8_t raw[8];
-            if (window_read(&w, raw, 8, b->table_offset + 8ull * k, "unreadable bitmap table",
-                            err) < 0)
+            if (window_read(&w, raw, 8, table + 8ull * k, "unreadable bitmap table", err) < 0)
                 ret = -1;
             else if (!qcow2_bitmap_table_entry_ok(qcow2_be64(raw), s->h.cluster_size))
                 ret = ic_error_format(err, img->path, "corrupt qcow2 image: entry %u of "
                                       "bitmap '%.64s''s table is invalid", k, b->name);
         }
+        /* the rest read as zeros, unless qemu cannot read them at all:
+         * from QCOW2_MAX_OFFSET on (tables are cluster aligned: so is the
+         * entry where reading fails) */
+        if (ret == 0 && (table > QCOW2_MAX_OFFSET || 8ull * entries > QCOW2_MAX_OFFSET - table))
+            ret = qcow2_corrupt(img, err, "unreadable bitmap table",
+                                table > QCOW2_MAX_OFFSET ? table : QCOW2_MAX_OFFSET);
     }
     free(w.buf);
     return ret;

@@ -567,7 +567,7 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
         if (!l1)
             ret = ic_error_nomem(err);
         for (uint64_t i = 0; ret == 0 && i < s->h.l1_size; i++)
-            qcow2_put_be64(l1 + i * 8, s->l1[i]);
+            qcow2_put_be64(l1 + i * 8, qcow2_l1_entry(s, i));
         if (ret == 0)
             ret = ic_image_pwrite(s->file, l1, (s->h.l1_size * 8ull + csz - 1) / csz * csz,
                                   s->h.l1_table_offset, err);

@@ -17,6 +17,10 @@
 #include "../image.h"
 #include "vhdx_format.h"
 
+struct bat_range {
+    uint64_t first, end;
+};
+
 struct vhdx_state {
     struct ic_image *file;
     struct vhdx_header h;
@@ -25,6 +29,11 @@ struct vhdx_state {
     struct vhdx_geometry g;
     struct vhdx_locator loc;
     uint64_t *bat;
+    /* The BAT's entries the file holds as data, ranges [first, end) in
+     * order: the others lie in holes of the file and read as zeros (not
+     * present), as they do for qemu. */
+    struct bat_range *held;
+    size_t nheld;
     /* the parent is the one named by the locator's parent_linkage: 0 not
      * checked yet (the image layer opens it after us), 1 yes, -1 no */
     atomic_int linkage;
@@ -41,6 +50,7 @@ static void vhdx_close(struct ic_image *img)
     if (!s)
         return;
     free(s->bat);
+    free(s->held);
     free(s->regions);
     free(s);
     img->drv_state = NULL;
@@ -171,6 +181,56 @@ static int check_host(struct ic_image *img, uint64_t i, uint64_t off, uint64_t l
     return 0;
 }
 
+/* Entries [first, end) of the BAT, read and held (after those held
+ * already: ranges come in order). */
+static int hold(struct ic_image *img, uint64_t first, uint64_t end, struct ic_error *err)
+{
+    struct vhdx_state *s = state_of(img);
+    if (s->nheld && s->held[s->nheld - 1].end >= first) {
+        first = s->held[s->nheld - 1].end;
+        if (first >= end)
+            return 0;
+        s->held[s->nheld - 1].end = end;
+    } else {
+        /* one more range: the array doubles at powers of two */
+        if ((s->nheld & (s->nheld - 1)) == 0) {
+            struct bat_range *grown = realloc(s->held, (s->nheld ? 2 * s->nheld : 1) *
+                                                           sizeof *grown);
+            if (!grown)
+                return ic_error_nomem(err);
+            s->held = grown;
+        }
+        s->held[s->nheld++] = (struct bat_range){first, end};
+    }
+    if (read_file(img, s->bat + first, (end - first) * 8, s->regions->bat.offset + first * 8,
+                  "BAT", err) < 0)
+        return -1;
+    for (uint64_t i = first; i < end; i++)
+        s->bat[i] = vhdx_le64((const uint8_t *)&s->bat[i]);
+    return 0;
+}
+
+/* The first entry from i on that the file holds as data (those before it
+ * are zeros), or g.bat_entries. */
+static uint64_t next_held(const struct vhdx_state *s, uint64_t i)
+{
+    size_t lo = 0, hi = s->nheld;
+    while (lo < hi) { /* the first range ending past i */
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->held[mid].end <= i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == s->nheld)
+        return s->g.bat_entries;
+    return s->held[lo].first > i ? s->held[lo].first : i;
+}
+
+/* The BAT lies inside the file, but a header may size it at 128 MiB in a
+ * sparse file of a few KiB of data: only the parts the file holds as data
+ * are read, byte-swapped and checked; its holes read as zeros (calloc),
+ * entries that say "not present", as qemu reads them. */
 static int load_bat(struct ic_image *img, struct ic_error *err)
 {
     struct vhdx_state *s = state_of(img);
@@ -179,15 +239,21 @@ static int load_bat(struct ic_image *img, struct ic_error *err)
     if (ic_image_take_meta_budget(img, bytes) < 0)
         return ic_error_format(err, img->path, "the backing chain's VHDX BATs need more than "
                                "%u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
-    s->bat = malloc(bytes ? bytes : 1);
+    s->bat = calloc(g->bat_entries ? g->bat_entries : 1, sizeof *s->bat);
     if (!s->bat)
         return ic_error_nomem(err);
-    if (read_file(img, s->bat, bytes, s->regions->bat.offset, "BAT", err) < 0)
-        return -1;
+    for (uint64_t pos = 0; pos < bytes;) {
+        struct ic_extent x;
+        if (ic_image_data_status(s->file, pos, s->regions->bat.offset + pos, bytes - pos, &x,
+                                 err) < 0)
+            return -1;
+        if (!(x.flags & IC_EXT_ZERO) && hold(img, pos / 8, (pos + x.length + 7) / 8, err) < 0)
+            return -1;
+        pos += x.length;
+    }
     uint64_t cr = g->chunk_ratio, bs = s->m.block_size;
-    for (uint64_t i = 0; i < g->bat_entries; i++)
-        s->bat[i] = vhdx_le64((const uint8_t *)&s->bat[i]);
-    for (uint64_t i = 0; i < g->bat_entries; i++) {
+    /* the entries not held are zeros: not present, nothing to check */
+    for (uint64_t i = next_held(s, 0); i < g->bat_entries; i = next_held(s, i + 1)) {
         uint64_t e = s->bat[i];
         unsigned state = (unsigned)(e & VHDX_BAT_STATE_MASK);
         uint64_t off = e & VHDX_BAT_OFFSET_MASK;
@@ -522,6 +588,19 @@ static int vhdx_block_status(struct ic_image *img, uint64_t start, uint64_t end,
     for (uint64_t pos = start; pos < end && (pos <= want || extra < WALK_EXTRA_BLOCKS);) {
         uint64_t block = pos / bs, host;
         uint64_t b = (block + 1) * bs < end ? (block + 1) * bs : end;
+        uint64_t cr = s->g.chunk_ratio, i = block + block / cr, next = next_held(s, i);
+        if (next > i) {
+            /* entries in holes of the file, up to the next one held: not
+             * present, one run */
+            uint64_t until = next - next / (cr + 1); /* the block of entry `next` */
+            b = until * bs < end ? until * bs : end;
+            if (add(out, pos, b - pos, IC_EXT_BELOW, 0, err) < 0)
+                return -1;
+            if (pos > want)
+                extra += (b - pos) / bs + 1;
+            pos = b;
+            continue;
+        }
         int r = 0;
         switch (classify(s, block, &host)) {
         case K_BELOW:

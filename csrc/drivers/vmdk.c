@@ -383,11 +383,14 @@ static int status_sparse(struct ic_image *img, size_t xi, uint64_t pos, uint64_t
     uint64_t extra = 0, span = (uint64_t)e->gtes * e->grain;
     while (pos < end && (pos <= want || extra < WALK_EXTRA_GRAINS)) {
         uint64_t rel = pos - e->start, gi = rel / e->grain, gdi = gi / e->gtes;
-        if (gdi < e->gd_entries && e->gd[gdi] == 0) {
-            /* grain tables never allocated: one unallocated run */
+        if (gdi < e->gd_entries && vmdk_gd_entry(e, gdi) == 0) {
+            /* grain tables never allocated: one unallocated run (past the
+             * entries inside the file, none is) */
             uint64_t g = gdi;
-            while (g < e->gd_entries && e->gd[g] == 0 && e->start + g * span < end)
+            while (g < e->gd_len && e->gd[g] == 0 && e->start + g * span < end)
                 g++;
+            if (g >= e->gd_len)
+                g = e->gd_entries;
             uint64_t run_end = e->start + g * span;
             if (run_end > end || g >= e->gd_entries)
                 run_end = end;

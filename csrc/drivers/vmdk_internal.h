@@ -122,9 +122,18 @@ struct vmdk_extent {
     int compressed, has_marker, zero_grain;
     uint64_t grain;        /* bytes */
     uint32_t gtes;
-    uint64_t gd_entries;
+    uint64_t gd_entries;   /* the grain directory's, as the header sizes it */
+    /* Entries held in gd: those inside the file; past them every entry
+     * reads as 0 (no grain table), as qemu reads the directory (zeros past
+     * the end of the file).  vmdk_gd_entry() reads one. */
+    uint64_t gd_len;
     uint32_t *gd;          /* grain table sectors, host order */
 };
+
+static inline uint32_t vmdk_gd_entry(const struct vmdk_extent *e, uint64_t i)
+{
+    return i < e->gd_len ? e->gd[i] : 0;
+}
 
 enum vmdk_grain_kind { VMDK_UNALLOC, VMDK_ZEROED, VMDK_DATA, VMDK_COMPRESSED };
 

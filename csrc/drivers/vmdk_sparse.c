@@ -115,7 +115,12 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
     e->end = e->start + h->capacity * VMDK_SECTOR;
     uint64_t per_gt = (uint64_t)h->gtes * h->granularity;
     e->gd_entries = h->capacity / per_gt + (h->capacity % per_gt != 0);
-    uint64_t bytes = e->gd_entries * 4;
+    /* the directory is held as far as the file goes: a header may claim
+     * 32 Mi entries (128 MiB) in a file of a few KiB */
+    uint64_t gd_at = h->gd_offset * VMDK_SECTOR;
+    uint64_t in_file = gd_at < e->file_size ? (e->file_size - gd_at + 3) / 4 : 0;
+    e->gd_len = in_file < e->gd_entries ? in_file : e->gd_entries;
+    uint64_t bytes = e->gd_len * 4;
     if (!bytes)
         return 0;
     if (ic_image_take_meta_budget(img, bytes) < 0)
@@ -124,9 +129,9 @@ int vmdk_sparse_open(struct ic_image *img, struct vmdk_extent *e, struct vmdk_sp
     e->gd = malloc((size_t)bytes);
     if (!e->gd)
         return ic_error_nomem(err);
-    if (ic_image_pread_padded(e->file, e->gd, (size_t)bytes, h->gd_offset * VMDK_SECTOR, err) < 0)
+    if (ic_image_pread_padded(e->file, e->gd, (size_t)bytes, gd_at, err) < 0)
         return -1;
-    for (uint64_t i = 0; i < e->gd_entries; i++)
+    for (uint64_t i = 0; i < e->gd_len; i++)
         e->gd[i] = vmdk_le32((const uint8_t *)&e->gd[i]);
     return 0;
 }
@@ -185,7 +190,7 @@ int vmdk_sparse_entries(struct ic_image *img, size_t xi, uint64_t first, uint64_
         return vmdk_error(err, img->path, "grain %llu is past the grain directory",
                           (unsigned long long)first);
     *got = n;
-    if (e->gd[gdi] == 0) {
+    if (vmdk_gd_entry(e, gdi) == 0) {
         memset(out, 0, (size_t)n * 4);
         return 0;
     }

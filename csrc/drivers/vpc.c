@@ -85,8 +85,37 @@ static int load_footer(struct ic_image *img, struct vpc_state *s, struct ic_erro
     return 0;
 }
 
-/* The BAT: every entry's block must lie inside the file (qemu refuses a
- * truncated image); only the entries the virtual size reaches are kept. */
+/* Entries [first, end) of the BAT, read from the file and checked: every
+ * entry's block must lie inside the file (qemu refuses a truncated image);
+ * only the entries the virtual size reaches are kept. */
+static int check_entries(struct ic_image *img, struct vpc_state *s, uint64_t first,
+                         uint64_t end, uint8_t *chunk, struct ic_error *err)
+{
+    const struct vpc_dyn_header *d = &s->dyn;
+    uint64_t fsize = sectors_length(s);
+    uint64_t block_span = (uint64_t)d->bitmap_size + d->block_size;
+    for (uint64_t i = first; i < end;) {
+        uint64_t n = end - i < BAT_CHUNK ? end - i : BAT_CHUNK;
+        if (ic_image_pread_padded(s->file, chunk, (size_t)(n * 4), d->table_offset + i * 4,
+                                  err) < 0)
+            return -1;
+        for (uint64_t j = 0; j < n; j++, i++) {
+            uint32_t e = be32(chunk + j * 4);
+            if (e != VPC_BAT_UNALLOCATED && (uint64_t)e * VPC_SECTOR + block_span > fsize)
+                return ic_error_format(err, img->path, "VHD block %llu (sector %u) lies past "
+                                       "the end of the file: the image is truncated",
+                                       (unsigned long long)i, e);
+            if (i < s->nblocks)
+                s->bat[i] = e;
+        }
+    }
+    return 0;
+}
+
+/* The BAT lies inside the file, but in a sparse file a header may size it
+ * at 2 Gi entries of holes: only the parts the file holds as data are
+ * read.  Entries in holes are zeros, each a block at sector 0 (not
+ * unallocated: that is 0xffffffff), all checked at once. */
 static int load_bat(struct ic_image *img, struct vpc_state *s, struct ic_error *err)
 {
     const struct vpc_dyn_header *d = &s->dyn;
@@ -102,34 +131,32 @@ static int load_bat(struct ic_image *img, struct vpc_state *s, struct ic_error *
     if (ic_image_take_meta_budget(img, s->nblocks * 4) < 0)
         return ic_error_format(err, img->path, "the VHD block allocation table needs more "
                                "than %u MiB of memory", IC_CHAIN_META_BUDGET >> 20);
-    s->bat = malloc(s->nblocks ? s->nblocks * 4 : 1);
+    /* zeros: what entries in holes are */
+    s->bat = calloc(s->nblocks ? s->nblocks : 1, 4);
     uint8_t *chunk = malloc(BAT_CHUNK * 4);
-    if (!s->bat || !chunk) {
-        free(chunk);
-        return ic_error_nomem(err);
-    }
+    int r = s->bat && chunk ? 0 : ic_error_nomem(err);
     uint64_t block_span = (uint64_t)d->bitmap_size + d->block_size;
-    for (uint64_t i = 0; i < entries;) {
-        uint64_t n = entries - i < BAT_CHUNK ? entries - i : BAT_CHUNK;
-        if (ic_image_pread_padded(s->file, chunk, (size_t)(n * 4), d->table_offset + i * 4,
-                                  err) < 0) {
-            free(chunk);
-            return -1;
-        }
-        for (uint64_t j = 0; j < n; j++, i++) {
-            uint32_t e = be32(chunk + j * 4);
-            if (e != VPC_BAT_UNALLOCATED && (uint64_t)e * VPC_SECTOR + block_span > fsize) {
-                free(chunk);
-                return ic_error_format(err, img->path, "VHD block %llu (sector %u) lies past "
-                                       "the end of the file: the image is truncated",
-                                       (unsigned long long)i, e);
-            }
-            if (i < s->nblocks)
-                s->bat[i] = e;
+    /* entries [0, done) are checked */
+    for (uint64_t pos = 0, done = 0; r == 0 && pos < bytes;) {
+        struct ic_extent x;
+        r = ic_image_data_status(s->file, pos, d->table_offset + pos, bytes - pos, &x, err);
+        if (r < 0)
+            break;
+        pos += x.length;
+        if (!(x.flags & IC_EXT_ZERO)) {
+            uint64_t end = (pos + 3) / 4;
+            r = check_entries(img, s, done, end, chunk, err);
+            done = end;
+        } else if (pos / 4 > done) {
+            if (block_span > fsize)
+                r = ic_error_format(err, img->path, "VHD block %llu (sector 0) lies past the "
+                                    "end of the file: the image is truncated",
+                                    (unsigned long long)done);
+            done = pos / 4;
         }
     }
     free(chunk);
-    return 0;
+    return r;
 }
 
 static int load(struct ic_image *img, struct vpc_state *s, struct ic_error *err)

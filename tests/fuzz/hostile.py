@@ -344,6 +344,140 @@ def _all_l1_same_l2(cluster_bits: int, l1_size: int, refcount_order: int = 4,
     return build
 
 
+def _small_header(cluster_bits: int, size: int, l1_size: int, l1_offset: int,
+                  reftable: int, reftable_clusters: int = 1, refcount_order: int = 4,
+                  nb_snapshots: int = 0, snapshots_offset: int = 0) -> bytearray:
+    """A v3 header cluster with these fields, no extension."""
+    hdr = bytearray(1 << cluster_bits)
+    hdr[0:4] = MAGIC
+    for fmt, off, v in ((">I", OFF_VERSION, 3), (">I", OFF_CLUSTER_BITS, cluster_bits),
+                        (">Q", OFF_SIZE, size), (">I", OFF_L1_SIZE, l1_size),
+                        (">Q", OFF_L1_OFFSET, l1_offset), (">Q", OFF_REFTABLE_OFFSET, reftable),
+                        (">I", OFF_REFTABLE_CLUSTERS, reftable_clusters),
+                        (">I", OFF_REFCOUNT_ORDER, refcount_order),
+                        (">I", OFF_NB_SNAPSHOTS, nb_snapshots),
+                        (">Q", OFF_SNAPSHOTS_OFFSET, snapshots_offset),
+                        (">I", OFF_HEADER_LENGTH, HEADER_LENGTH)):
+        put(hdr, fmt, off, v)
+    return hdr
+
+
+def _l2_tables_in_turn(ntables: int = 100, l1_size: int = 8192) -> bytes:
+    """64-bit refcounts (a refcount block covers 64 clusters of 512 bytes):
+    L1 entries name `ntables` L2 tables in turn, whose entries name data
+    clusters of the file's 8 refcount blocks in turn.  A check that looks
+    the stored refcounts up again per entry reads a block per entry (qemu
+    reads them through its cache); one that scans a table each time it is
+    named does `l1_size` scans."""
+    cb, cs, nblocks = 9, 512, 8
+    l2_first = 2 + nblocks
+    l1_first = l2_first + ntables
+    l1_clusters = -(-l1_size * 8 // cs)
+    hdr = _small_header(cb, l1_size * (cs // 8) * cs, l1_size, l1_first * cs, cs, 1, 6)
+    reftable = b"".join(struct.pack(">Q", (2 + b) * cs) for b in range(nblocks)).ljust(cs, b"\0")
+    blocks = struct.pack(">Q", 1) * 64 * nblocks
+    # entry j of table t: a cluster of block j % 8 (never 0, the header)
+    tables = b"".join(
+        struct.pack(">Q", COPIED | ((j % nblocks) * 64 + 1 + (t + j) % 63) * cs)
+        for t in range(ntables) for j in range(cs // 8))
+    l1 = b"".join(struct.pack(">Q", COPIED | (l2_first + i % ntables) * cs)
+                  for i in range(l1_size))
+    image = bytes(hdr) + reftable + blocks + tables + l1.ljust(l1_clusters * cs, b"\0")
+    return image.ljust(64 * nblocks * cs, b"\0")  # the blocks' clusters: the file's
+
+
+def _overlapping_l2_tables(ntables: int = 100) -> bytes:
+    """64 KiB clusters, a file of 256 KiB: the L1 table fills the file past
+    the header, its entries name `ntables` L2 tables in turn, each at
+    another 512-byte offset inside the L1 table itself (not cluster
+    aligned: qemu says so, and checks them anyway).  Each table holds up to
+    8192 entries (L1 entries, read as L2 entries: misaligned data
+    clusters)."""
+    cb, cs = 16, 1 << 16
+    n = (CORPUS_MAX - cs) // 8
+    hdr = _small_header(cb, n * (cs // 8) * cs, n, cs, cs)
+    l1 = b"".join(struct.pack(">Q", COPIED | (cs + 512 * (i % ntables))) for i in range(n))
+    return bytes(hdr) + l1
+
+
+def _snapshots_naming_one_l1(nsnapshots: int = 1500, l1_size: int = 16384) -> bytes:
+    """512-byte clusters: an active L1 table of `l1_size` entries naming one
+    L2 table, and `nsnapshots` snapshots whose L1 table is the active one:
+    nsnapshots * l1_size L1 entries to walk in a file of 214 KB."""
+    cb, cs = 9, 512
+    l2_off, l1_off = 2 * cs, 3 * cs
+    l1_bytes = -(-l1_size * 8 // cs) * cs
+    snap_off = l1_off + l1_bytes
+    hdr = _small_header(cb, l1_size * (cs // 8) * cs, l1_size, l1_off, cs, 1, 4,
+                        nsnapshots, snap_off)
+    l2 = b"".join(struct.pack(">Q", COPIED | (l1_off + cs * (i % 4))) for i in range(cs // 8))
+    l1 = struct.pack(">Q", COPIED | l2_off) * l1_size
+    # l1_table_offset, l1_size, id_str_size, name_size, date, vm clock,
+    # vm state size, extra data size (16: a complete v3 entry)
+    entry = struct.pack(">QIHHIIQII", l1_off, l1_size, 0, 0, 0, 0, 0, 0, 16) + bytes(16)
+    return bytes(hdr) + bytes(cs) + l2 + l1.ljust(l1_bytes, b"\0") + entry * nsnapshots
+
+
+def _reftable_beyond_eof(with_data: bool = False) -> bytes:
+    """The largest refcount table qemu takes (8 MiB), in a file of 2 KiB:
+    one entry inside the file, 1 Mi entries past its end (zeros).
+    `with_data`: one data cluster, so that block status asks whether the
+    image looks metadata-preallocated (the refcounts of the file's
+    clusters)."""
+    cb, cs = 9, 512
+    hdr = _small_header(cb, 1 << 20, (1 << 20) // cs // (cs // 8), 2 * cs, cs,
+                        (8 << 20) // cs)
+    if with_data:
+        reftable = struct.pack(">Q", 4 * cs).ljust(cs, b"\0")
+        l1 = struct.pack(">Q", COPIED | 3 * cs).ljust(cs, b"\0")
+        l2 = struct.pack(">Q", COPIED | 5 * cs).ljust(cs, b"\0")
+        refblock = (struct.pack(">H", 1) * 6).ljust(cs, b"\0")
+        return bytes(hdr) + reftable + l1 + l2 + refblock + b"\x5a" * cs
+    reftable = struct.pack(">Q", 3 * cs).ljust(cs, b"\0")
+    return bytes(hdr) + reftable + bytes(cs) + b"\0\1" * (cs // 2)
+
+
+def _bitmaps_beyond_eof(nbitmaps: int = 2000, in_use: bool = False, cluster_bits: int = 12,
+                        size: int = 1 << 40, table_size: int = 0, zeros: int = 0) -> bytes:
+    """`nbitmaps` dirty bitmaps (granularity 512 bytes, named b00000...),
+    each with a table of `table_size` entries (0: what the disk needs, 64 Ki
+    for 1 TiB of 4 KiB clusters) at 1 TiB: past the end of the file, zeros
+    (valid entries).  In use, a bitmap need not cover the disk and open
+    does not read its table; a check reads them all.  `zeros`: that many
+    zero bytes end the file, where every table lies instead (they all
+    overlap)."""
+    cs = 1 << cluster_bits
+    per_l2 = (cs // 8) * cs
+    l1_size = -(-size // per_l2)
+    if not table_size:
+        table_size = -(-(-(-size // 512) // 8) // cs)
+    dir_off, dir_len = 4 * cs, 32 * nbitmaps
+    hdr = _small_header(cluster_bits, size, l1_size, 3 * cs, cs)
+    put(hdr, ">Q", OFF_AUTOCLEAR, 1)  # the bitmaps extension is valid
+    ext = struct.pack(">IIIIQQ", 0x23852875, 24, nbitmaps, 0, dir_len, dir_off)
+    hdr[HEADER_LENGTH:HEADER_LENGTH + len(ext) + 8] = ext + bytes(8)
+    reftable = struct.pack(">Q", 2 * cs).ljust(cs, b"\0")
+    refblock = struct.pack(">H", 1) * 5
+    image = bytes(hdr) + reftable + refblock.ljust(cs, b"\0") + bytes(cs)
+    tables = len(image) + -(-dir_len // cs) * cs if zeros else (1 << 40) + 4 * cs
+    directory = b"".join(
+        struct.pack(">QIIBBHI", tables, table_size, 1 if in_use else 0, 1, 9, 6, 0)
+        + (b"b%05d" % i).ljust(8, b"\0") for i in range(nbitmaps))
+    return image + directory.ljust(-(-dir_len // cs) * cs, b"\0") + bytes(zeros)
+
+
+def _snapshots_beyond_eof(nsnapshots: int = 65535) -> bytes:
+    """A v2 image (no snapshot entry needs extra data) of three 64 KiB
+    clusters whose snapshot table, `nsnapshots` entries, starts at its end:
+    each entry reads as zeros (40 bytes, no L1 table)."""
+    cb, cs = 16, 1 << 16
+    hdr = _small_header(cb, 1 << 20, 1, 2 * cs, cs, 1, 4, nsnapshots, 3 * cs)
+    put(hdr, ">I", OFF_VERSION, 2)
+    put(hdr, ">I", OFF_REFCOUNT_ORDER, 0)
+    put(hdr, ">I", OFF_HEADER_LENGTH, 0)
+    return bytes(hdr) + bytes(2 * cs)
+
+
 def _feature_bit(bit: int, named: bool) -> Callable[[], bytes]:
     def build():
         buf, lay = base_image()
@@ -586,6 +720,37 @@ case("check-amplify-saturated-refcount", "any", _all_l1_same_l2(16, 8192, 0, Tru
      "as amplify-64k-l1-8k, 1-bit refcounts, the data cluster is the L1 table's: a check "
      "finds 32 Mi references to a cluster whose count is at its maximum (qemu's overflow, "
      "each); the passes over the table are the same, each costs no scan")
+
+
+# -- a check's work bounded by what the file holds ------------------------
+case("check-l2-tables-in-turn", "any", lambda: _l2_tables_in_turn(),
+     "8192 L1 entries name 100 L2 tables in turn, their entries name clusters of 8 "
+     "refcount blocks in turn: each table's passes are remembered, the stored refcounts "
+     "read once")
+case("check-overlapping-l2-tables", "any", lambda: _overlapping_l2_tables(),
+     "a 256 KiB file, 24 Ki L1 entries naming 100 L2 tables of 8192 entries that overlap "
+     "each other (and the L1 table): more L2 entries than the file holds, a check stops")
+case("check-snapshots-naming-one-l1", "any", lambda: _snapshots_naming_one_l1(),
+     "1500 snapshots whose L1 table is the active one (16 Ki entries): 24 Mi L1 entries "
+     "in a 214 KB file, a check stops")
+case("check-reftable-8MiB-beyond-eof", "any", _reftable_beyond_eof,
+     "an 8 MiB refcount table in a 2 KiB file: read as far as the file goes")
+case("reftable-8MiB-beyond-eof-with-data", "any", lambda: _reftable_beyond_eof(True),
+     "an 8 MiB refcount table in a 3 KiB file with a data cluster: the test for metadata "
+     "preallocation reads the entries of the file's clusters, not the table")
+case("check-snapshots-beyond-eof", "any", _snapshots_beyond_eof,
+     "65535 snapshots, all past the end of the file: a check counts them, it does not read "
+     "them one by one (qemu-img check agrees)")
+case("check-bitmaps-in-use-tables-beyond-eof", "any",
+     lambda: _bitmaps_beyond_eof(2000, True, 9, 32 << 10, 1 << 16),
+     "2000 bitmaps in use, each with a table of 64 Ki entries past the end of a 66 KB "
+     "file: a check reads them as far as the file goes (qemu-img check agrees)")
+case("bitmaps-tables-overlapping", "error", lambda: _bitmaps_beyond_eof(2000, zeros=64 << 10),
+     "2000 bitmaps of a 1 TiB disk whose tables all start in the last 64 KiB of the file: "
+     "more entries than the file holds, refused at open")
+case("bitmaps-tables-beyond-eof", "any", lambda: _bitmaps_beyond_eof(2000),
+     "2000 bitmaps of a 1 TiB disk, each with a table of 64 Ki entries past the end of the "
+     "file: open checks them as far as the file goes (qemu loads 256 MiB per bitmap)")
 
 CASES_BY_NAME: Dict[str, Case] = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"
