@@ -26,8 +26,8 @@ THREADS = 16
 
 
 class NbdkitServer:
-    """nbdkit -f --exit-with-parent -P PID -U SOCK --filter=log [--filter=F ...]
-    PLUGIN ARGS... logfile=LOG, in its own session (the terminal's Ctrl-C
+    """nbdkit -f --exit-with-parent -P PID -U SOCK [OPTIONS] --filter=log
+    [--filter=F ...] PLUGIN ARGS... logfile=LOG, in its own session (the terminal's Ctrl-C
     goes to us; our finally stops it; if we are killed, --exit-with-parent)."""
 
     def __init__(self, plugin: str, args: Sequence[str] = (), filters: Sequence[str] = (),
@@ -37,8 +37,8 @@ class NbdkitServer:
         self.log = os.path.join(self.dir, "log")
         self.uri = "nbd+unix:///?socket=" + self.socket
         self.argv = (["nbdkit", "-f", "--exit-with-parent", "-P", os.path.join(self.dir, "pid"),
-                      "-U", self.socket] + list(options) + ["--filter=log"] + ["--filter=" + f for f in filters]
-                     + [plugin] + list(args) + ["logfile=" + self.log])
+                      "-U", self.socket] + list(options) + ["--filter=log"]
+                     + ["--filter=" + f for f in filters] + [plugin] + list(args) + ["logfile=" + self.log])
         self.timeout = timeout
         # serialised: one request at a time over all connections (noparallel
         # serialize=all-requests); else THREADS at a time on each connection
