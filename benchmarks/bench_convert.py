@@ -484,6 +484,101 @@ def print_profile(tools, prof: Dict, image: str) -> None:
 
 
 # --------------------------------------------------------------------------
+# the fragmented qcow2 (issue 25): scattered cluster reads from a cold cache
+
+FRAG = "frag-backward.qcow2"
+FRAG_SCALE = 0.5          # the issue's 1/2 scale: 8,192 clusters of 64 KiB in reverse order
+FRAG_AIM = 0.9            # imgcopy's median / qemu-img -W -m 8's, cold
+
+
+def frag_tools(python: str, baseline: Optional[str]) -> List[Tuple[str, str, List[str]]]:
+    conv = ["-m", "imgcopy", "convert", "-f", "qcow2", "-O", "raw"]
+    tools = [
+        ("imgcopy", "imgcopy", [python] + conv + ["SRC", "DST"]),
+        ("imgcopy-m8", "imgcopy -m 8", [python] + conv + ["-m", "8", "SRC", "DST"]),
+        ("qemu-img-W-m8", "qemu-img -W -m 8",
+         ["qemu-img", "convert", "-W", "-m", "8", "-f", "qcow2", "-O", "raw", "SRC", "DST"]),
+        ("qemu-img", "qemu-img", ["qemu-img", "convert", "-f", "qcow2", "-O", "raw", "SRC", "DST"]),
+    ]
+    if baseline:
+        tools.append((BASELINE, "imgcopy baseline", [baseline] + conv + ["SRC", "DST"]))
+    return tools
+
+
+def run_frag(python: str, pin_env: Optional[Dict[str, str]], baseline: Optional[str],
+             scale: float, runs: int, caches: List[str], corpus: Optional[str] = None) -> Dict:
+    """frag-backward.qcow2 (make_corpus.py: every 64 KiB cluster written, last
+    to first) converted to a new raw file, `CMD && sync`, alternating, the
+    source's pages dropped (cold) or read (warm) before each run; the first
+    output of each command checked with qemu-img compare.  Prints a table per
+    cache state; returns the runs and medians."""
+    corpus = corpus or ("/tmp/imgcopy-corpus" if scale == 1.0 else "/tmp/imgcopy-corpus-s%g" % scale)
+    build_corpus(python, corpus, scale, [FRAG])
+    src = os.path.join(corpus, FRAG)
+    dst_dir = os.path.join(corpus, "bench-dst")
+    os.makedirs(dst_dir, exist_ok=True)
+    dst = os.path.join(dst_dir, "frag-out.raw")
+    whole = [(0, os.path.getsize(src))]
+    tools = frag_tools(python, baseline)
+    out: Dict = {"image": src, "scale": scale, "runs": [], "medians": {}, "checks": {}}
+    try:
+        for cache in caches:
+            times: Dict[str, List[float]] = {k: [] for k, _, _ in tools}
+            log("%s at scale %g, %s source: %d rounds x %d tools" % (FRAG, scale, cache, runs,
+                                                                     len(tools)))
+            for rnd in range(runs):
+                for key, label, tmpl in tools[rnd % len(tools):] + tools[:rnd % len(tools)]:
+                    rm(dst)
+                    os.sync()
+                    if cache == "cold":
+                        evict(src)
+                    else:
+                        warm(src, whole)
+                    s, _, rc, err = timed(argv_for(tmpl, src, dst), dst_dir,
+                                          pin_env if is_imgcopy(key) else None)
+                    rec = {"cache": cache, "round": rnd, "tool": key,
+                           "seconds": s if rc == 0 else None, "rc": rc}
+                    if rc != 0:
+                        rec["stderr"] = err[-2000:]
+                        log("  FAILED %s (rc %d): %s" % (label, rc, err[-500:]))
+                    else:
+                        times[key].append(s)
+                        if key not in out["checks"]:
+                            r = subprocess.run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw",
+                                                src, dst], capture_output=True, text=True)
+                            out["checks"][key] = rec["identical"] = (
+                                r.returncode == 0 and "identical" in r.stdout)
+                    out["runs"].append(rec)
+                    log("  round %d %-16s %s" % (rnd + 1, label, fmt_s(rec["seconds"])))
+            out["medians"][cache] = {k: med(v) for k, v in times.items()}
+            print_frag_table(src, scale, cache, tools, times, out["checks"], runs)
+    finally:
+        rm(dst)
+    return out
+
+
+def print_frag_table(src, scale, cache, tools, times, checks, runs) -> None:
+    ref = med(times.get("qemu-img-W-m8", []))
+    print()
+    print("== %s at scale %g (%s, %d clusters of 64 KiB in reverse order) -> new raw file; %s "
+          "source, %d rounds; `CMD && sync` ==" % (
+              FRAG, scale, human(os.path.getsize(src)), int(GiB * scale) // (64 * KiB), cache, runs))
+    print("%-18s %8s %8s %8s %12s  %s" % ("tool", "median", "min", "max", "/qemu -W -m8", "check"))
+    for key, label, _ in tools:
+        v = times[key]
+        m = med(v)
+        chk = checks.get(key)
+        print("%-18s %8s %8s %8s %12s  %s" % (
+            label, fmt_s(m), fmt_s(min(v) if v else None), fmt_s(max(v) if v else None),
+            fmt_ratio(m / ref if m and ref else None),
+            "-" if chk is None else "identical" if chk else "DIFFERS"))
+    im = med(times.get("imgcopy", []))
+    if cache == "cold" and im and ref:
+        print("aim: imgcopy <= %.1fx qemu-img -W -m 8 cold: %.2f, %s" % (
+            FRAG_AIM, im / ref, "met" if im / ref <= FRAG_AIM else "NOT met"))
+
+
+# --------------------------------------------------------------------------
 # main
 
 def add_common_arguments(ap: argparse.ArgumentParser, known_images: List[str],
@@ -541,9 +636,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--profile", nargs="?", const="sparse-6g.raw", default=None, metavar="IMAGE",
                     help="also run every tool once under strace -c -f and /usr/bin/time -v "
                     "(default image sparse-6g.raw)")
+    ap.add_argument("--frag", action="store_true",
+                    help="only the fragmented qcow2 of issue 25: %s at scale %g (--scale) to raw, "
+                    "against qemu-img -W -m 8, cold and warm (--cache)" % (FRAG, FRAG_SCALE))
     ap.add_argument("--json", help="write all raw timings here")
     a = ap.parse_args(argv)
 
+    if a.frag and a.scale is None:
+        a.scale = FRAG_SCALE
     scale, runs, corpus, images, python = common_choices(ap, a, IMAGES, quick_runs=3)
     caches = [c.strip() for c in a.cache.split(",") if c.strip()]
     for c in caches:
@@ -584,6 +684,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not core_path.startswith(pin_dir) or core_hash != venv_core:
             sys.exit("bench_convert: pinning imgcopy failed (%s)" % core_path)
 
+    if a.frag:
+        res = run_frag(python, pin_env, a.baseline, scale, runs, caches, a.corpus)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=1)
+        return 0 if all(res["checks"].values()) and all(
+            r["rc"] == 0 for r in res["runs"]) else 1
     manifest = build_corpus(python, corpus, scale, images)
     dst_dir = a.dst_dir or os.path.join(corpus, "bench-dst")
     os.makedirs(dst_dir, exist_ok=True)

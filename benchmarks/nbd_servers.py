@@ -2,7 +2,13 @@
 tests/servers.py is the full version): ``with NbdkitServer(...) as srv``
 starts nbdkit on a private Unix socket, returns once it listens (its pid
 file is written), and stops it on the way out, Ctrl-C included; the log
-filter's file is counted by :meth:`NbdkitServer.totals`."""
+filter's file is counted by :meth:`NbdkitServer.totals`.
+
+:func:`source_export` and :func:`target_export` build the two ends of a
+copy with a round trip added by the delay filter (the log filter first, so
+it counts what the client sent): a file served read-only with delayed reads
+and block status, multi-conn or one serialising connection (VDDK-like), and
+a memory disk with delayed writes and zeroes."""
 import os
 import re
 import shutil
@@ -14,23 +20,29 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 # "connection=N Kind id=N offset=0x.. count=0x.. ..." (a command as it arrives)
 _CMD = re.compile(r" connection=\d+ (\w+) id=\d+ offset=(0x[0-9a-f]+) count=(0x[0-9a-f]+)")
+_DISCONNECT = re.compile(r" connection=\d+ Disconnect transactions=(\d+)")
+# nbdkit's default --threads: requests handled at once on each connection
+THREADS = 16
 
 
 class NbdkitServer:
-    """nbdkit -f --exit-with-parent -P PID -U SOCK --filter=log [--filter=F ...]
-    PLUGIN ARGS... logfile=LOG, in its own session (the terminal's Ctrl-C
+    """nbdkit -f --exit-with-parent -P PID -U SOCK [OPTIONS] --filter=log
+    [--filter=F ...] PLUGIN ARGS... logfile=LOG, in its own session (the terminal's Ctrl-C
     goes to us; our finally stops it; if we are killed, --exit-with-parent)."""
 
     def __init__(self, plugin: str, args: Sequence[str] = (), filters: Sequence[str] = (),
-                 timeout: float = 20.0):
+                 timeout: float = 20.0, options: Sequence[str] = (), serialised: bool = False):
         self.dir = tempfile.mkdtemp(prefix="bench-nbd-", dir="/tmp")   # sun_path is short
         self.socket = os.path.join(self.dir, "sock")
         self.log = os.path.join(self.dir, "log")
         self.uri = "nbd+unix:///?socket=" + self.socket
         self.argv = (["nbdkit", "-f", "--exit-with-parent", "-P", os.path.join(self.dir, "pid"),
-                      "-U", self.socket, "--filter=log"] + ["--filter=" + f for f in filters]
-                     + [plugin] + list(args) + ["logfile=" + self.log])
+                      "-U", self.socket] + list(options) + ["--filter=log"]
+                     + ["--filter=" + f for f in filters] + [plugin] + list(args) + ["logfile=" + self.log])
         self.timeout = timeout
+        # serialised: one request at a time over all connections (noparallel
+        # serialize=all-requests); else THREADS at a time on each connection
+        self.serialised = serialised
         self.proc: Optional[subprocess.Popen] = None
 
     def __enter__(self):
@@ -97,6 +109,16 @@ class NbdkitServer:
             t[1] += int(count, 16)
         return text.count(" Connect "), out
 
+    def active_connections(self) -> int:
+        """Connections that sent at least one request (qemu-img probes first)."""
+        self._until(self._closed, "a client is still connected")
+        return sum(1 for n in _DISCONNECT.findall(self._log_text()) if int(n) > 0)
+
+    def server_concurrency(self, connections: int) -> int:
+        """Requests the server can have in progress at once for a client that
+        used `connections` connections."""
+        return 1 if self.serialised else THREADS * max(1, connections)
+
     def stop(self):
         """SIGTERM, SIGKILL after 5 s, reaped; the directory removed."""
         p, self.proc = self.proc, None
@@ -115,3 +137,26 @@ class NbdkitServer:
             raise
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def source_export(path: str, delay_ms: float, single: bool = False) -> NbdkitServer:
+    """`path` served read-only by the file plugin, every read and block-status
+    request delayed `delay_ms`.  single: one connection (multi-conn not
+    offered) and one request at a time over all connections, as a VDDK
+    source serves (noparallel serialize=all-requests)."""
+    filters, args = [], ["file=" + path]
+    if single:
+        filters += ["noparallel", "multi-conn"]
+        args += ["serialize=all-requests", "multi-conn-mode=disable"]
+    filters.append("delay")
+    args += ["delay-read=%gms" % delay_ms, "delay-extents=%gms" % delay_ms]
+    return NbdkitServer("file", args, filters=filters, options=["-r"],
+                        serialised=single)
+
+
+def target_export(size: int, delay_ms: float) -> NbdkitServer:
+    """A fresh all-zero memory disk of `size` bytes, every write, zero and
+    trim request delayed `delay_ms` (multi-conn, nbdkit's threads)."""
+    return NbdkitServer("memory", [str(size), "delay-write=%gms" % delay_ms,
+                                   "delay-zero=%gms" % delay_ms, "delay-trim=%gms" % delay_ms],
+                        filters=["delay"])
