@@ -3,10 +3,11 @@
  * the data in requests and hash it (blkhash.c folds the blocks in order,
  * whoever finishes first). */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "blkhash.h"
-#include "imgcopy.h"
+#include "image.h"
 #include "job.h"
 
 #define DEFAULT_THREADS 4
@@ -14,17 +15,29 @@
 #define MAX_THREADS 128
 #define MAX_REQUEST (64u << 20)
 #define BUFFER_ALIGN 4096u
+/* Reads in flight from a remote image, at most these bytes of buffers */
+#define REMOTE_BYTES_IN_FLIGHT (64ull << 20)
 
 struct item {
     uint64_t start, end;
+};
+
+/* A slot: its buffer, and the answer of its asynchronous read */
+struct slot {
+    struct ic_checksum *c;
+    unsigned index;
+    uint8_t *buf;
+    atomic_int failed;
+    struct ic_error err;
 };
 
 struct ic_checksum {
     struct ic_image *img;
     struct ic_blkhash *hash;
     uint64_t end, request_size;
-    uint8_t **buffers; /* one per slot */
-    unsigned nbuffers;
+    struct slot *slots;
+    unsigned nslots;
+    int aio; /* the image reads asynchronously: reads wait in no thread */
     struct ic_job *job;
 };
 
@@ -78,16 +91,55 @@ static int plan(struct ic_job *job, void *ctx, struct ic_error *err)
     return 0;
 }
 
-static int hash_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+static int hash_read(struct ic_checksum *c, struct slot *sl, const struct item *it,
+                     struct ic_error *err)
 {
-    struct ic_checksum *c = ctx;
-    const struct item *it = item;
     size_t len = (size_t)(it->end - it->start);
-    if (ic_image_pread(c->img, c->buffers[slot], len, it->start, err) < 0 ||
-        ic_blkhash_update(c->hash, it->start, c->buffers[slot], len, err) < 0)
+    if (ic_blkhash_update(c->hash, it->start, sl->buf, len, err) < 0)
         return -1;
     ic_job_add_progress(c->job, len);
     return 0;
+}
+
+static void read_done(void *ctx, const struct ic_error *err)
+{
+    struct slot *sl = ctx;
+    if (err) {
+        sl->err = *err;
+        atomic_store(&sl->failed, 1);
+    }
+    ic_job_item_resume(sl->c->job, sl->index);
+}
+
+static int hash_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    struct ic_checksum *c = ctx;
+    struct slot *sl = &c->slots[slot];
+    const struct item *it = item;
+    size_t len = (size_t)(it->end - it->start);
+    if (c->aio) {
+        atomic_store(&sl->failed, 0);
+        int r = ic_image_aio_pread(c->img, sl->buf, len, it->start, read_done, sl, err);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            return IC_JOB_PENDING;
+    }
+    if (ic_image_pread(c->img, sl->buf, len, it->start, err) < 0)
+        return -1;
+    return hash_read(c, sl, it, err);
+}
+
+/* The asynchronous read is in */
+static int hash_resumed(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    struct ic_checksum *c = ctx;
+    struct slot *sl = &c->slots[slot];
+    if (atomic_load(&sl->failed)) {
+        *err = sl->err;
+        return -1;
+    }
+    return hash_read(c, sl, item, err);
 }
 
 static uint64_t item_cost(void *ctx, const void *item)
@@ -101,15 +153,16 @@ static const struct ic_job_ops checksum_ops = {
     .item_size = sizeof(struct item),
     .plan = plan,
     .run = hash_item,
+    .resume = hash_resumed,
     .item_cost = item_cost,
 };
 
 static void free_checksum(struct ic_checksum *c)
 {
     ic_job_free(c->job);
-    for (unsigned i = 0; i < c->nbuffers; i++)
-        free(c->buffers[i]);
-    free(c->buffers);
+    for (unsigned i = 0; c->slots && i < c->nslots; i++)
+        free(c->slots[i].buf);
+    free(c->slots);
     ic_blkhash_free(c->hash);
     free(c);
 }
@@ -144,16 +197,33 @@ int ic_checksum_start(struct ic_image *img, const struct ic_checksum_options *op
     c->hash = hash;
     c->end = end;
     c->request_size = request;
-    c->buffers = calloc(threads, sizeof *c->buffers);
-    for (; c->buffers && c->nbuffers < threads; c->nbuffers++)
-        if (posix_memalign((void **)&c->buffers[c->nbuffers], BUFFER_ALIGN, request))
+    /* a remote image's reads are in flight by the connections' measure,
+     * not the threads' */
+    c->aio = ic_image_aio_reads(img);
+    unsigned slots = threads;
+    if (c->aio) {
+        uint64_t remote = ic_image_requests_in_flight(img);
+        uint64_t by_memory = REMOTE_BYTES_IN_FLIGHT / request;
+        if (remote > by_memory)
+            remote = by_memory;
+        if (remote > slots)
+            slots = remote < IC_JOB_MAX_CONCURRENCY ? (unsigned)remote : IC_JOB_MAX_CONCURRENCY;
+    }
+    c->slots = calloc(slots, sizeof *c->slots);
+    for (; c->slots && c->nslots < slots; c->nslots++) {
+        struct slot *sl = &c->slots[c->nslots];
+        sl->c = c;
+        sl->index = c->nslots;
+        atomic_init(&sl->failed, 0);
+        if (posix_memalign((void **)&sl->buf, BUFFER_ALIGN, request))
             break;
-    if (c->nbuffers < threads) {
+    }
+    if (c->nslots < slots) {
         free_checksum(c);
         return ic_error_nomem(err);
     }
-    struct ic_job_params params = {.concurrency = threads, .queue_depth = 2 * (size_t)threads,
-                                   .total = end, .pool = opt->pool};
+    struct ic_job_params params = {.concurrency = slots, .queue_depth = 2 * (size_t)slots,
+                                   .total = end, .pool = opt->pool, .threads = threads};
     if (ic_job_start(&checksum_ops, c, &params, &c->job, err) < 0) {
         free_checksum(c);
         return -1;

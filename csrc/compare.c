@@ -10,6 +10,7 @@
  * skipped. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,6 +18,7 @@
 #include "job.h"
 
 #define STEP_MAX (2u << 20) /* qemu-img's IO_BUF_SIZE */
+#define REMOTE_BYTES_IN_FLIGHT (64ull << 20)
 #define SECTOR 512u
 
 struct layer;
@@ -69,7 +71,23 @@ struct ic_compare {
     uint64_t *unfinished;
     size_t nunfinished, unfinished_cap;
     uint8_t *(*buffers)[2]; /* per slot: a step of each image */
+    struct pending *pending; /* per slot: its asynchronous reads */
     unsigned nslots;
+    int aio; /* an image reads asynchronously: reads wait in no thread */
+};
+
+/* A slot's step whose reads went out asynchronously (a remote image): the
+ * step is judged once both are in. */
+struct pending {
+    struct ic_compare *c;
+    unsigned slot;
+    atomic_uint reads;  /* not answered yet, plus one while submitting */
+    atomic_int failed[2];
+    struct ic_error err[2];
+    struct read_of {
+        struct pending *p;
+        int which; /* the image */
+    } of[2];
 };
 
 /* qemu's block status flags, bdrv_block_status_above()'s answer. */
@@ -451,6 +469,89 @@ static int plan_steps(struct ic_job *job, void *ctx, struct ic_error *err)
     return 0;
 }
 
+/* The step's outcome, once read (`failed`: the image whose read failed,
+ * or -1; `diff`: its first differing sector, or its length). */
+static void judge_step(struct ic_compare *c, const struct step *s, int moot, int failed,
+                       uint64_t diff, const struct ic_error *err)
+{
+    pthread_mutex_lock(&c->lock);
+    if (moot) {
+        /* nothing read */
+    } else if (s->kind == STEP_BOTH) {
+        c->bytes_read[0] += failed == 0 ? 0 : s->len;
+        c->bytes_read[1] += failed < 0 ? s->len : 0;
+    } else if (failed < 0) {
+        c->bytes_read[s->which] += s->len;
+    }
+    if (failed >= 0) {
+        fail_at(c, s->seq, failed, IC_COMPARE_FAIL_READ, s->off, s->in_tail, err);
+    } else if (diff < s->len) {
+        struct ic_compare_result r = {.outcome = IC_COMPARE_CONTENT, .offset = s->off + diff,
+                                      .in_tail = s->in_tail};
+        settle(c, s->seq, &r, NULL);
+    }
+    step_finished(c, s->seq);
+    pthread_mutex_unlock(&c->lock);
+    ic_job_add_progress(c->job, s->len);
+}
+
+/* The images a step reads, first to last */
+static int step_images(const struct step *s, int which[2])
+{
+    if (s->kind == STEP_BOTH) {
+        which[0] = 0;
+        which[1] = 1;
+        return 2;
+    }
+    which[0] = s->which;
+    return 1;
+}
+
+static void read_done(void *ctx, const struct ic_error *err)
+{
+    struct read_of *of = ctx;
+    struct pending *p = of->p;
+    if (err) {
+        p->err[of->which] = *err;
+        atomic_store(&p->failed[of->which], 1);
+    }
+    if (atomic_fetch_sub(&p->reads, 1) == 1)
+        ic_job_item_resume(p->c->job, p->slot);
+}
+
+/* Each read of the step, as qemu reads (zeros past a raw file's end):
+ * asynchronously where the image can (a remote one), else at once.  1:
+ * some are out (read_done resumes the slot once all are in); 0: all are
+ * in (a failure in p->failed), judge the step now. */
+static int submit_step(struct ic_compare *c, unsigned slot, const struct step *s)
+{
+    struct pending *p = &c->pending[slot];
+    int which[2], n = step_images(s, which);
+    atomic_store(&p->reads, 1);
+    for (int k = 0; k < n; k++) {
+        int i = which[k];
+        atomic_store(&p->failed[i], 0);
+        uint8_t *buf = c->buffers[slot][k];
+        uint64_t size = ic_image_size(c->img[i]);
+        uint64_t len = s->off >= size ? 0 : (size - s->off < s->len ? size - s->off : s->len);
+        memset(buf + len, 0, (size_t)(s->len - len));
+        int r = 0;
+        if (len && ic_image_aio_reads(c->img[i])) {
+            atomic_fetch_add(&p->reads, 1);
+            r = ic_image_aio_pread(c->img[i], buf, (size_t)len, s->off, read_done, &p->of[i],
+                                   &p->err[i]);
+            if (r <= 0)
+                atomic_fetch_sub(&p->reads, 1);
+        }
+        if (r == 0 && len && ic_image_pread(c->img[i], buf, (size_t)len, s->off, &p->err[i]) < 0)
+            r = -1;
+        if (r < 0)
+            atomic_store(&p->failed[i], 1);
+    }
+    /* the last answer may have come already: then nobody resumes us */
+    return atomic_fetch_sub(&p->reads, 1) != 1;
+}
+
 static int read_and_compare(void *ctx, unsigned slot, void *item, struct ic_error *unused)
 {
     (void)unused; /* a failure is an outcome of its step, not the job's */
@@ -459,28 +560,48 @@ static int read_and_compare(void *ctx, unsigned slot, void *item, struct ic_erro
     pthread_mutex_lock(&c->lock);
     int moot = c->best.known && c->best.seq < s.seq; /* an earlier outcome wins */
     pthread_mutex_unlock(&c->lock);
+    if (!moot && c->aio && submit_step(c, slot, &s) > 0)
+        return IC_JOB_PENDING;
     struct ic_error err = {0};
     uint64_t diff = s.len;
-    int failed = moot ? -1 : read_step(c, c->buffers[slot], &s, &diff, &err);
-    pthread_mutex_lock(&c->lock);
-    if (moot) {
-        /* nothing read */
-    } else if (s.kind == STEP_BOTH) {
-        c->bytes_read[0] += failed == 0 ? 0 : s.len;
-        c->bytes_read[1] += failed < 0 ? s.len : 0;
-    } else if (failed < 0) {
-        c->bytes_read[s.which] += s.len;
+    int failed = -1;
+    if (!moot && c->aio) { /* read at once, synchronously or not */
+        int which[2], n = step_images(&s, which);
+        for (int k = 0; k < n && failed < 0; k++)
+            if (atomic_load(&c->pending[slot].failed[which[k]])) {
+                failed = which[k];
+                err = c->pending[slot].err[which[k]];
+            }
+        if (failed < 0)
+            diff = first_difference(c->buffers[slot][0],
+                                    n == 2 ? c->buffers[slot][1] : NULL, s.len);
+    } else if (!moot) {
+        failed = read_step(c, c->buffers[slot], &s, &diff, &err);
     }
-    if (failed >= 0) {
-        fail_at(c, s.seq, failed, IC_COMPARE_FAIL_READ, s.off, s.in_tail, &err);
-    } else if (diff < s.len) {
-        struct ic_compare_result r = {.outcome = IC_COMPARE_CONTENT, .offset = s.off + diff,
-                                      .in_tail = s.in_tail};
-        settle(c, s.seq, &r, NULL);
-    }
-    step_finished(c, s.seq);
-    pthread_mutex_unlock(&c->lock);
-    ic_job_add_progress(c->job, s.len);
+    judge_step(c, &s, moot, failed, diff, &err);
+    return 0;
+}
+
+/* Every asynchronous read of a slot's step is in */
+static int compare_resumed(void *ctx, unsigned slot, void *item, struct ic_error *unused)
+{
+    (void)unused;
+    struct ic_compare *c = ctx;
+    const struct step s = *(const struct step *)item;
+    struct pending *p = &c->pending[slot];
+    int which[2], n = step_images(&s, which);
+    int failed = -1;
+    struct ic_error err = {0};
+    uint64_t diff = s.len;
+    for (int k = 0; k < n && failed < 0; k++)
+        if (atomic_load(&p->failed[which[k]])) {
+            failed = which[k];
+            err = p->err[which[k]];
+        }
+    if (failed < 0)
+        diff = first_difference(c->buffers[slot][0], n == 2 ? c->buffers[slot][1] : NULL,
+                                s.len);
+    judge_step(c, &s, 0, failed, diff, &err);
     return 0;
 }
 
@@ -496,6 +617,7 @@ static const struct ic_job_ops compare_ops = {
     .item_size = sizeof(struct step),
     .plan = plan_steps,
     .run = read_and_compare,
+    .resume = compare_resumed,
     .discard = drop_step,
 };
 
@@ -513,6 +635,7 @@ static void free_compare(struct ic_compare *c)
         free(c->buffers[i][1]);
     }
     free(c->buffers);
+    free(c->pending);
     pthread_mutex_destroy(&c->lock);
     free(c->prog);
     free(c->prog_seq);
@@ -563,7 +686,19 @@ int ic_compare_start(struct ic_image *a, struct ic_image *b, const struct ic_com
         *out = c;
         return 0;
     }
+    /* a remote image's steps are in flight by its connections' measure
+     * (two buffers of a step each, within REMOTE_BYTES_IN_FLIGHT), not
+     * the threads' */
     unsigned n = opt->concurrency;
+    c->aio = ic_image_aio_reads(a) || ic_image_aio_reads(b);
+    if (c->aio) {
+        unsigned ra = ic_image_requests_in_flight(a), rb = ic_image_requests_in_flight(b);
+        uint64_t remote = ra > rb ? ra : rb, by_memory = REMOTE_BYTES_IN_FLIGHT / (2 * STEP_MAX);
+        if (remote > by_memory)
+            remote = by_memory;
+        if (remote > n)
+            n = (unsigned)remote;
+    }
     size_t depth = 2 * (size_t)n;
     c->unfinished_cap = depth + n + 1;
     c->unfinished = calloc(c->unfinished_cap, sizeof *c->unfinished);
@@ -576,13 +711,21 @@ int ic_compare_start(struct ic_image *a, struct ic_image *b, const struct ic_com
             break;
         }
     }
-    if (!c->unfinished || !c->buffers || !c->buffers[n - 1][1]) {
+    c->pending = calloc(n, sizeof *c->pending);
+    for (unsigned i = 0; c->pending && i < n; i++) {
+        struct pending *p = &c->pending[i];
+        p->c = c;
+        p->slot = i;
+        for (int k = 0; k < 2; k++)
+            p->of[k] = (struct read_of){p, k};
+    }
+    if (!c->unfinished || !c->buffers || !c->pending || !c->buffers[n - 1][1]) {
         free_compare(c);
         return ic_error_nomem(err);
     }
     uint64_t total = c->qlen[0] < c->qlen[1] ? c->qlen[1] : c->qlen[0];
     struct ic_job_params params = {.concurrency = n, .queue_depth = depth, .total = total,
-                                   .pool = opt->pool};
+                                   .pool = opt->pool, .threads = opt->concurrency};
     if (ic_job_start(&compare_ops, c, &params, &c->job, err) < 0) {
         free_compare(c);
         return -1;

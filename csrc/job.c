@@ -42,7 +42,8 @@ struct ic_job {
     pthread_cond_t finished; /* CLOCK_MONOTONIC */
     pthread_t planner;
     int planner_started, planner_done;
-    int state, stopped, failed, cancelled, interrupted;
+    int state, stopped, failed, cancelled;
+    int interrupting; /* stopped, its interrupt handler not yet returned */
     struct ic_error error;
 
     uint64_t total;
@@ -142,12 +143,14 @@ static void record_error(struct ic_job *job, const struct ic_error *err)
 static void end_if_drained(struct ic_job *job);
 
 /* The job stops: no item starts any more, waits wake (lock held; the
- * interrupt handler runs after the caller unlocks). */
+ * interrupt handler runs after the caller unlocks, and the job does not
+ * end before it returned: interrupt_done). */
 static int stop(struct ic_job *job)
 {
     if (job->stopped)
         return 0;
     job->stopped = 1;
+    job->interrupting = 1;
     pthread_cond_broadcast(&job->space);
     return 1;
 }
@@ -165,7 +168,7 @@ static void end_if_drained(struct ic_job *job)
 {
     struct ic_pool *pool = job->pool;
     if (job->state != JOB_RUNNING || !job->planner_done || job->running ||
-        (!job->stopped && job->qcount))
+        job->interrupting || (!job->stopped && job->qcount))
         return;
     job->state = JOB_ENDING;
     size_t isz = job->ops->item_size;
@@ -215,6 +218,7 @@ static void item_finished(struct ic_job *job, unsigned slot, int failed,
     if (stopped_now) {
         interrupt(job);
         pthread_mutex_lock(&pool->lock);
+        job->interrupting = 0;
         end_if_drained(job);
         pthread_mutex_unlock(&pool->lock);
     }
@@ -474,6 +478,7 @@ static void stop_with(struct ic_job *job, const struct ic_error *err)
     if (stopped_now) {
         interrupt(job);
         pthread_mutex_lock(&job->pool->lock);
+        job->interrupting = 0;
         end_if_drained(job);
         pthread_mutex_unlock(&job->pool->lock);
     }

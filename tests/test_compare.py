@@ -414,7 +414,8 @@ def test_ctrl_c_stops_a_long_compare(tmp_path):
     import signal
     import subprocess
     import sys
-    with nbdkit("pattern", "64M", "rdelay=200ms", filters=["delay"], log=False) as srv:
+    # 4 GiB: steps of 2 MiB, 200 ms a read, some 16 in flight: a minute
+    with nbdkit("pattern", "4G", "rdelay=200ms", filters=["delay"], log=False) as srv:
         p = subprocess.Popen([sys.executable, "-m", "imgcopy", "compare", "-f", "raw", "-F",
                               "raw", srv.uri, srv.uri], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)

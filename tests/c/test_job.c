@@ -367,6 +367,114 @@ static void test_pending_items(void)
     free_counting(t);
 }
 
+/* Items that wait without a thread: run() leaves each pending, an I/O
+ * thread resumes it, resume() ends it on a pool thread.  Far more items
+ * are in flight than the pool has threads. */
+struct resumed {
+    struct ic_job *job;
+    pthread_t io;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    unsigned waiting[IC_JOB_MAX_CONCURRENCY], nwaiting, max_waiting;
+    int quit;
+    atomic_uint resumed[MAX_ITEMS], on_io_thread;
+};
+
+static int resumed_plan(struct ic_job *job, void *ctx, struct ic_error *err)
+{
+    (void)ctx;
+    (void)err;
+    for (unsigned i = 0; i < 2000; i++)
+        if (ic_job_push(job, &(struct item){.index = i}) < 0)
+            return 0;
+    return 0;
+}
+
+static int resumed_run(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    (void)item;
+    (void)err;
+    struct resumed *r = ctx;
+    pthread_mutex_lock(&r->lock);
+    r->waiting[r->nwaiting++] = slot;
+    if (r->nwaiting > r->max_waiting)
+        r->max_waiting = r->nwaiting;
+    /* let a good number gather before the I/O thread answers */
+    if (r->nwaiting >= 24)
+        pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+    return IC_JOB_PENDING;
+}
+
+static int resumed_end(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    (void)slot;
+    (void)err;
+    struct resumed *r = ctx;
+    const struct item *it = item;
+    if (pthread_equal(pthread_self(), r->io))
+        atomic_fetch_add(&r->on_io_thread, 1);
+    atomic_fetch_add(&r->resumed[it->index], 1);
+    ic_job_add_progress(r->job, 1);
+    return 0;
+}
+
+static void *resumer(void *arg)
+{
+    struct resumed *r = arg;
+    pthread_mutex_lock(&r->lock);
+    for (;;) {
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 2000000;
+        if (t.tv_nsec >= 1000000000) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000;
+        }
+        while (r->nwaiting < 24 && !r->quit)
+            if (pthread_cond_timedwait(&r->cond, &r->lock, &t) == ETIMEDOUT)
+                break; /* the tail: fewer than 24 left */
+        if (r->quit && !r->nwaiting)
+            break;
+        while (r->nwaiting)
+            ic_job_item_resume(r->job, r->waiting[--r->nwaiting]);
+    }
+    pthread_mutex_unlock(&r->lock);
+    return NULL;
+}
+
+static void test_resumed_items(void)
+{
+    static struct resumed r;
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.lock, NULL);
+    pthread_cond_init(&r.cond, NULL);
+    static const struct ic_job_ops rops = {
+        .item_size = sizeof(struct item), .plan = resumed_plan, .run = resumed_run,
+        .resume = resumed_end,
+    };
+    struct ic_job_params p = {.concurrency = 32, .threads = 2, .total = 2000};
+    struct ic_error err = {0};
+    CHECK(pthread_create(&r.io, NULL, resumer, &r) == 0, "resumer");
+    CHECK(ic_job_start(&rops, &r, &p, &r.job, &err) == 0, "start: %s", err.msg);
+    CHECK(ic_job_finish(r.job, &err) == 0, "finish: %s", err.msg);
+    pthread_mutex_lock(&r.lock);
+    r.quit = 1;
+    pthread_cond_signal(&r.cond);
+    pthread_mutex_unlock(&r.lock);
+    pthread_join(r.io, NULL);
+    for (unsigned i = 0; i < 2000; i++)
+        CHECK(r.resumed[i] == 1, "item %u resumed %u times", i, r.resumed[i]);
+    CHECK(r.max_waiting >= 24, "only %u items waited at once on 2 threads", r.max_waiting);
+    CHECK(r.on_io_thread == 0, "resume ran on the I/O thread");
+    uint64_t done, total;
+    ic_job_progress(r.job, &done, &total);
+    CHECK(done == 2000, "done %llu", (unsigned long long)done);
+    ic_job_free(r.job);
+    pthread_cond_destroy(&r.cond);
+    pthread_mutex_destroy(&r.lock);
+}
+
 static void test_bad_params(void)
 {
     struct counting *t = new_counting(1);
@@ -396,6 +504,7 @@ int main(void)
     test_shared_pool();
     test_budget();
     test_pending_items();
+    test_resumed_items();
     test_bad_params();
     printf("test_job: %lu checks passed\n", check_count);
     return 0;

@@ -1,0 +1,158 @@
+"""Requests in flight to remote endpoints (issue 25): reads of an NBD
+source are submitted ahead and wait in no thread, so their number does not
+depend on the worker threads; a costly source's short holes are read
+through, without changing a single request the destination sees."""
+import os
+import random
+
+import pytest
+
+import imgcopy
+
+from .oracles import assert_same_content, qemu_img
+from .servers import needs_nbdkit, nbdkit
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def max_overlap(requests, kind):
+    """The most requests of `kind` the server held at once (by the log's
+    start and end times)."""
+    events = []
+    for r in requests:
+        if r.kind == kind and r.done:
+            events += [(r.start, 1), (r.end, -1)]
+    events.sort(key=lambda e: (e[0], e[1]))
+    most = now = 0
+    for _, step in events:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def runs_file(path, size, data, hole, seed):
+    """`size` bytes: `data` bytes of random data every `data + hole`."""
+    rng = random.Random(seed)
+    with open(path, "wb") as f:
+        f.truncate(size)
+        for off in range(0, size - data + 1, data + hole):
+            f.seek(off)
+            f.write(rng.randbytes(data))
+    return path
+
+
+def source_export(path, delay_ms):
+    return nbdkit("file", str(path), "delay-read=%dms" % delay_ms,
+                  "delay-extents=%dms" % delay_ms, filters=["delay"], extra=["-r"])
+
+
+@needs_nbdkit
+def test_reads_in_flight_do_not_wait_for_threads(tmp_path):
+    """One worker thread, 20 ms a read: the copy still keeps many reads at
+    the server at once (before, one)."""
+    src = tmp_path / "src.raw"
+    with open(src, "wb") as f:
+        f.write(random.Random(1).randbytes(4 * MiB))
+    with source_export(src, 20) as srv:
+        res = imgcopy.convert(srv.uri, tmp_path / "out.raw", src_format="raw",
+                              concurrency=1, request_size="64k")
+        reads = srv.requests("Read")
+    assert_same_content(src, tmp_path / "out.raw", "raw", "raw")
+    assert res.read_requests == len(reads) == 64
+    assert max_overlap(reads, "Read") >= 8
+
+
+@needs_nbdkit
+def test_checksum_and_compare_read_ahead(tmp_path):
+    src = tmp_path / "src.raw"
+    with open(src, "wb") as f:
+        f.write(random.Random(2).randbytes(8 * MiB))
+    with source_export(src, 20) as srv:
+        assert imgcopy.checksum(srv.uri, format="raw", threads=1) == imgcopy.checksum(src)
+        in_checksum = max_overlap(srv.requests("Read"), "Read")
+    with source_export(src, 20) as srv:
+        result = imgcopy.compare(srv.uri, src, a_format="raw", b_format="raw", concurrency=1)
+        in_compare = max_overlap(srv.requests("Read"), "Read")
+    assert result.identical
+    assert in_checksum >= 4 and in_compare >= 3
+
+
+@needs_nbdkit
+def test_compare_of_remote_images_finds_the_first_difference(tmp_path):
+    """Steps answered out of order still report the first difference."""
+    a = tmp_path / "a.raw"
+    rng = random.Random(3)
+    with open(a, "wb") as f:
+        f.write(rng.randbytes(16 * MiB))
+    b = tmp_path / "b.raw"
+    b.write_bytes(a.read_bytes())
+    with open(b, "r+b") as f:
+        for off in (13 * MiB + 4097, 5 * MiB + 700, 9 * MiB):
+            f.seek(off)
+            f.write(b"\xff")
+    expected = imgcopy.compare(a, b, a_format="raw", b_format="raw")
+    with source_export(a, 5) as sa, source_export(b, 5) as sb:
+        got = imgcopy.compare(sa.uri, sb.uri, a_format="raw", b_format="raw")
+    assert not got.identical and got.offset == expected.offset == 5 * MiB + 512
+
+
+@needs_nbdkit
+@pytest.mark.parametrize("delay_ms", [0, 20])
+def test_short_holes_read_through_change_no_write(tmp_path, delay_ms):
+    """At 20 ms a round trip, 48 KiB holes between 64 KiB runs are read
+    through: fewer reads than runs, and the destination gets exactly the
+    requests a copy of the file itself sends.  On a local socket (no
+    delay) nothing is read through: no hole is read."""
+    src = runs_file(tmp_path / "src.raw", 8 * MiB, 64 * KiB, 48 * KiB, seed=4)
+    runs = len([e for e in imgcopy.map(src) if e.data])
+
+    def writes(source, fmt):
+        with nbdkit("memory", "8M") as dst:
+            imgcopy.convert(source, dst.uri, src_format=fmt, dst_format="raw", create=False)
+            reqs = [(r.kind, r.offset, r.count) for r in dst.requests()
+                    if r.kind in ("Write", "Zero", "Trim")]
+            qemu_img("compare", "-f", "raw", "-F", "raw", str(src), dst.uri)
+        return sorted(reqs)
+
+    direct = writes(src, "raw")
+    with source_export(src, delay_ms) as srv:
+        through = writes(srv.uri, "raw")
+        reads = srv.requests("Read")
+    assert through == direct
+    read_bytes = sum(r.count for r in reads)
+    if delay_ms:
+        assert len(reads) < runs / 2
+        assert read_bytes > runs * 64 * KiB  # holes too
+    else:
+        assert len(reads) == runs and read_bytes == runs * 64 * KiB
+
+
+@needs_nbdkit
+def test_remote_source_into_qcow2_in_guest_order(tmp_path):
+    """Many items in flight, few threads, host clusters placed in guest
+    order: the image checks clean, its data clusters lie in guest order."""
+    src = runs_file(tmp_path / "src.raw", 16 * MiB, 192 * KiB, 64 * KiB, seed=5)
+    out = tmp_path / "out.qcow2"
+    with source_export(src, 2) as srv:
+        imgcopy.convert(srv.uri, out, src_format="raw", dst_format="qcow2", concurrency=2,
+                        request_size="256k")
+    qemu_img("check", str(out))
+    assert_same_content(src, out, "raw", "qcow2")
+    hosts = [e.host_offset for e in imgcopy.map(out) if e.data]
+    assert hosts == sorted(hosts)
+
+
+@needs_nbdkit
+def test_remote_to_remote_in_order_writes(tmp_path):
+    """NBD to NBD, writes in guest order (-W off), the read buffers going
+    out as the writes' bytes: the target equals the source."""
+    src = runs_file(tmp_path / "src.raw", 8 * MiB, 100 * KiB, 28 * KiB, seed=6)
+    with source_export(src, 3) as s, nbdkit("memory", "8M", "delay-write=3ms",
+                                            filters=["delay"]) as d:
+        res = imgcopy.convert(s.uri, d.uri, src_format="raw", dst_format="raw", create=False,
+                              out_of_order=False, concurrency=1)
+        qemu_img("compare", "-f", "raw", "-F", "raw", str(src), d.uri)
+        writes = [r for r in d.requests("Write")]
+    assert res.write_requests == len(writes)
+    assert max_overlap(writes, "Write") >= 2
+    assert os.path.getsize(src) == 8 * MiB
