@@ -9,7 +9,7 @@ try:
     from .checksum import ChecksumMismatch, checksum, checksum_algorithms
     from .extents import Extent, ExtentMap
     from .features import features
-    from .image import Bitmap, Image, map, open
+    from .image import Bitmap, Image, dirty_map, map, open
     from .info import ImageInfo, info
     from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
     from .plan import CopyPlan, Request, plan
@@ -21,7 +21,7 @@ except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a trace
 
 __all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
-           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
+           "convert", "dirty_map", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
            "CheckResult", "check", "compression_libraries", "features"]
