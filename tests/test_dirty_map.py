@@ -22,6 +22,7 @@ import pytest
 
 import imgcopy
 from imgcopy import ImageFormatError
+from .fuzz import hostile
 from .gen.qcow2_meta import bitmap_entry, bitmap_patch, bitmap_table
 from .oracles import QEMU_NBD, needs_qemu, qemu_img, qemu_io, run
 from .servers import NBDINFO, needs_qemu_nbd, qemu_nbd
@@ -154,6 +155,19 @@ def test_bits_in_qemus_order(tmp_path):
     assert want[-1] == (6 * MiB + 15 * 512, size - 6 * MiB - 15 * 512, True)
     bitmap_patch(path, "fine", table_entry=(2, 0))        # no cluster: all zeros
     assert mine(path, "fine") == qemu_dirty(path, ["fine"])["fine"]
+
+
+def test_hostile_table_entries_as_qemu_reads_them(tmp_path):
+    """A table naming a refcount block, a cluster of ones, a cluster far
+    past the end of the file and one of alternating granules (hostile.py):
+    qemu opens the image and exports the bitmap; imgcopy reads the same."""
+    path = str(tmp_path / "h.qcow2")
+    with open(path, "wb") as f:
+        f.write(hostile.CASES_BY_NAME["bitmap-bits-anywhere"].build())
+    want = qemu_dirty(path, ["b"])["b"]
+    assert (2 * MiB, 2 * MiB, True) in want and (4 * MiB, 2 * MiB, False) in want
+    assert (8 * 512, 512, True) in want          # the refcount block's first 1 (0x0001)
+    assert mine(path, "b") == want
 
 
 def test_windows_of_the_map(tmp_path):
