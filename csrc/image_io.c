@@ -183,14 +183,18 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
 
 /* The bitmap `name` can be read as a dirty map: the driver reads bitmaps,
  * has one of that name, and qemu would use it.  Otherwise the error says
- * which bitmaps there are. */
+ * which bitmaps there are.  A driver that does not list its bitmaps (a
+ * remote export, where listing costs a connection) checks the name itself
+ * when it reads the bitmap. */
 static int dirty_bitmap_usable(struct ic_image *img, const char *name, struct ic_error *err)
 {
     if (!name)
         return ic_error_value(err, "a dirty map needs a bitmap's name");
-    if (!img->drv->dirty_status || !img->drv->bitmaps)
+    if (!img->drv->dirty_status)
         return ic_error_value(err, "%s: %s images keep no persistent dirty bitmaps "
                               "(no bitmap '%.64s')", img->path, ic_image_format(img), name);
+    if (!img->drv->bitmaps)
+        return 0;
     size_t n = img->drv->bitmaps(img, NULL, 0);
     struct ic_bitmap *list = n ? calloc(n, sizeof *list) : NULL;
     if (n && !list)

@@ -298,7 +298,8 @@ size_t ic_image_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap)
  * (never its backing chain's) marks guest bytes changed since it was
  * started.  Extents of a dirty map carry IC_EXT_DIRTY (changed) or no flag
  * (clean), depth 0, no host offset; a bitmap marks whole granules, so
- * dirty ranges start and end on its granularity (or the image's end).
+ * dirty ranges start and end on its granularity (or where the range asked
+ * for starts or ends, or at the image's end).
  *
  * The errors, whatever the image's driver (a qcow2 image's bitmaps
  * extension, an NBD export's qemu:dirty-bitmap:NAME contexts):
