@@ -47,6 +47,7 @@ struct nbd_request {
     int refused;  /* libnbd refused it: it never went out (a dead connection) */
     struct nbd_conn *conn; /* the connection it went to */
     int waited; /* the caller waits: it frees the request */
+    uint64_t t0; /* sent (CLOCK_MONOTONIC ns): its round trip is measured */
     struct nbd_aio *aio; /* asynchronous: told at completion, then freed */
     int done;
     int error;
@@ -54,6 +55,22 @@ struct nbd_request {
     uint32_t *alloc, *depth;
     size_t nalloc, ndepth;
     struct nbd_request *next;
+};
+
+/* Block status asked ahead (nbd_status.c): lanes, each walking a region
+ * of the disk one answer after another, several regions at once */
+#define STATUS_LANES 8
+struct status_lane {
+    uint64_t next, end;           /* what the lane has still to ask */
+    struct nbd_request query;     /* the question in flight (sent) */
+    int sent;
+    struct ic_extent_list answer; /* answers in, contiguous from `from` */
+    uint64_t from, to;
+};
+struct nbd_status_ahead {
+    /* used by block status only, which the extent cache serialises */
+    struct status_lane lanes[STATUS_LANES];
+    uint64_t region; /* a lane's share (0: answers come whole: none) */
 };
 
 struct nbd_conn {
@@ -101,6 +118,7 @@ struct nbd_state {
     /* the shortest round trip seen of a small request (ns; 0: none yet):
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
+    struct nbd_status_ahead ahead;
 };
 
 static inline struct nbd_state *nbd_state_of(struct ic_image *img)
@@ -117,9 +135,17 @@ void nbd_shut_down(struct nbd_conn *c);
 void *nbd_conn_thread(void *arg);
 void nbd_wake(struct nbd_conn *c);
 int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
+int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
+int nbd_wait(struct nbd_state *st, struct nbd_request *r);
 int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
+/* nbd_status.c */
+int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                     struct ic_extent_list *out, struct ic_error *err);
+/* after every connection stopped */
+void nbd_status_free(struct nbd_state *st);
+/* nbd_conn.c */
 int nbd_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
                   ic_aio_done_fn *done, void *ctx, struct ic_error *err);
 int nbd_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,
