@@ -374,6 +374,15 @@ const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
+/* A byte range (offset, length) */
+struct ic_range {
+    uint64_t offset, length;
+};
+/* Sort ranges and merge those that overlap or touch, dropping empty ones,
+ * in place (*n becomes their number); -1 with a value error naming the
+ * first that reaches past `size`. */
+int ic_ranges_normalize(struct ic_range *r, size_t *n, uint64_t size, struct ic_error *err);
+
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
@@ -397,7 +406,18 @@ struct ic_copy_options {
     /* optional: run on this pool (job.h), shared with other jobs, under its
      * budget of bytes in flight; NULL: threads of the copy's own */
     struct ic_pool *pool;
+    /* Copy only these ranges of the source (a warm migration's changes):
+     * every other destination byte is left as it is.  Any order, overlaps
+     * allowed; ic_copy_start() sorts and merges a copy of them and refuses
+     * one past the source's end.  has_changed 0: the whole source. */
+    const struct ic_range *changed;
+    size_t nchanged;
+    int has_changed;
+    /* Read the destination too and write only the blocks of this size
+     * (guest-aligned) where it differs from the source; 0: off. */
+    uint64_t compare_block_size;
 };
+
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
@@ -433,6 +453,9 @@ struct ic_copy_stats {
     uint64_t write_requests;
     uint64_t zero_requests;
     uint64_t extents;  /* source extents (data/zero runs) */
+    uint64_t bytes_changed;  /* what was to be copied: the source, or its changed ranges */
+    uint64_t bytes_compared; /* compare mode: destination bytes read and compared */
+    uint64_t bytes_equal;    /* of them, in blocks equal to the source's (not written) */
     uint64_t done;     /* destination bytes dealt with so far */
     uint64_t total;
     char checksum[IC_CHECKSUM_HEX_MAX]; /* ic_copy_finish(): "" unless asked for */

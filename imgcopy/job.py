@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
 
 from . import _core
+from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
 from .image import Image, PathArg, _check_format
@@ -43,6 +44,12 @@ class CopyResult:
     # of bytes_skipped: zeros the destination read already (its block
     # status said so), so no zero request was sent
     bytes_already_zero: int = 0
+    # what was to be copied: the source's size, or its changed ranges';
+    # changed="compare": the destination bytes read and compared, and of
+    # them those in blocks equal to the source's (left alone)
+    bytes_changed: int = 0
+    bytes_compared: int = 0
+    bytes_equal: int = 0
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
     # checksum=: the source's blkhash (hex), from what the copy read;
     # verify=True: the destination's, read back after the copy
@@ -111,7 +118,8 @@ class CopySteps:
                  layout_keywords: Optional[Dict[str, Any]] = None,
                  progress: Progress = None, checksum: Union[bool, str, None] = None,
                  checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
-                 verify: bool = False, request_log: bool = False) -> None:
+                 verify: bool = False, request_log: bool = False,
+                 changed: Any = None, compare_block_size: Optional[Size] = None) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -125,6 +133,9 @@ class CopySteps:
         self._checksum, self._checksum_block_size = checksum, checksum_block_size
         self.verify_after = verify
         self.request_log = request_log
+        self._changed, self._compare_block_size = changed, compare_block_size
+        self.changed: Optional[bytes] = None  # packed ranges (validate)
+        self.compare_block = 0
         # what the steps find and make
         self.algorithm: Optional[str] = None
         self.block_size = 0
@@ -167,6 +178,9 @@ class CopySteps:
             if self.block_size == 0:  # the C core's "default"
                 raise ValueError("checksum block size must be even, from 2 bytes, not 0")
             _core.checksum_check(self.algorithm, self.block_size)
+        self.compare_block = compare_block(self._changed, self._compare_block_size)
+        if self._changed is not None and not self.compare_block:
+            self.changed, _ = pack_ranges(self._changed)
         dst_format = self.dst_format
         if dst_format is not None and dst_format not in DEST_FORMATS:
             raise ValueError(f"unknown destination format {dst_format!r} "
@@ -264,12 +278,18 @@ class CopySteps:
         takes it); the options it ran with replace the ones asked for."""
         source, core = self._open_source(), self._open_destination()
         logged: Dict[str, Any] = {"offload": False, "flush": False} if self.request_log else {}
+        # a copy of the changes reads only them: the checksum of the whole
+        # source is made apart (verify)
+        in_copy = self.algorithm if self.changed is None else None
         self.report = _core.copy(source._img, core, progress=_progress_adapter(bar),
-                                 checksum=self.algorithm,
-                                 checksum_block_size=self.block_size, log=self.request_log,
+                                 checksum=in_copy, checksum_block_size=self.block_size,
+                                 log=self.request_log, changed=self.changed,
+                                 compare_block_size=self.compare_block,
                                  **self.options.engine_options(**logged))
         self.options = self.options.ran_with(self.report["options"])
         self.cache = source.cache_stats()
+        if self.algorithm is not None and in_copy is None:
+            self.report["checksum"] = image_checksum(source, self.algorithm, self.block_size)
 
     def commit(self) -> None:
         """The destination finished (flushed unless told not to)."""
@@ -366,6 +386,7 @@ def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
                 elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
                 lseek_calls=cache["lseek_calls"],
                 bytes_already_zero=report["bytes_already_zero"], options=options,
-                checksum=report.get("checksum"))
+                checksum=report.get("checksum"), bytes_changed=report["bytes_changed"],
+                bytes_compared=report["bytes_compared"], bytes_equal=report["bytes_equal"])
         except KeyboardInterrupt:
             continue

@@ -176,34 +176,65 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     return report;
 }
 
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt);
+
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
-                             "checksum_block_size", NULL};
+                             "checksum_block_size", "changed", "compare_block_size", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *progress = Py_None, *report = NULL;
+    PyObject *progress = Py_None, *changed = Py_None;
     int log = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
+    struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&:copy", kwlist,
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&:copy", kwlist,
                                                      st->image_type, &src, st->image_type,
                                                      &dst, &progress, &log, &opt.checksum,
-                                                     u64_converter, &checksum_block);
+                                                     u64_converter, &checksum_block, &changed,
+                                                     u64_converter, &compare_block);
     opt.checksum_block_size = checksum_block.value;
+    opt.compare_block_size = compare_block.value;
     Py_XDECREF(rest);
     if (!parsed)
         return NULL;
+    /* changed: packed (offset, length) pairs of native uint64, or None */
+    Py_buffer ranges = {0};
+    if (changed != Py_None) {
+        if (PyObject_GetBuffer(changed, &ranges, PyBUF_SIMPLE) < 0)
+            return NULL;
+        if (ranges.len % (Py_ssize_t)sizeof(struct ic_range)) {
+            PyBuffer_Release(&ranges);
+            return PyErr_Format(PyExc_ValueError, "copy() changed ranges must be packed "
+                                "(offset, length) pairs of 64-bit integers");
+        }
+        opt.changed = ranges.buf;
+        opt.nchanged = (size_t)ranges.len / sizeof(struct ic_range);
+        opt.has_changed = 1;
+    }
+    PyObject *copied = copy_images(st, src, dst, progress, log, &opt);
+    if (changed != Py_None)
+        PyBuffer_Release(&ranges);
+    return copied;
+}
+
+/* copy() once its arguments are parsed */
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt)
+{
+    PyObject *report = NULL;
     if (progress != Py_None && !PyCallable_Check(progress))
         return PyErr_Format(PyExc_TypeError, "copy() argument 'progress' must be callable");
-    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = &opt, .img = image_usable(src)};
+    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = opt, .img = image_usable(src)};
     if (!copy.img || !(copy.dst = image_usable(dst)))
         return NULL;
     if (src == dst)
         return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
-    if (log && !(opt.log = ic_request_log_new()))
+    if (log && !(opt->log = ic_request_log_new()))
         return PyErr_NoMemory();
     image_enter(src);
     image_enter(dst);
@@ -221,11 +252,11 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         if (!python_error && ret == 0 &&
             glue_report(progress, copy.stats.done, copy.stats.total) == 0 &&
             PyErr_CheckSignals() == 0)
-            report = copy_report(&copy.stats, opt.log, &used);
+            report = copy_report(&copy.stats, opt->log, &used);
     }
     image_leave(src);
     image_leave(dst);
-    ic_request_log_free(opt.log);
+    ic_request_log_free(opt->log);
     return report;
 }
 
