@@ -21,6 +21,7 @@ enum {
     IC_EXT_PRESENT = 1u << 2,      /* allocated at `depth` of the chain     */
     IC_EXT_OFFSET_VALID = 1u << 3, /* host_offset means something           */
     IC_EXT_COMPRESSED = 1u << 4,
+    IC_EXT_DIRTY = 1u << 5, /* a dirty map's: changed since the bitmap began */
 };
 
 struct ic_extent {

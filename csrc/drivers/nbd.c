@@ -22,7 +22,7 @@
 
 /* ---- opening ------------------------------------------------------------ */
 
-static void stop_conn(struct nbd_state *st, struct nbd_conn *c)
+void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c)
 {
     if (c->thread_started) {
         pthread_mutex_lock(&st->lock);
@@ -45,8 +45,9 @@ static void nbd_close_image(struct ic_image *img)
     if (!st)
         return;
     for (unsigned i = 0; i < st->nconns; i++)
-        stop_conn(st, &st->conns[i]);
+        nbd_stop_conn(st, &st->conns[i]);
     nbd_status_free(st);
+    nbd_dirty_close(st);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->changed);
     free(st->zeros);
@@ -54,7 +55,15 @@ static void nbd_close_image(struct ic_image *img)
     img->drv_state = NULL;
 }
 
+static const char *const data_contexts[] = {"base:allocation", "qemu:allocation-depth", NULL};
+
 static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error *err)
+{
+    return nbd_connect(img, c, data_contexts, err);
+}
+
+int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
+                struct ic_error *err)
 {
     struct nbd_state *st = nbd_state_of(img);
     const struct nbd_lib *lib = st->lib;
@@ -64,9 +73,9 @@ static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error
         return ic_error_os(err, errno, img->path, "eventfd");
     if (!(c->h = lib->create()))
         return nbd_handle_error(img, lib, "nbd_create", err);
-    if (lib->add_meta_context(c->h, "base:allocation") < 0 ||
-        lib->add_meta_context(c->h, "qemu:allocation-depth") < 0)
-        return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
+    for (const char *const *name = contexts; *name; name++)
+        if (lib->add_meta_context(c->h, *name) < 0)
+            return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
     /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
      * may be read, as qemu-img and nbdcopy read them */
     if (lib->set_uri_allow_local_file(c->h, 1) < 0)
@@ -104,6 +113,7 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     atomic_init(&st->held, 0);
     for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++)
         st->conns[i].wake_fd = -1;
+    st->dirty.wake_fd = -1;
     img->drv_state = st;
     st->nconns = 1;
     if (connect_one(img, &st->conns[0], err) < 0)
@@ -173,6 +183,8 @@ static void nbd_abort(struct ic_image *img)
     for (unsigned i = 0; i < st->nconns; i++)
         if (st->conns[i].thread_started)
             nbd_wake(&st->conns[i]);
+    if (st->dirty.thread_started)
+        nbd_wake(&st->dirty);
     pthread_cond_broadcast(&st->changed); /* writers waiting for room */
     pthread_mutex_unlock(&st->lock);
 }

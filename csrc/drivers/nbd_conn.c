@@ -223,9 +223,13 @@ static int on_extents(void *user_data, const char *context, uint64_t offset,
     (void)offset;
     (void)error;
     struct nbd_request *r = user_data;
+    /* a dirty bitmap's answers come on a connection of their own: the
+     * allocation arrays hold them */
     uint32_t **into = strcmp(context, "base:allocation") == 0 ? &r->alloc
                       : strcmp(context, "qemu:allocation-depth") == 0 ? &r->depth
-                                                                     : NULL;
+                      : strncmp(context, NBD_DIRTY_PREFIX, strlen(NBD_DIRTY_PREFIX)) == 0
+                          ? &r->alloc
+                          : NULL;
     size_t *n = into == &r->alloc ? &r->nalloc : &r->ndepth;
     if (!into || *into || !count)
         return 0; /* another context, or a second answer: ignored */

@@ -15,6 +15,8 @@
 /* Bytes of writes in flight before a writer waits (nbdcopy: 64 requests) */
 #define NBD_BYTES_IN_FLIGHT (64u << 20)
 #define NBD_MAX_CONNECTIONS 16
+#define NBD_DIRTY_PREFIX "qemu:dirty-bitmap:"
+#define NBD_STATE_DIRTY 1u /* qemu:dirty-bitmap: changed */
 /* A request's length field is 32 bits; zero requests stay aligned */
 #define NBD_MAX_ZERO (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
 #define NBD_MAX_STATUS (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
@@ -119,6 +121,10 @@ struct nbd_state {
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
     struct nbd_status_ahead ahead;
+    /* a dirty bitmap's connection (nbd_dirty.c): its meta context is
+     * asked for when connecting, so a bitmap has a connection of its own */
+    struct nbd_conn dirty;
+    char *dirty_name;
 };
 
 static inline struct nbd_state *nbd_state_of(struct ic_image *img)
@@ -140,6 +146,15 @@ int nbd_wait(struct nbd_state *st, struct nbd_request *r);
 int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
+/* nbd.c */
+int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
+                struct ic_error *err);
+void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c);
+/* nbd_dirty.c */
+int nbd_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start, uint64_t end,
+                     struct ic_extent_list *out, struct ic_error *err);
+int nbd_bitmap_names(struct ic_image *img, char ***names, size_t *count, struct ic_error *err);
+void nbd_dirty_close(struct nbd_state *st);
 /* nbd_status.c */
 int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                      struct ic_extent_list *out, struct ic_error *err);
