@@ -48,6 +48,9 @@ struct ic_blkhash {
     size_t npool, pool_cap;
     int failed;
     struct ic_error error;
+    /* told of each run of blocks as it is done (ic_blkhash_set_sink) */
+    ic_blkhash_sink_fn *sink;
+    void *sink_ctx;
 };
 
 static uint64_t block_len(const struct ic_blkhash *h, uint64_t i)
@@ -185,6 +188,8 @@ static int push_run(struct ic_blkhash *h, uint64_t first, uint64_t count, uint8_
         fed_twice(h, first, err);
         goto out;
     }
+    if (h->sink)
+        h->sink(h->sink_ctx, first, count, digests);
     for (size_t k = 0; k < h->nparts; k++)
         if (h->parts[k].block >= first && h->parts[k].block - first < count) {
             fed_twice(h, h->parts[k].block, err);
@@ -443,6 +448,56 @@ int ic_blkhash_update(struct ic_blkhash *h, uint64_t off, const void *buf, size_
 int ic_blkhash_zero(struct ic_blkhash *h, uint64_t off, uint64_t len, struct ic_error *err)
 {
     return feed(h, off, NULL, len, err);
+}
+
+/* ---- digests from elsewhere, digests to elsewhere ---------------------- */
+
+void ic_blkhash_set_sink(struct ic_blkhash *h, ic_blkhash_sink_fn *sink, void *ctx)
+{
+    pthread_mutex_lock(&h->lock);
+    h->sink = sink;
+    h->sink_ctx = ctx;
+    pthread_mutex_unlock(&h->lock);
+}
+
+int ic_blkhash_put_digests(struct ic_blkhash *h, uint64_t first, uint64_t count,
+                           const uint8_t *digests, struct ic_error *err)
+{
+    if (count == 0)
+        return 0;
+    if (first > h->nblocks || count > h->nblocks - first)
+        return ic_error_value(err, "blkhash: blocks %llu+%llu are outside the image",
+                              (unsigned long long)first, (unsigned long long)count);
+    if (!digests)
+        return zero_blocks(h, first, count, err);
+    uint8_t *copy = malloc((size_t)(count * h->dsize));
+    if (!copy)
+        return ic_error_nomem(err);
+    memcpy(copy, digests, (size_t)(count * h->dsize));
+    return push_run(h, first, count, copy, err);
+}
+
+int ic_blkhash_start_at(struct ic_blkhash *h, uint64_t block, struct ic_error *err)
+{
+    pthread_mutex_lock(&h->lock);
+    int ret = 0;
+    if (h->next || h->nruns || h->nparts || block > h->nblocks)
+        ret = ic_error_value(err, "blkhash: cannot start at block %llu",
+                             (unsigned long long)block);
+    else
+        h->next = block;
+    pthread_mutex_unlock(&h->lock);
+    return ret;
+}
+
+uint64_t ic_blkhash_block_size(const struct ic_blkhash *h)
+{
+    return h->block;
+}
+
+const uint8_t *ic_blkhash_zero_digest(const struct ic_blkhash *h)
+{
+    return h->zero_digest;
 }
 
 /* ---- life cycle -------------------------------------------------------- */
