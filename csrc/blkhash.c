@@ -500,6 +500,62 @@ const uint8_t *ic_blkhash_zero_digest(const struct ic_blkhash *h)
     return h->zero_digest;
 }
 
+/* ---- a range's digests gathered ---------------------------------------- */
+
+int ic_block_digests_init(struct ic_block_digests *b, const char *algorithm,
+                          uint64_t block_size, uint64_t first, uint64_t count,
+                          struct ic_error *err)
+{
+    memset(b, 0, sizeof *b);
+    const struct ic_digest *d = ic_digest_lookup(algorithm ? algorithm : "sha256", err);
+    if (!d)
+        return -1;
+    if (block_size < 2 || block_size > IC_BLKHASH_MAX_BLOCK)
+        return ic_error_value(err, "checksum block size %llu", (unsigned long long)block_size);
+    b->first = first;
+    b->count = b->missing = count;
+    b->dsize = ic_digest_size(d);
+    if (count > SIZE_MAX / b->dsize)
+        return ic_error_nomem(err);
+    b->digests = calloc(count ? (size_t)count : 1, b->dsize);
+    b->told = calloc(count ? (size_t)count : 1, 1);
+    uint8_t *zeros = calloc(1, (size_t)block_size);
+    struct ic_digest_ctx *ctx = ic_digest_ctx_new(d, err);
+    int ret = -1;
+    if (!b->digests || !b->told || !zeros)
+        ic_error_nomem(err);
+    else if (ctx && ic_digest_once(ctx, zeros, (size_t)block_size, b->zero, err) == 0)
+        ret = 0;
+    free(zeros);
+    ic_digest_ctx_free(ctx);
+    if (ret < 0)
+        ic_block_digests_free(b);
+    return ret;
+}
+
+void ic_block_digests_sink(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests)
+{
+    struct ic_block_digests *b = ctx;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t block = first + i;
+        if (block < b->first || block - b->first >= b->count)
+            continue; /* not of this range */
+        uint64_t k = block - b->first;
+        memcpy(b->digests + k * b->dsize, digests ? digests + i * b->dsize : b->zero, b->dsize);
+        if (!b->told[k]) {
+            b->told[k] = 1;
+            b->missing--;
+        }
+    }
+}
+
+void ic_block_digests_free(struct ic_block_digests *b)
+{
+    free(b->digests);
+    free(b->told);
+    b->digests = b->told = NULL;
+}
+
 /* ---- life cycle -------------------------------------------------------- */
 
 int ic_blkhash_new(const char *algorithm, uint64_t block_size, uint64_t size,

@@ -57,6 +57,22 @@ uint64_t ic_blkhash_block_size(const struct ic_blkhash *h);
 /* Z: the digest of a full block of zeros */
 const uint8_t *ic_blkhash_zero_digest(const struct ic_blkhash *h);
 
+/* The digests of blocks [first, first+count), gathered from a sink (a
+ * range shard's, handed to whoever combines the shards) */
+struct ic_block_digests {
+    uint64_t first, count;
+    size_t dsize;
+    uint8_t *digests; /* count * dsize */
+    uint64_t missing; /* blocks not told yet */
+    uint8_t *told;    /* per block */
+    uint8_t zero[IC_DIGEST_MAX]; /* Z, for full zero blocks */
+};
+int ic_block_digests_init(struct ic_block_digests *b, const char *algorithm,
+                          uint64_t block_size, uint64_t first, uint64_t count,
+                          struct ic_error *err);
+ic_blkhash_sink_fn ic_block_digests_sink;
+void ic_block_digests_free(struct ic_block_digests *b);
+
 /* Record a failure of a feeder: final() returns it. */
 void ic_blkhash_fail(struct ic_blkhash *h, const struct ic_error *err);
 

@@ -859,6 +859,39 @@ fail:
     return -1;
 }
 
+/* The source's checksum: of the whole source; with changed ranges, the
+ * blocks outside them handed in (a resumed copy), or those of one range
+ * only (a shard: its digests go to the sink, no whole checksum). */
+static int start_hash(struct ic_copy *c, struct ic_error *err)
+{
+    const struct ic_copy_options *opt = &c->opt;
+    uint64_t block = opt->checksum_block_size ? opt->checksum_block_size
+                                              : IC_BLKHASH_DEFAULT_BLOCK;
+    uint64_t size = ic_image_size(c->src);
+    if (ic_blkhash_new(opt->checksum, block, size, &c->hash, err) < 0)
+        return -1;
+    if (opt->block_sink)
+        ic_blkhash_set_sink(c->hash, opt->block_sink, opt->block_sink_ctx);
+    if (!c->has_spans)
+        return 0;
+    if (opt->preset_digests)
+        return opt->preset_digests(opt->preset_ctx, c, err);
+    uint64_t start = c->nspans ? c->spans[0].offset : 0;
+    uint64_t end = c->nspans ? start + c->spans[0].length : 0;
+    if (c->nspans > 1 || start % block || (end % block && end != size))
+        return ic_error_value(err, "a checksum of a copy of some ranges needs one range of "
+                              "whole %llu-byte blocks (a shard), not %zu range%s",
+                              (unsigned long long)block, c->nspans, c->nspans == 1 ? "" : "s");
+    c->shard_hash = 1;
+    return ic_blkhash_start_at(c->hash, start / block, err);
+}
+
+int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
+                        const uint8_t *digests, struct ic_error *err)
+{
+    return ic_blkhash_put_digests(c->hash, first, count, digests, err);
+}
+
 /* Items in flight: one per thread, or, where an endpoint's requests go
  * out asynchronously, as many as its connections take (each item one
  * read or a few writes), within COPY_BYTES_IN_FLIGHT of buffers. */
@@ -966,13 +999,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
     atomic_init(&c->offload_refused, 0);
-    if (opt->checksum) {
-        if (ic_blkhash_new(opt->checksum, opt->checksum_block_size ? opt->checksum_block_size
-                                                                   : IC_BLKHASH_DEFAULT_BLOCK,
-                           ic_image_size(src), &c->hash, err) < 0) {
-            free_copy(c);
-            return -1;
-        }
+    if (opt->checksum && start_hash(c, err) < 0) {
+        free_copy(c);
+        return -1;
     }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);
@@ -1038,7 +1067,7 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
             ic_error_os(&failure, ECANCELED, NULL, "copy cancelled");
         if (err)
             *err = failure;
-    } else if (c->hash) {
+    } else if (c->hash && !c->shard_hash) {
         uint8_t digest[IC_DIGEST_MAX];
         char hex[IC_CHECKSUM_HEX_MAX];
         struct ic_error e = {0};

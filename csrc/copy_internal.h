@@ -88,6 +88,7 @@ struct ic_copy {
     uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
 
     struct ic_blkhash *hash; /* the source's checksum, if asked for */
+    int shard_hash;          /* of one range's blocks only: no whole checksum */
 
     atomic_int offload_refused;
     atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;

@@ -375,6 +375,8 @@ const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
+struct ic_copy;
+
 /* A byte range (offset, length) */
 struct ic_range {
     uint64_t offset, length;
@@ -417,6 +419,17 @@ struct ic_copy_options {
     /* Read the destination too and write only the blocks of this size
      * (guest-aligned) where it differs from the source; 0: off. */
     uint64_t compare_block_size;
+    /* The checksum's block digests, told as they are known (blkhash.h's
+     * sink: a journal records them, a range shard returns them). */
+    void (*block_sink)(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests);
+    void *block_sink_ctx;
+    /* A checksum with `changed` ranges: the digests of every block outside
+     * them, handed in through ic_copy_put_digests() by this callback (a
+     * resumed copy's recorded blocks); without it, `changed` must be one
+     * range of whole blocks (or reaching the end), a shard, whose digests
+     * the sink collects and whose copy makes no whole checksum. */
+    int (*preset_digests)(void *ctx, struct ic_copy *c, struct ic_error *err);
+    void *preset_ctx;
 };
 
 
@@ -470,6 +483,10 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
                   struct ic_copy **out, struct ic_error *err);
 /* The job, to wait for, watch and cancel with job.h's calls. */
 struct ic_job *ic_copy_job(struct ic_copy *c);
+/* For preset_digests: blocks [first, first+count) known (NULL digests:
+ * full zero blocks) */
+int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
+                        const uint8_t *digests, struct ic_error *err);
 /* The options it runs with (ic_copy_options_effective), `log` and
  * `checksum` as asked. */
 void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);

@@ -73,6 +73,12 @@ class CopyCounters(TypedDict):
 @type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
+    # block_digests=True (a shard): its blocks' digests, the first's index
+    block_digests: bytes
+    first_block: int
+    # set by the Python side for a shard's report
+    offset: int
+    length: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
@@ -178,7 +184,7 @@ def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool 
          offload: bool = ..., flush: bool = ..., connections: int = ...,
          requests_in_flight: int = ..., checksum: Optional[str] = ...,
          checksum_block_size: int = ..., changed: Optional[bytes] = ...,
-         compare_block_size: int = ...) -> CopyReport:
+         compare_block_size: int = ..., block_digests: bool = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm;
     ``changed``: only these ranges (packed native uint64 offset, length

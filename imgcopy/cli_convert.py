@@ -90,6 +90,11 @@ def register(subparsers: Any) -> None:
                         "the blocks where the destination differs from the source")
     c.add_argument("--compare-block-size", type=parse_size, default=None, metavar="SIZE",
                    help="the block --changed=compare compares and writes (default 64k)")
+    c.add_argument("--offset", type=parse_size, default=None, metavar="N",
+                   help="a range shard: copy only from this byte of the source (with -n, "
+                        "into an existing destination; other shards do the rest)")
+    c.add_argument("--length", type=parse_size, default=None, metavar="L",
+                   help="the shard's length")
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=run, parser=c)
@@ -224,4 +229,4 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         options=_copy_options(args), create_options=_create_options(args), progress=bar,
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
-        compare_block_size=args.compare_block_size)
+        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length)

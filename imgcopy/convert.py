@@ -35,7 +35,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum: Union[bool, str, None] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
-            compare_block_size: Optional[Size] = None) -> CopyResult:
+            compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
+            length: Optional[int] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -127,6 +128,15 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     incremental backup. ``checksum``/``verify`` hash the whole source and
     destination apart from the copy.
 
+    Range shards: ``offset``, ``length``: copy only [offset, offset+length)
+    of the source into an existing destination (``create=False``), every
+    other byte untouched, flushed on its own; shards in other processes or
+    hosts into the same raw file, block device or NBD export make one disk
+    (a qcow2 destination is refused: one writer allocates its clusters).
+    With ``checksum``, a shard of whole blkhash blocks returns their
+    digests (``CopyResult.block_digests``): ``combine_checksums()`` makes
+    the disk's checksum from every shard's; ``verify`` reads the range back.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
@@ -159,5 +169,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              compression_level=compression_level,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
-        verify=verify, changed=changed, compare_block_size=compare_block_size)
+        verify=verify, changed=changed, compare_block_size=compare_block_size,
+        offset=offset, length=length)
     return steps.execute()

@@ -212,3 +212,65 @@ def test_qemu_io_writes_as_changes(tmp_path):
             fmt="qcow2")
     imgcopy.convert(src, dst, create=False, changed=writes)
     assert_same_content(src, dst, "qcow2", "raw")
+
+
+# -- range shards (issue 27) ---------------------------------------------------
+
+def test_shards_make_one_disk_and_its_checksum(tmp_path):
+    rng = random.Random(11)
+    size = 12 * MiB + 4096  # a short last block
+    src = tmp_path / "src.raw"
+    with open(src, "wb") as f:
+        f.truncate(size)
+        for off in range(0, size - MiB, 3 * MiB):
+            f.seek(off)
+            f.write(rng.randbytes(1 * MiB))
+        f.seek(size - 100)
+        f.write(b"tail")
+    dst = tmp_path / "dst.raw"
+    with open(dst, "wb") as f:
+        f.truncate(size)
+    cuts = [(0, 4 * MiB), (4 * MiB, 4 * MiB), (8 * MiB, size - 8 * MiB)]
+    results = [imgcopy.convert(src, dst, create=False, offset=o, length=n, checksum=True,
+                               verify=True) for o, n in reversed(cuts)]
+    assert_same_content(src, dst, "raw", "raw")
+    assert all(r.offset is not None and r.block_digests for r in results)
+    assert imgcopy.combine_checksums(size, results) == imgcopy.checksum(src)
+    # holes no shard covered are zeros
+    only_data = [r for r in results if r.offset != 4 * MiB]
+    with open(tmp_path / "zero.raw", "wb") as f:
+        f.truncate(size)
+    assert imgcopy.combine_checksums(size, only_data) != imgcopy.checksum(src)
+
+
+@needs_nbdkit
+def test_two_shards_at_once_into_one_export(tmp_path):
+    rng = random.Random(12)
+    src = tmp_path / "src.raw"
+    src.write_bytes(rng.randbytes(8 * MiB))
+    with nbdkit("memory", "8M") as target:
+        procs = [subprocess.Popen([sys.executable, "-m", "imgcopy", "convert", "-n", "-f", "raw",
+                                   "-O", "raw", "--offset", str(o), "--length", str(4 * MiB),
+                                   str(src), target.uri], stderr=subprocess.PIPE, text=True)
+                 for o in (0, 4 * MiB)]
+        for p in procs:
+            assert p.wait(timeout=60) == 0, p.stderr.read()
+            p.stderr.close()
+        assert_same_content(src, target.uri, "raw", "raw")
+
+
+def test_shards_refused_clearly(tmp_path):
+    src = tmp_path / "src.raw"
+    src.write_bytes(bytes(2 * MiB))
+    qcow = tmp_path / "d.qcow2"
+    qemu_img("create", "-f", "qcow2", str(qcow), "2M")
+    with pytest.raises(ValueError, match="one writer"):
+        imgcopy.convert(src, qcow, dst_format="qcow2", create=False, offset=0, length=MiB)
+    with pytest.raises(ValueError, match="existing destination"):
+        imgcopy.convert(src, tmp_path / "new.raw", offset=0, length=MiB)
+    raw = tmp_path / "d.raw"
+    raw.write_bytes(bytes(2 * MiB))
+    with pytest.raises(ValueError, match="whole"):
+        imgcopy.convert(src, raw, create=False, offset=100, length=MiB, checksum=True)
+    with pytest.raises(ValueError, match="outside"):
+        imgcopy.convert(src, raw, create=False, offset=MiB, length=2 * MiB)

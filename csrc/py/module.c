@@ -2,6 +2,7 @@
  * arguments (options are keywords), runs the core's calls with the GIL
  * released (calls.h) and turns struct ic_error into Python exceptions;
  * its state (exception classes, the Image type) is the module's. */
+#include "blkhash.h"
 #include "glue.h"
 
 #if PY_VERSION_HEX < 0x030A0000
@@ -182,21 +183,23 @@ static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
-                             "checksum_block_size", "changed", "compare_block_size", NULL};
+                             "checksum_block_size", "changed", "compare_block_size",
+                             "block_digests", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
     PyObject *progress = Py_None, *changed = Py_None;
-    int log = 0;
+    int log = 0, want_digests = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
     struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&:copy", kwlist,
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&p:copy", kwlist,
                                                      st->image_type, &src, st->image_type,
                                                      &dst, &progress, &log, &opt.checksum,
                                                      u64_converter, &checksum_block, &changed,
-                                                     u64_converter, &compare_block);
+                                                     u64_converter, &compare_block,
+                                                     &want_digests);
     opt.checksum_block_size = checksum_block.value;
     opt.compare_block_size = compare_block.value;
     Py_XDECREF(rest);
@@ -216,7 +219,42 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         opt.nchanged = (size_t)ranges.len / sizeof(struct ic_range);
         opt.has_changed = 1;
     }
-    PyObject *copied = copy_images(st, src, dst, progress, log, &opt);
+    /* a shard's block digests: its one range's blocks, gathered */
+    struct ic_block_digests digests = {0};
+    if (want_digests) {
+        uint64_t block = opt.checksum_block_size ? opt.checksum_block_size
+                                                 : IC_BLKHASH_DEFAULT_BLOCK;
+        struct ic_error err = {0};
+        if (!opt.checksum || opt.nchanged != 1 || opt.changed[0].length == 0) {
+            PyErr_SetString(PyExc_ValueError, "copy() block_digests needs a checksum and one "
+                            "changed range (a shard)");
+        } else {
+            uint64_t first = opt.changed[0].offset / block;
+            uint64_t end = (opt.changed[0].offset + opt.changed[0].length + block - 1) / block;
+            if (ic_block_digests_init(&digests, opt.checksum, block, first, end - first,
+                                      &err) < 0)
+                raise_error(st, &err);
+            else {
+                opt.block_sink = ic_block_digests_sink;
+                opt.block_sink_ctx = &digests;
+            }
+        }
+    }
+    PyObject *copied = PyErr_Occurred() ? NULL : copy_images(st, src, dst, progress, log, &opt);
+    if (copied && want_digests) {
+        PyObject *packed = digests.missing == 0
+            ? PyBytes_FromStringAndSize((const char *)digests.digests,
+                                        (Py_ssize_t)(digests.count * digests.dsize))
+            : PyErr_Format(PyExc_RuntimeError, "the shard's copy left %llu blocks unhashed",
+                           (unsigned long long)digests.missing);
+        PyObject *first = packed ? PyLong_FromUnsignedLongLong(digests.first) : NULL;
+        if (!first || PyDict_SetItemString(copied, "block_digests", packed) < 0 ||
+            PyDict_SetItemString(copied, "first_block", first) < 0)
+            Py_CLEAR(copied);
+        Py_XDECREF(packed);
+        Py_XDECREF(first);
+    }
+    ic_block_digests_free(&digests);
     if (changed != Py_None)
         PyBuffer_Release(&ranges);
     return copied;
