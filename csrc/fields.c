@@ -57,6 +57,9 @@ const struct ic_field ic_copy_stats_fields[] = {
     FIELD(struct ic_copy_stats, write_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, zero_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, extents, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_changed, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_compared, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_equal, IC_FIELD_U64),
     {NULL, IC_FIELD_U64, 0, NULL},
 };
 

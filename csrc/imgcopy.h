@@ -426,6 +426,17 @@ const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
+struct ic_copy;
+
+/* A byte range (offset, length) */
+struct ic_range {
+    uint64_t offset, length;
+};
+/* Sort ranges and merge those that overlap or touch, dropping empty ones,
+ * in place (*n becomes their number); -1 with a value error naming the
+ * first that reaches past `size`. */
+int ic_ranges_normalize(struct ic_range *r, size_t *n, uint64_t size, struct ic_error *err);
+
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
@@ -449,7 +460,29 @@ struct ic_copy_options {
     /* optional: run on this pool (job.h), shared with other jobs, under its
      * budget of bytes in flight; NULL: threads of the copy's own */
     struct ic_pool *pool;
+    /* Copy only these ranges of the source (a warm migration's changes):
+     * every other destination byte is left as it is.  Any order, overlaps
+     * allowed; ic_copy_start() sorts and merges a copy of them and refuses
+     * one past the source's end.  has_changed 0: the whole source. */
+    const struct ic_range *changed;
+    size_t nchanged;
+    int has_changed;
+    /* Read the destination too and write only the blocks of this size
+     * (guest-aligned) where it differs from the source; 0: off. */
+    uint64_t compare_block_size;
+    /* The checksum's block digests, told as they are known (blkhash.h's
+     * sink: a journal records them, a range shard returns them). */
+    void (*block_sink)(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests);
+    void *block_sink_ctx;
+    /* A checksum with `changed` ranges: the digests of every block outside
+     * them, handed in through ic_copy_put_digests() by this callback (a
+     * resumed copy's recorded blocks); without it, `changed` must be one
+     * range of whole blocks (or reaching the end), a shard, whose digests
+     * the sink collects and whose copy makes no whole checksum. */
+    int (*preset_digests)(void *ctx, struct ic_copy *c, struct ic_error *err);
+    void *preset_ctx;
 };
+
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
@@ -485,6 +518,9 @@ struct ic_copy_stats {
     uint64_t write_requests;
     uint64_t zero_requests;
     uint64_t extents;  /* source extents (data/zero runs) */
+    uint64_t bytes_changed;  /* what was to be copied: the source, or its changed ranges */
+    uint64_t bytes_compared; /* compare mode: destination bytes read and compared */
+    uint64_t bytes_equal;    /* of them, in blocks equal to the source's (not written) */
     uint64_t done;     /* destination bytes dealt with so far */
     uint64_t total;
     char checksum[IC_CHECKSUM_HEX_MAX]; /* ic_copy_finish(): "" unless asked for */
@@ -498,6 +534,10 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
                   struct ic_copy **out, struct ic_error *err);
 /* The job, to wait for, watch and cancel with job.h's calls. */
 struct ic_job *ic_copy_job(struct ic_copy *c);
+/* For preset_digests: blocks [first, first+count) known (NULL digests:
+ * full zero blocks) */
+int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
+                        const uint8_t *digests, struct ic_error *err);
 /* The options it runs with (ic_copy_options_effective), `log` and
  * `checksum` as asked. */
 void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);

@@ -14,6 +14,7 @@ try:
     from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
     from .plan import CopyPlan, Request, plan
     from .measure import MeasureResult, measure
+    from .shards import combine_checksums
 except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a traceback
     from . import _program  # (again, if the Ctrl-C came while it was imported)
     _program.interrupted_while_starting()
@@ -24,4 +25,4 @@ __all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "
            "convert", "dirty_map", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
-           "CheckResult", "check", "compression_libraries", "features"]
+           "CheckResult", "check", "compression_libraries", "features", "combine_checksums"]

@@ -67,10 +67,19 @@ class CopyCounters(TypedDict):
     write_requests: int
     zero_requests: int
     extents: int
+    bytes_changed: int
+    bytes_compared: int
+    bytes_equal: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
+    # block_digests=True (a shard): its blocks' digests, the first's index
+    block_digests: bytes
+    first_block: int
+    # set by the Python side for a shard's report
+    offset: int
+    length: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
@@ -180,9 +189,13 @@ def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool 
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
          offload: bool = ..., flush: bool = ..., connections: int = ...,
          requests_in_flight: int = ..., checksum: Optional[str] = ...,
-         checksum_block_size: int = ...) -> CopyReport:
+         checksum_block_size: int = ..., changed: Optional[bytes] = ...,
+         compare_block_size: int = ..., block_digests: bool = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
-    ``checksum``: also the source's blkhash with this algorithm."""
+    ``checksum``: also the source's blkhash with this algorithm;
+    ``changed``: only these ranges (packed native uint64 offset, length
+    pairs); ``compare_block_size``: write only the blocks of this size
+    where the destination differs (0: off)."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,

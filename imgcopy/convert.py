@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
@@ -34,7 +34,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             backing_format: Optional[str] = None,
             checksum: Union[bool, str, None] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
-            verify: bool = False) -> CopyResult:
+            verify: bool = False, changed: Any = None,
+            compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
+            length: Optional[int] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -109,6 +111,32 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     unless an algorithm is given. A Ctrl-C that comes after the copy was
     committed returns the result without ``dst_checksum``.
 
+    Warm copies (the changes since an earlier copy, into the destination it
+    made: ``create=False``): ``changed``: copy only these ranges of the
+    source, each as a copy does (read; zero runs judged at the sparse
+    threshold; written, zeroed or skipped), every other destination byte
+    left as it is: ``(offset, length)`` pairs in any order, overlapping or
+    not (VMware CBT's changed areas), or an ``ExtentMap`` (of
+    ``dirty_map()``, its dirty extents; of ``map()``, all of it). A range
+    past the source's end is a ``ValueError``. ``changed="compare"``: no
+    change tracking at all: the destination is read too and only the
+    blocks of ``compare_block_size`` [64k] that differ are written.
+    ``CopyResult.bytes_changed`` says what was to be copied,
+    ``bytes_compared`` and ``bytes_equal`` what compare mode read and
+    left alone. A new qcow2 overlay (``backing_file`` the previous copy)
+    with ``changed`` holds only the changed clusters: ovirt-imageio's
+    incremental backup. ``checksum``/``verify`` hash the whole source and
+    destination apart from the copy.
+
+    Range shards: ``offset``, ``length``: copy only [offset, offset+length)
+    of the source into an existing destination (``create=False``), every
+    other byte untouched, flushed on its own; shards in other processes or
+    hosts into the same raw file, block device or NBD export make one disk
+    (a qcow2 destination is refused: one writer allocates its clusters).
+    With ``checksum``, a shard of whole blkhash blocks returns their
+    digests (``CopyResult.block_digests``): ``combine_checksums()`` makes
+    the disk's checksum from every shard's; ``verify`` reads the range back.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
@@ -141,5 +169,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              compression_level=compression_level,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
-        verify=verify)
+        verify=verify, changed=changed, compare_block_size=compare_block_size,
+        offset=offset, length=length)
     return steps.execute()

@@ -35,6 +35,24 @@ int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char
                        msg ? msg : "libnbd nbd_failed");
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* A small request's round trip is the cost of a request (a large read's
+ * also carries its bytes): the shortest seen is kept. */
+static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
+{
+    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
+        return;
+    uint64_t seen = atomic_load(&st->min_rtt);
+    while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
+        ;
+}
+
 /* ---- the I/O thread of a connection ------------------------------------ */
 
 /* An unwaited request is over (st->lock held): it frees its room.  One
@@ -102,6 +120,7 @@ static void complete(struct nbd_request *r, int error)
     if (r->waited) {
         r->error = error;
         r->done = 1;
+        note_rtt(st, r, now_ns() - r->t0);
     } else if (r->op == OP_READ) {
         r->error = error;
         told = r;
@@ -204,9 +223,13 @@ static int on_extents(void *user_data, const char *context, uint64_t offset,
     (void)offset;
     (void)error;
     struct nbd_request *r = user_data;
+    /* a dirty bitmap's answers come on a connection of their own: the
+     * allocation arrays hold them */
     uint32_t **into = strcmp(context, "base:allocation") == 0 ? &r->alloc
                       : strcmp(context, "qemu:allocation-depth") == 0 ? &r->depth
-                                                                     : NULL;
+                      : strncmp(context, NBD_DIRTY_PREFIX, strlen(NBD_DIRTY_PREFIX)) == 0
+                          ? &r->alloc
+                          : NULL;
     size_t *n = into == &r->alloc ? &r->nalloc : &r->ndepth;
     if (!into || *into || !count)
         return 0; /* another context, or a second answer: ignored */
@@ -357,33 +380,18 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
     nbd_wake(c);
 }
 
-static uint64_t now_ns(void)
+/* Send `r`, whose reply someone waits for (nbd_wait): 0, or ECANCELED
+ * when the image was aborted (nothing was sent). */
+int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-/* A small request's round trip is the cost of a request (a large read's
- * also carries its bytes): the shortest seen is kept. */
-static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
-{
-    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
-        return;
-    uint64_t seen = atomic_load(&st->min_rtt);
-    while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
-        ;
-}
-
-/* Run `r` and wait for its reply: 0, or its errno */
-int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
-{
-    uint64_t t0 = now_ns();
+    r->t0 = now_ns();
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);
     if (st->aborted) {
         pthread_mutex_unlock(&st->lock);
+        r->done = 1;
+        r->error = ECANCELED;
         return ECANCELED;
     }
     if (on) {
@@ -397,11 +405,25 @@ int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn 
     } else {
         enqueue_locked(st, r);
     }
+    pthread_mutex_unlock(&st->lock);
+    return 0;
+}
+
+/* Wait for the reply of a request nbd_submit_waited() sent: 0, or its errno */
+int nbd_wait(struct nbd_state *st, struct nbd_request *r)
+{
+    pthread_mutex_lock(&st->lock);
     while (!r->done)
         pthread_cond_wait(&st->changed, &st->lock);
     pthread_mutex_unlock(&st->lock);
-    note_rtt(st, r, now_ns() - t0);
     return r->error;
+}
+
+/* Run `r` and wait for its reply: 0, or its errno */
+int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
+{
+    int e = nbd_submit_waited(st, r, on);
+    return e ? e : nbd_wait(st, r);
 }
 
 /* The first failure of a write or zero nobody waited for, as an error */

@@ -2,6 +2,7 @@
  * arguments (options are keywords), runs the core's calls with the GIL
  * released (calls.h) and turns struct ic_error into Python exceptions;
  * its state (exception classes, the Image type) is the module's. */
+#include "blkhash.h"
 #include "glue.h"
 
 #if PY_VERSION_HEX < 0x030A0000
@@ -176,34 +177,102 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     return report;
 }
 
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt);
+
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
-                             "checksum_block_size", NULL};
+                             "checksum_block_size", "changed", "compare_block_size",
+                             "block_digests", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *progress = Py_None, *report = NULL;
-    int log = 0;
+    PyObject *progress = Py_None, *changed = Py_None;
+    int log = 0, want_digests = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
+    struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&:copy", kwlist,
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&p:copy", kwlist,
                                                      st->image_type, &src, st->image_type,
                                                      &dst, &progress, &log, &opt.checksum,
-                                                     u64_converter, &checksum_block);
+                                                     u64_converter, &checksum_block, &changed,
+                                                     u64_converter, &compare_block,
+                                                     &want_digests);
     opt.checksum_block_size = checksum_block.value;
+    opt.compare_block_size = compare_block.value;
     Py_XDECREF(rest);
     if (!parsed)
         return NULL;
+    /* changed: packed (offset, length) pairs of native uint64, or None */
+    Py_buffer ranges = {0};
+    if (changed != Py_None) {
+        if (PyObject_GetBuffer(changed, &ranges, PyBUF_SIMPLE) < 0)
+            return NULL;
+        if (ranges.len % (Py_ssize_t)sizeof(struct ic_range)) {
+            PyBuffer_Release(&ranges);
+            return PyErr_Format(PyExc_ValueError, "copy() changed ranges must be packed "
+                                "(offset, length) pairs of 64-bit integers");
+        }
+        opt.changed = ranges.buf;
+        opt.nchanged = (size_t)ranges.len / sizeof(struct ic_range);
+        opt.has_changed = 1;
+    }
+    /* a shard's block digests: its one range's blocks, gathered */
+    struct ic_block_digests digests = {0};
+    if (want_digests) {
+        uint64_t block = opt.checksum_block_size ? opt.checksum_block_size
+                                                 : IC_BLKHASH_DEFAULT_BLOCK;
+        struct ic_error err = {0};
+        if (!opt.checksum || opt.nchanged != 1 || opt.changed[0].length == 0) {
+            PyErr_SetString(PyExc_ValueError, "copy() block_digests needs a checksum and one "
+                            "changed range (a shard)");
+        } else {
+            uint64_t first = opt.changed[0].offset / block;
+            uint64_t end = (opt.changed[0].offset + opt.changed[0].length + block - 1) / block;
+            if (ic_block_digests_init(&digests, opt.checksum, block, first, end - first,
+                                      &err) < 0)
+                raise_error(st, &err);
+            else {
+                opt.block_sink = ic_block_digests_sink;
+                opt.block_sink_ctx = &digests;
+            }
+        }
+    }
+    PyObject *copied = PyErr_Occurred() ? NULL : copy_images(st, src, dst, progress, log, &opt);
+    if (copied && want_digests) {
+        PyObject *packed = digests.missing == 0
+            ? PyBytes_FromStringAndSize((const char *)digests.digests,
+                                        (Py_ssize_t)(digests.count * digests.dsize))
+            : PyErr_Format(PyExc_RuntimeError, "the shard's copy left %llu blocks unhashed",
+                           (unsigned long long)digests.missing);
+        PyObject *first = packed ? PyLong_FromUnsignedLongLong(digests.first) : NULL;
+        if (!first || PyDict_SetItemString(copied, "block_digests", packed) < 0 ||
+            PyDict_SetItemString(copied, "first_block", first) < 0)
+            Py_CLEAR(copied);
+        Py_XDECREF(packed);
+        Py_XDECREF(first);
+    }
+    ic_block_digests_free(&digests);
+    if (changed != Py_None)
+        PyBuffer_Release(&ranges);
+    return copied;
+}
+
+/* copy() once its arguments are parsed */
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt)
+{
+    PyObject *report = NULL;
     if (progress != Py_None && !PyCallable_Check(progress))
         return PyErr_Format(PyExc_TypeError, "copy() argument 'progress' must be callable");
-    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = &opt, .img = image_usable(src)};
+    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = opt, .img = image_usable(src)};
     if (!copy.img || !(copy.dst = image_usable(dst)))
         return NULL;
     if (src == dst)
         return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
-    if (log && !(opt.log = ic_request_log_new()))
+    if (log && !(opt->log = ic_request_log_new()))
         return PyErr_NoMemory();
     image_enter(src);
     image_enter(dst);
@@ -221,11 +290,11 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         if (!python_error && ret == 0 &&
             glue_report(progress, copy.stats.done, copy.stats.total) == 0 &&
             PyErr_CheckSignals() == 0)
-            report = copy_report(&copy.stats, opt.log, &used);
+            report = copy_report(&copy.stats, opt->log, &used);
     }
     image_leave(src);
     image_leave(dst);
-    ic_request_log_free(opt.log);
+    ic_request_log_free(opt->log);
     return report;
 }
 
