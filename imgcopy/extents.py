@@ -25,7 +25,7 @@ def _median_low(values: List[int]) -> int:
     return sorted(values)[(len(values) - 1) // 2] if values else 0
 
 def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False,
-                dirty: bool = False) -> str:
+                dirty: Optional[bool] = None) -> str:
     """One of KINDS for an extent's flags (``zeroed``, ``dirty``: see Extent)."""
     if dirty:
         return "dirty"
@@ -68,9 +68,11 @@ class Extent(NamedTuple):
     A raw file's holes, which qemu calls present, are not zeroed, nor are
     the zeros of the last layer of a chain (nothing is below them to hide:
     to a reader they are holes, whatever the format calls them).
-    ``dirty`` (extents of a dirty map only, see ``dirty_map()``): a
+    ``dirty``, of a dirty map's extents (see ``dirty_map()``): whether a
     persistent bitmap of the image marks the run changed since the bitmap
-    was started."""
+    was started; None in a plain extent map, which says nothing of changes
+    (``convert(changed=MAP)`` copies a dirty map's dirty extents, a plain
+    map's all)."""
 
     start: int
     length: int
@@ -81,21 +83,23 @@ class Extent(NamedTuple):
     host_offset: Optional[int]
     compressed: bool = False
     zeroed: bool = False
-    dirty: bool = False
+    dirty: Optional[bool] = None
 
     @classmethod
     def unpack(cls, packed: bytes, index: int = 0,
-               hiding_depths: Optional[Sequence[bool]] = None) -> "Extent":
+               hiding_depths: Optional[Sequence[bool]] = None,
+               dirty_map: bool = False) -> "Extent":
         """Extent ``index`` of extents packed by the C core.
         ``hiding_depths[d]``: the zeros the layer at depth d records hide
-        layers below it (see ``zeroed``; none when None)."""
+        layers below it (see ``zeroed``; none when None); ``dirty_map``:
+        they are a dirty map's (``dirty`` is True or False, else None)."""
         start, length, host, flags, depth = _EXTENT.unpack_from(packed, index * _EXTENT.size)
         present, zero, data = bool(flags & _PRESENT), bool(flags & _ZERO), bool(flags & _DATA)
         zeroed = present and zero and not data and hiding_depths is not None \
             and depth < len(hiding_depths) and hiding_depths[depth]
         return cls(start, length, depth, present, zero, data,
                    host if flags & _OFFSET_VALID else None, bool(flags & _COMPRESSED), zeroed,
-                   bool(flags & _DIRTY))
+                   bool(flags & _DIRTY) if dirty_map else None)
 
     @property
     def end(self) -> int:
@@ -183,12 +187,12 @@ class ExtentMap(Sequence[Extent]):
             i += self._count
         if not 0 <= i < self._count:
             raise IndexError("extent index out of range")
-        return Extent.unpack(self._packed, i, self._hiding)
+        return Extent.unpack(self._packed, i, self._hiding, self.bitmap is not None)
 
     def __iter__(self) -> Iterator[Extent]:
-        hiding = self._hiding
+        hiding, dirty_map = self._hiding, self.bitmap is not None
         for i in range(self._count):
-            yield Extent.unpack(self._packed, i, hiding)
+            yield Extent.unpack(self._packed, i, hiding, dirty_map)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExtentMap):
@@ -435,19 +439,20 @@ class ExtentMap(Sequence[Extent]):
     def to_numpy(self) -> Any:  # -> numpy structured array
         """A structured array, one row per extent: start, end, length,
         depth, present, zero, data, host_offset (-1 where there is none),
-        compressed, zeroed, dirty (needs numpy)."""
+        compressed, zeroed, dirty (False in a plain map) (needs numpy)."""
         import numpy as np  # lazy: numpy is an optional extra
 
         rows = [(e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
                  -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed,
-                 e.dirty)
+                 bool(e.dirty))
                 for e in self]
         return np.array(rows, dtype=_numpy_dtype())
 
     def to_pandas(self) -> Any:  # -> pandas.DataFrame
         """A DataFrame, one row per extent: start, end, length, depth,
         present, zero, data, host_offset (nullable: <NA> where there is
-        none), compressed, zeroed, dirty, kind (see KINDS); ``df.attrs``
+        none), compressed, zeroed, dirty (False in a plain map), kind (see
+        KINDS); ``df.attrs``
         holds filename, format, virtual_size and, of a dirty map, bitmap
         (needs pandas)."""
         import pandas as pd  # lazy: pandas is an optional extra

@@ -223,6 +223,26 @@ def test_extents_keep_their_allocation(tmp_path):
     assert m != plain and imgcopy.dirty_map(path, "b") == m
 
 
+def test_a_dirty_map_is_the_changes_a_warm_copy_copies(tmp_path):
+    """convert(changed=dirty_map) copies the bitmap's dirty ranges into the
+    earlier copy and nothing else; a plain map's extents say nothing of
+    changes (dirty None) and stand for all of it."""
+    src = str(tmp_path / "src.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", src, str(16 * MiB))
+    qemu_io(src, ["write -P 1 0 6M"], fmt="qcow2")
+    dst = str(tmp_path / "dst.raw")
+    imgcopy.convert(src, dst)
+    with_bitmaps_on(src, [("b", "64k", False)])
+    qemu_io(src, ["write -P 2 1M 100k", "write -z 3M 64k", "write -P 3 10M 4k"], fmt="qcow2")
+    changes = imgcopy.dirty_map(src, "b")
+    assert all(e.dirty in (True, False) for e in changes)
+    assert all(e.dirty is None for e in imgcopy.map(src))
+    res = imgcopy.convert(src, dst, dst_format="raw", create=False, changed=changes)
+    assert res.bytes_changed == changes.dirty_bytes == 128 * KiB + 64 * KiB + 64 * KiB
+    assert qemu_img("compare", "-q", "-f", "qcow2", "-F", "raw", src, dst,
+                    check=False).returncode == 0
+
+
 def test_several_bitmaps_read_at_once(tmp_path):
     """Threads reading different bitmaps of one open image get what each
     alone gets (the driver reads them under one lock)."""

@@ -127,7 +127,7 @@ def test_to_numpy(known):
     for row, e in zip(a.tolist(), m):
         assert row == (e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
                        -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed,
-                       e.dirty)
+                       bool(e.dirty))
     assert int(a["length"].sum()) == 8 * MiB
     assert int(a["length"][a["data"]].sum()) == m.data_bytes
 

@@ -425,6 +425,8 @@ def test_dirty_map_kinds_and_repr(dirty):
     assert (s["bitmap"], s["dirty_bytes"], s["dirty_ranges"]) == ("b0", 256 * KiB, 3)
     assert s["dirty_data_bytes"] == 192 * KiB        # the zero cluster is no data
     assert "bitmap" not in imgcopy.map(dirty).summary()
+    assert {e.dirty for e in m} == {True, False}
+    assert {e.dirty for e in imgcopy.map(dirty)} == {None}     # a plain map says nothing
 
 
 def test_dirty_map_html(dirty):
