@@ -73,6 +73,10 @@ enum {
      * without --backing-chain): for describing it only, as what it does
      * not hold then reads as zeros; read-only */
     IC_OPEN_NO_BACKING = 1u << 8,
+    /* A raw destination others write too, each its own ranges (range
+     * shards of one disk in several processes): shared as qemu's
+     * share-rw=on shares it; a format's file is never shared so */
+    IC_OPEN_SHARE_WRITE = 1u << 9,
 };
 
 struct ic_image;
@@ -430,6 +434,9 @@ struct ic_copy_options {
      * the sink collects and whose copy makes no whole checksum. */
     int (*preset_digests)(void *ctx, struct ic_copy *c, struct ic_error *err);
     void *preset_ctx;
+    /* Bytes of buffers the copy's items may hold at most (a fleet's share
+     * of its memory limit): fewer items in flight; 0: as it needs. */
+    uint64_t buffer_limit;
 };
 
 

@@ -36,7 +36,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
-            length: Optional[int] = None) -> CopyResult:
+            length: Optional[int] = None, _pool: Any = None,
+            _buffer_limit: int = 0) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -170,5 +171,5 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
-        offset=offset, length=length)
+        offset=offset, length=length, pool=_pool, buffer_limit=_buffer_limit)
     return steps.execute()
