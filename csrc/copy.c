@@ -953,6 +953,8 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     if (ic_image_tune(src, opt->connections, opt->requests_in_flight, err) < 0 ||
         ic_image_tune(dst, opt->connections, opt->requests_in_flight, err) < 0)
         return -1;
+    ic_image_set_retries(src, opt->retries, opt->retry_delay_ms);
+    ic_image_set_retries(dst, opt->retries, opt->retry_delay_ms);
     struct ic_copy *c = calloc(1, sizeof *c);
     if (!c)
         return ic_error_nomem(err);

@@ -246,6 +246,9 @@ uint64_t ic_image_preferred_size(const struct ic_image *img);
  * image's protocol) uses; nothing for local files. */
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
                   struct ic_error *err);
+/* How often a remote endpoint's dropped connection is made again (its
+ * unanswered requests sent again), the first after delay_ms, doubling. */
+void ic_image_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms);
 
 /* A cancelled copy's endpoints: requests in flight fail at once instead of
  * being waited for (a remote endpoint's connections are shut down); the
@@ -403,6 +406,8 @@ struct ic_copy_options {
     /* remote endpoints (NBD) */
     unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
     unsigned requests_in_flight; /* per connection (0: the default, 64)     */
+    unsigned retries;            /* a dropped connection made again, times */
+    uint64_t retry_delay_ms;     /* before the first retry; doubling        */
     struct ic_request_log *log; /* optional: record every request here     */
     /* Checksum the source from what the copy reads (blkhash, checksum.c):
      * the algorithm (NULL: none) and block size (0: 64 KiB); the hex

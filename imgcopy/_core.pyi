@@ -93,6 +93,8 @@ class CopyOptionDefaults(TypedDict):
     flush: bool
     connections: int
     requests_in_flight: int
+    retries: int
+    retry_delay_ms: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyReport(CopyCounters, _CopyChecksum):
@@ -191,7 +193,8 @@ def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool 
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
          offload: bool = ..., flush: bool = ..., connections: int = ...,
-         requests_in_flight: int = ..., checksum: Optional[str] = ...,
+         requests_in_flight: int = ..., retries: int = ..., retry_delay_ms: int = ...,
+         checksum: Optional[str] = ...,
          checksum_block_size: int = ..., changed: Optional[bytes] = ...,
          compare_block_size: int = ..., block_digests: bool = ...,
          pool: Optional[Pool] = ..., buffer_limit: int = ...) -> CopyReport:
@@ -204,7 +207,8 @@ def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
                        flush: bool = ..., connections: int = ...,
-                       requests_in_flight: int = ...) -> None:
+                       requests_in_flight: int = ..., retries: int = ...,
+                       retry_delay_ms: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,

@@ -84,6 +84,11 @@ def register(subparsers: Any) -> None:
     c.add_argument("--stats", choices=("json",), default=None,
                    help="print what the copy did")
     _checksum_arguments(c)
+    c.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="make a dropped NBD connection again up to N times, sending again "
+                        "what it left unanswered (default 0: a drop fails the copy)")
+    c.add_argument("--retry-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="before the first new connection; doubling (default 1)")
     c.add_argument("--changed", default=None, metavar="FILE|compare",
                    help="copy only what changed: the ranges in FILE (JSON "
                         "[[offset, length], ...], as CBT tools print them), or 'compare': "
@@ -206,7 +211,8 @@ def _copy_options(args: argparse.Namespace) -> CopyOptions:
         target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        connections=args.connections, requests_in_flight=args.requests_in_flight)
+        connections=args.connections, requests_in_flight=args.requests_in_flight,
+        retries=args.retries, retry_delay=args.retry_delay)
 
 
 def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:

@@ -26,6 +26,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             direct: Optional[Union[bool, Tuple[bool, bool]]] = None,
             flush: Optional[bool] = None, offload: Optional[bool] = None,
             connections: Optional[int] = None, requests_in_flight: Optional[int] = None,
+            retries: Optional[int] = None, retry_delay: Optional[float] = None,
             progress: Progress = None, cluster_size: Optional[Size] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
             compress: Optional[bool] = None, compression_type: Optional[str] = None,
@@ -80,7 +81,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     shorthand for it: ``sparse_threshold`` (-S), ``concurrency`` (-m),
     ``request_size``, ``out_of_order`` (-W), ``target_is_zero``, ``direct``
     (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C),
-    ``connections`` and ``requests_in_flight`` (NBD endpoints).
+    ``connections`` and ``requests_in_flight`` (NBD endpoints), ``retries``
+    and ``retry_delay`` (NBD connections made again when they drop).
     Keywords given (not None) replace the fields of ``options``; sizes take
     ints or strings such as "64k", "4M".
       ``progress``: True shows a bar (tqdm when installed, else text on
@@ -162,7 +164,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              request_size=request_size, out_of_order=out_of_order,
                              target_is_zero=target_is_zero, direct=direct, flush=flush,
                              offload=offload, connections=connections,
-                             requests_in_flight=requests_in_flight),
+                             requests_in_flight=requests_in_flight, retries=retries,
+                             retry_delay=retry_delay),
         create_options=create_options,
         layout_keywords=dict(cluster_size=cluster_size, compat=compat,
                              preallocation=preallocation, compress=compress,
