@@ -93,6 +93,9 @@ def register(subparsers: Any) -> None:
                    help="copy only what changed: the ranges in FILE (JSON "
                         "[[offset, length], ...], as CBT tools print them), or 'compare': "
                         "the blocks where the destination differs from the source")
+    c.add_argument("--bitmap", default=None, metavar="NAME",
+                   help="copy only what the source's dirty bitmap NAME marks changed (a qcow2 "
+                        "persistent bitmap, an NBD export's qemu:dirty-bitmap:NAME)")
     c.add_argument("--compare-block-size", type=parse_size, default=None, metavar="SIZE",
                    help="the block --changed=compare compares and writes (default 64k)")
     c.add_argument("--offset", type=parse_size, default=None, metavar="N",
@@ -235,4 +238,5 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         options=_copy_options(args), create_options=_create_options(args), progress=bar,
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
-        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length)
+        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
+        bitmap=args.bitmap)

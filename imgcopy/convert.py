@@ -37,7 +37,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
-            length: Optional[int] = None, _pool: Any = None,
+            length: Optional[int] = None, bitmap: Optional[str] = None, _pool: Any = None,
             _buffer_limit: int = 0) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
@@ -121,7 +121,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     left as it is: ``(offset, length)`` pairs in any order, overlapping or
     not (VMware CBT's changed areas), or an ``ExtentMap`` (of
     ``dirty_map()``, its dirty extents; of ``map()``, all of it). A range
-    past the source's end is a ``ValueError``. ``changed="compare"``: no
+    past the source's end is a ``ValueError``. ``bitmap="NAME"``: the
+    changed ranges are the source's dirty bitmap NAME (a qcow2 persistent
+    bitmap; an NBD export's ``qemu:dirty-bitmap:NAME``: qemu-nbd -B NAME),
+    refused as qemu refuses it (missing: the message lists those there
+    are; in use; corrupt). ``changed="compare"``: no
     change tracking at all: the destination is read too and only the
     blocks of ``compare_block_size`` [64k] that differ are written.
     ``CopyResult.bytes_changed`` says what was to be copied,
@@ -174,5 +178,5 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
-        offset=offset, length=length, pool=_pool, buffer_limit=_buffer_limit)
+        offset=offset, length=length, pool=_pool, buffer_limit=_buffer_limit, bitmap=bitmap)
     return steps.execute()

@@ -129,7 +129,8 @@ class CopySteps:
                  verify: bool = False, request_log: bool = False,
                  changed: Any = None, compare_block_size: Optional[Size] = None,
                  offset: Optional[int] = None, length: Optional[int] = None,
-                 pool: Any = None, buffer_limit: int = 0) -> None:
+                 pool: Any = None, buffer_limit: int = 0,
+                 bitmap: Optional[str] = None) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -147,6 +148,7 @@ class CopySteps:
         self.offset, self.length = offset, length
         # a fleet's: the shared pool, and this copy's share of its memory
         self.pool, self.buffer_limit = pool, buffer_limit
+        self.bitmap = bitmap
         self.changed: Optional[bytes] = None  # packed ranges (validate)
         self.compare_block = 0
         # what the steps find and make
@@ -192,6 +194,11 @@ class CopySteps:
                 raise ValueError("checksum block size must be even, from 2 bytes, not 0")
             _core.checksum_check(self.algorithm, self.block_size)
         self.compare_block = compare_block(self._changed, self._compare_block_size)
+        if self.bitmap is not None:
+            if not isinstance(self.bitmap, str):
+                raise TypeError(f"bitmap must be a str, not {type(self.bitmap).__name__}")
+            if self._changed is not None or self.offset is not None:
+                raise ValueError("bitmap says what changed: not with changed= or a shard")
         if self.offset is not None or self.length is not None:
             self._shard_range()
         if self._changed is not None and not self.compare_block:
@@ -255,6 +262,10 @@ class CopySteps:
             raise exc.renamed({"format": "src_format", "member": "src_member",
                                "external_files": "src_external_files"})
         self.source_size = self.source.size
+        if self.bitmap is not None:
+            # what changed: the dirty ranges of the source's own bitmap
+            # (refused as qemu refuses it: missing, in use, corrupt)
+            self.changed, _ = pack_ranges(self.source.dirty_map(self.bitmap))
         return self.source
 
     def open_destination(self) -> _core.Image:
