@@ -910,6 +910,10 @@ static unsigned copy_slots(const struct ic_copy *c, const struct ic_copy_options
         remote = (unsigned)(by_memory ? by_memory : 1);
     if (remote > want)
         want = remote;
+    /* a memory limit: as many items as its buffers allow, at least one */
+    uint64_t per_item = opt->request_size * (c->compare ? 2 : 1);
+    if (opt->buffer_limit && want > opt->buffer_limit / per_item)
+        want = opt->buffer_limit / per_item ? (unsigned)(opt->buffer_limit / per_item) : 1;
     return want < IC_JOB_MAX_CONCURRENCY ? want : IC_JOB_MAX_CONCURRENCY;
 }
 
@@ -949,6 +953,8 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     if (ic_image_tune(src, opt->connections, opt->requests_in_flight, err) < 0 ||
         ic_image_tune(dst, opt->connections, opt->requests_in_flight, err) < 0)
         return -1;
+    ic_image_set_retries(src, opt->retries, opt->retry_delay_ms);
+    ic_image_set_retries(dst, opt->retries, opt->retry_delay_ms);
     struct ic_copy *c = calloc(1, sizeof *c);
     if (!c)
         return ic_error_nomem(err);
@@ -1019,7 +1025,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
 
     struct ic_job_params params = {.concurrency = slots, .queue_depth = queue_depth,
                                    .total = c->bytes_changed, .pool = opt->pool,
-                                   .threads = opt->concurrency};
+                                   .threads = opt->concurrency < slots ? opt->concurrency : slots};
     if (ic_job_start(&copy_ops, c, &params, &c->job, err) < 0) {
         free_copy(c);
         return -1;

@@ -145,6 +145,10 @@ struct ic_driver {
      * requests in flight per connection a copy uses */
     int (*tune)(struct ic_image *img, unsigned connections, unsigned requests,
                 struct ic_error *err);
+    /* remote endpoints: a dropped connection is made again up to `retries`
+     * times (the first after delay_ms, doubling) and its unanswered
+     * requests sent again; 0: a drop fails the copy */
+    void (*set_retries)(struct ic_image *img, unsigned retries, uint64_t delay_ms);
     /* stop now: what is in flight fails at once, later requests fail (a
      * remote endpoint shuts its connections down instead of draining
      * them); the image is good for nothing but closing.  Any thread. */

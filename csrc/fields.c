@@ -15,6 +15,8 @@ const struct ic_field ic_copy_option_fields[] = {
     FIELD(struct ic_copy_options, flush, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, connections, IC_FIELD_UNSIGNED),
     FIELD(struct ic_copy_options, requests_in_flight, IC_FIELD_UNSIGNED),
+    FIELD(struct ic_copy_options, retries, IC_FIELD_UNSIGNED),
+    FIELD(struct ic_copy_options, retry_delay_ms, IC_FIELD_U64),
     {NULL, IC_FIELD_U64, 0, NULL},
 };
 

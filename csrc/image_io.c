@@ -471,6 +471,14 @@ int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
     return 0;
 }
 
+void ic_image_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms)
+{
+    for (; img; img = img->backing)
+        for (struct ic_image *i = img; i; i = i->file)
+            if (i->drv->set_retries)
+                i->drv->set_retries(i, retries, delay_ms);
+}
+
 void ic_image_abort(struct ic_image *img)
 {
     for (; img; img = img->backing) {

@@ -76,6 +76,10 @@ enum {
      * without --backing-chain): for describing it only, as what it does
      * not hold then reads as zeros; read-only */
     IC_OPEN_NO_BACKING = 1u << 8,
+    /* A raw destination others write too, each its own ranges (range
+     * shards of one disk in several processes): shared as qemu's
+     * share-rw=on shares it; a format's file is never shared so */
+    IC_OPEN_SHARE_WRITE = 1u << 9,
 };
 
 struct ic_image;
@@ -245,6 +249,9 @@ uint64_t ic_image_preferred_size(const struct ic_image *img);
  * image's protocol) uses; nothing for local files. */
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
                   struct ic_error *err);
+/* How often a remote endpoint's dropped connection is made again (its
+ * unanswered requests sent again), the first after delay_ms, doubling. */
+void ic_image_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms);
 
 /* A cancelled copy's endpoints: requests in flight fail at once instead of
  * being waited for (a remote endpoint's connections are shut down); the
@@ -450,6 +457,8 @@ struct ic_copy_options {
     /* remote endpoints (NBD) */
     unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
     unsigned requests_in_flight; /* per connection (0: the default, 64)     */
+    unsigned retries;            /* a dropped connection made again, times */
+    uint64_t retry_delay_ms;     /* before the first retry; doubling        */
     struct ic_request_log *log; /* optional: record every request here     */
     /* Checksum the source from what the copy reads (blkhash, checksum.c):
      * the algorithm (NULL: none) and block size (0: 64 KiB); the hex
@@ -481,6 +490,9 @@ struct ic_copy_options {
      * the sink collects and whose copy makes no whole checksum. */
     int (*preset_digests)(void *ctx, struct ic_copy *c, struct ic_error *err);
     void *preset_ctx;
+    /* Bytes of buffers the copy's items may hold at most (a fleet's share
+     * of its memory limit): fewer items in flight; 0: as it needs. */
+    uint64_t buffer_limit;
 };
 
 

@@ -15,6 +15,8 @@
 #define MAX_CONNECTIONS 16u
 #define MAX_REQUESTS_IN_FLIGHT 1024u
 #define MAX_COMPARE_BLOCK (64u << 20)
+#define MAX_RETRIES 1000u
+#define MAX_RETRY_DELAY_MS 3600000u
 /* nbdcopy's default: enough to hide a round trip of a few ms */
 #define DEFAULT_REQUESTS_IN_FLIGHT 64u
 
@@ -32,6 +34,7 @@ void ic_copy_options_init(struct ic_copy_options *o)
         .target_is_zero = IC_AUTO,
         .flush = 1,
         .requests_in_flight = DEFAULT_REQUESTS_IN_FLIGHT,
+        .retry_delay_ms = 1000,
     };
 }
 
@@ -58,6 +61,11 @@ int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
                                   o->compare_block_size > MAX_COMPARE_BLOCK))
         return ic_error_value(err, "compare_block_size must be a multiple of 512 from 512 "
                                    "bytes to 64 MiB");
+    if (o->retries > MAX_RETRIES)
+        return ic_error_value(err, "retries must be from 0 to %u", MAX_RETRIES);
+    if (o->retry_delay_ms > MAX_RETRY_DELAY_MS)
+        return ic_error_value(err, "retry_delay must be from 0 to %u seconds",
+                              MAX_RETRY_DELAY_MS / 1000);
     if (o->nchanged && !o->changed)
         return ic_error_value(err, "%zu changed ranges without their list", o->nchanged);
     return 0;

@@ -15,6 +15,7 @@ try:
     from .plan import CopyPlan, Request, plan
     from .measure import MeasureResult, measure
     from .shards import combine_checksums
+    from .fleet import Cancelled, CopyJob, copy_many
 except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a traceback
     from . import _program  # (again, if the Ctrl-C came while it was imported)
     _program.interrupted_while_starting()
@@ -25,4 +26,5 @@ __all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "
            "convert", "dirty_map", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
-           "CheckResult", "check", "compression_libraries", "features", "combine_checksums"]
+           "CheckResult", "check", "compression_libraries", "features", "combine_checksums",
+           "CopyJob", "copy_many", "Cancelled"]

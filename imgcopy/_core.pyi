@@ -94,6 +94,8 @@ class CopyOptionDefaults(TypedDict):
     flush: bool
     connections: int
     requests_in_flight: int
+    retries: int
+    retry_delay_ms: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyReport(CopyCounters, _CopyChecksum):
@@ -120,7 +122,7 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ..., no_backing: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ..., share_write: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
         name extent files outside its directory; ``no_backing``: the image
@@ -184,13 +186,24 @@ def library_versions() -> Dict[str, Optional[str]]:
 def compression_libraries() -> Dict[str, Optional[str]]:
     """The library each qcow2 compression type ("zlib", "zstd") uses in this
     build, with its version, or None where the build has none."""
+@final
+class Pool:
+    """Worker threads and a budget of bytes in flight copies share."""
+    def __new__(cls, threads: int, budget: int = ...) -> Pool: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def budget(self) -> int: ...
+
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
          offload: bool = ..., flush: bool = ..., connections: int = ...,
-         requests_in_flight: int = ..., checksum: Optional[str] = ...,
+         requests_in_flight: int = ..., retries: int = ..., retry_delay_ms: int = ...,
+         checksum: Optional[str] = ...,
          checksum_block_size: int = ..., changed: Optional[bytes] = ...,
-         compare_block_size: int = ..., block_digests: bool = ...) -> CopyReport:
+         compare_block_size: int = ..., block_digests: bool = ...,
+         pool: Optional[Pool] = ..., buffer_limit: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm;
     ``changed``: only these ranges (packed native uint64 offset, length
@@ -200,7 +213,8 @@ def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
                        flush: bool = ..., connections: int = ...,
-                       requests_in_flight: int = ...) -> None:
+                       requests_in_flight: int = ..., retries: int = ...,
+                       retry_delay_ms: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,

@@ -84,10 +84,18 @@ def register(subparsers: Any) -> None:
     c.add_argument("--stats", choices=("json",), default=None,
                    help="print what the copy did")
     _checksum_arguments(c)
+    c.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="make a dropped NBD connection again up to N times, sending again "
+                        "what it left unanswered (default 0: a drop fails the copy)")
+    c.add_argument("--retry-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="before the first new connection; doubling (default 1)")
     c.add_argument("--changed", default=None, metavar="FILE|compare",
                    help="copy only what changed: the ranges in FILE (JSON "
                         "[[offset, length], ...], as CBT tools print them), or 'compare': "
                         "the blocks where the destination differs from the source")
+    c.add_argument("--bitmap", default=None, metavar="NAME",
+                   help="copy only what the source's dirty bitmap NAME marks changed (a qcow2 "
+                        "persistent bitmap, an NBD export's qemu:dirty-bitmap:NAME)")
     c.add_argument("--compare-block-size", type=parse_size, default=None, metavar="SIZE",
                    help="the block --changed=compare compares and writes (default 64k)")
     c.add_argument("--offset", type=parse_size, default=None, metavar="N",
@@ -206,7 +214,8 @@ def _copy_options(args: argparse.Namespace) -> CopyOptions:
         target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        connections=args.connections, requests_in_flight=args.requests_in_flight)
+        connections=args.connections, requests_in_flight=args.requests_in_flight,
+        retries=args.retries, retry_delay=args.retry_delay)
 
 
 def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
@@ -229,4 +238,5 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         options=_copy_options(args), create_options=_create_options(args), progress=bar,
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
-        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length)
+        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
+        bitmap=args.bitmap)

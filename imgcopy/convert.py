@@ -26,6 +26,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             direct: Optional[Union[bool, Tuple[bool, bool]]] = None,
             flush: Optional[bool] = None, offload: Optional[bool] = None,
             connections: Optional[int] = None, requests_in_flight: Optional[int] = None,
+            retries: Optional[int] = None, retry_delay: Optional[float] = None,
             progress: Progress = None, cluster_size: Optional[Size] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
             compress: Optional[bool] = None, compression_type: Optional[str] = None,
@@ -36,7 +37,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
-            length: Optional[int] = None) -> CopyResult:
+            length: Optional[int] = None, bitmap: Optional[str] = None, _pool: Any = None,
+            _buffer_limit: int = 0) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -79,7 +81,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     shorthand for it: ``sparse_threshold`` (-S), ``concurrency`` (-m),
     ``request_size``, ``out_of_order`` (-W), ``target_is_zero``, ``direct``
     (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C),
-    ``connections`` and ``requests_in_flight`` (NBD endpoints).
+    ``connections`` and ``requests_in_flight`` (NBD endpoints), ``retries``
+    and ``retry_delay`` (NBD connections made again when they drop).
     Keywords given (not None) replace the fields of ``options``; sizes take
     ints or strings such as "64k", "4M".
       ``progress``: True shows a bar (tqdm when installed, else text on
@@ -118,7 +121,11 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     left as it is: ``(offset, length)`` pairs in any order, overlapping or
     not (VMware CBT's changed areas), or an ``ExtentMap`` (of
     ``dirty_map()``, its dirty extents; of ``map()``, all of it). A range
-    past the source's end is a ``ValueError``. ``changed="compare"``: no
+    past the source's end is a ``ValueError``. ``bitmap="NAME"``: the
+    changed ranges are the source's dirty bitmap NAME (a qcow2 persistent
+    bitmap; an NBD export's ``qemu:dirty-bitmap:NAME``: qemu-nbd -B NAME),
+    refused as qemu refuses it (missing: the message lists those there
+    are; in use; corrupt). ``changed="compare"``: no
     change tracking at all: the destination is read too and only the
     blocks of ``compare_block_size`` [64k] that differ are written.
     ``CopyResult.bytes_changed`` says what was to be copied,
@@ -161,7 +168,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              request_size=request_size, out_of_order=out_of_order,
                              target_is_zero=target_is_zero, direct=direct, flush=flush,
                              offload=offload, connections=connections,
-                             requests_in_flight=requests_in_flight),
+                             requests_in_flight=requests_in_flight, retries=retries,
+                             retry_delay=retry_delay),
         create_options=create_options,
         layout_keywords=dict(cluster_size=cluster_size, compat=compat,
                              preallocation=preallocation, compress=compress,
@@ -170,5 +178,5 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
-        offset=offset, length=length)
+        offset=offset, length=length, pool=_pool, buffer_limit=_buffer_limit, bitmap=bitmap)
     return steps.execute()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
 from .changes import compare_block, pack_ranges
@@ -55,6 +55,8 @@ class CopyResult:
     offset: Optional[int] = None
     length: Optional[int] = None
     block_digests: Optional[bytes] = field(default=None, repr=False)
+    # imgcopy.distributed.convert(): the shards the disk was cut into
+    shards: Optional[List[Tuple[int, int]]] = None
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
     # checksum=: the source's blkhash (hex), from what the copy read;
     # verify=True: the destination's, read back after the copy
@@ -65,7 +67,7 @@ class CopyResult:
         d = asdict(self)
         del d["options"]
         d.pop("block_digests", None)  # bytes: no JSON
-        for name in ("checksum", "dst_checksum", "offset", "length"):  # only when asked for
+        for name in ("checksum", "dst_checksum", "offset", "length", "shards"):  # when asked for
             if d[name] is None:
                 del d[name]
         return d
@@ -126,7 +128,9 @@ class CopySteps:
                  checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
                  verify: bool = False, request_log: bool = False,
                  changed: Any = None, compare_block_size: Optional[Size] = None,
-                 offset: Optional[int] = None, length: Optional[int] = None) -> None:
+                 offset: Optional[int] = None, length: Optional[int] = None,
+                 pool: Any = None, buffer_limit: int = 0,
+                 bitmap: Optional[str] = None) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -142,6 +146,9 @@ class CopySteps:
         self.request_log = request_log
         self._changed, self._compare_block_size = changed, compare_block_size
         self.offset, self.length = offset, length
+        # a fleet's: the shared pool, and this copy's share of its memory
+        self.pool, self.buffer_limit = pool, buffer_limit
+        self.bitmap = bitmap
         self.changed: Optional[bytes] = None  # packed ranges (validate)
         self.compare_block = 0
         # what the steps find and make
@@ -187,6 +194,11 @@ class CopySteps:
                 raise ValueError("checksum block size must be even, from 2 bytes, not 0")
             _core.checksum_check(self.algorithm, self.block_size)
         self.compare_block = compare_block(self._changed, self._compare_block_size)
+        if self.bitmap is not None:
+            if not isinstance(self.bitmap, str):
+                raise TypeError(f"bitmap must be a str, not {type(self.bitmap).__name__}")
+            if self._changed is not None or self.offset is not None:
+                raise ValueError("bitmap says what changed: not with changed= or a shard")
         if self.offset is not None or self.length is not None:
             self._shard_range()
         if self._changed is not None and not self.compare_block:
@@ -250,6 +262,10 @@ class CopySteps:
             raise exc.renamed({"format": "src_format", "member": "src_member",
                                "external_files": "src_external_files"})
         self.source_size = self.source.size
+        if self.bitmap is not None:
+            # what changed: the dirty ranges of the source's own bitmap
+            # (refused as qemu refuses it: missing, in use, corrupt)
+            self.changed, _ = pack_ranges(self.source.dirty_map(self.bitmap))
         return self.source
 
     def open_destination(self) -> _core.Image:
@@ -268,8 +284,10 @@ class CopySteps:
                                         direct=options.destination_direct,
                                         writeback=options.flush, atomic=True, **laid_out)
             return self.core
+        # a shard's destination is written by the other shards too
         core = _core.Image(self.dst, self.dst_format, writable=True,
-                           direct=options.destination_direct)
+                           direct=options.destination_direct,
+                           share_write=self.offset is not None)
         self.core = core
         dst_size = core.size
         if dst_size < source.size:
@@ -315,6 +333,7 @@ class CopySteps:
                                  log=self.request_log, changed=self.changed,
                                  compare_block_size=self.compare_block,
                                  block_digests=shard and in_copy is not None,
+                                 pool=self.pool, buffer_limit=self.buffer_limit,
                                  **self.options.engine_options(**logged))
         if self.offset is not None and self.length is not None:  # a shard
             self.report["offset"], self.report["length"] = self.offset, self.length

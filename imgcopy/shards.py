@@ -62,22 +62,25 @@ def combine_checksums(size: int, shards: Iterable[Any], *, algorithm: str = "sha
 
 def cut_shards(extents: Iterable[Tuple[int, int]], size: int, shard_size: int,
                block_size: int) -> List[Tuple[int, int]]:
-    """Ranges of at most ``shard_size`` bytes (whole blocks) covering the
-    ``(offset, length)`` data extents of a disk: what a sharded copy
-    copies; holes between them are left to the destination (it reads
-    zeros, or is zeroed by whoever made it)."""
+    """Shards covering a ``size``-byte disk, each about ``shard_size`` bytes
+    of the data the ``(offset, length)`` extents say it holds (holes cost a
+    shard nothing: they join their neighbours), cut on whole blocks of
+    ``block_size``; the last ends at the disk's end."""
     unit = max(block_size, 1)
-    step = max(shard_size // unit * unit, unit)
-    out: List[Tuple[int, int]] = []
-    for off, length in extents:
-        start = off // unit * unit
-        end = min(-(-(off + length) // unit) * unit, size)
-        if out and start <= out[-1][0] + out[-1][1]:
-            prev_start = out.pop()[0]
-            start = prev_start
-        pos = start
+    want = max(shard_size, unit)
+    cuts = [0]
+    held = 0
+    for off, length in sorted(extents):
+        pos, end = off, off + length
         while pos < end:
-            n = min(step, end - pos)
-            out.append((pos, n))
-            pos += n
-    return out
+            take = min(end - pos, want - held)
+            pos += take
+            held += take
+            if held >= want:
+                cut = -(-pos // unit) * unit
+                if cut < size and cut > cuts[-1]:
+                    cuts.append(cut)
+                held = 0
+                pos = max(pos, cut)
+    cuts.append(size)
+    return [(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]

@@ -37,6 +37,8 @@ void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c)
     }
     if (c->wake_fd >= 0)
         close(c->wake_fd);
+    for (size_t i = 0; i < sizeof c->contexts / sizeof *c->contexts; i++)
+        free(c->contexts[i]);
 }
 
 static void nbd_close_image(struct ic_image *img)
@@ -73,9 +75,14 @@ int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *con
         return ic_error_os(err, errno, img->path, "eventfd");
     if (!(c->h = lib->create()))
         return nbd_handle_error(img, lib, "nbd_create", err);
-    for (const char *const *name = contexts; *name; name++)
+    size_t n = 0;
+    for (const char *const *name = contexts; *name; name++) {
         if (lib->add_meta_context(c->h, *name) < 0)
             return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
+        /* kept: a reconnection asks for them again */
+        if (n + 1 < sizeof c->contexts / sizeof *c->contexts && !(c->contexts[n++] = strdup(*name)))
+            return ic_error_nomem(err);
+    }
     /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
      * may be read, as qemu-img and nbdcopy read them */
     if (lib->set_uri_allow_local_file(c->h, 1) < 0)
@@ -115,6 +122,8 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
         st->conns[i].wake_fd = -1;
     st->dirty.wake_fd = -1;
     img->drv_state = st;
+    st->uri = img->path;
+    st->retry_delay_ms = 1000;
     st->nconns = 1;
     if (connect_one(img, &st->conns[0], err) < 0)
         return -1;
@@ -171,6 +180,16 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     pthread_cond_broadcast(&st->changed); /* a writer may have room now */
     pthread_mutex_unlock(&st->lock);
     return 0;
+}
+
+/* A copy's patience with a server that drops: connections made again */
+static void nbd_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    st->retries = retries;
+    st->retry_delay_ms = delay_ms;
+    pthread_mutex_unlock(&st->lock);
 }
 
 /* Cancelled: every connection is shut down instead of drained (see
@@ -355,9 +374,32 @@ static uint64_t nbd_write_alignment(const struct ic_image *img)
 #define NBD_ASSUMED_BANDWIDTH 1073741824ull /* bytes per second */
 #define NBD_ASSUMED_CONCURRENCY 16u
 
+/* Round trips measured before a cost is told: one can be slowed by
+ * anything (a busy machine, a cold server), the shortest of a few not */
+#define NBD_RTT_SAMPLES 4u
+
 static uint64_t nbd_request_cost(const struct ic_image *img)
 {
     struct nbd_state *st = img->drv_state;
+    /* tiny questions of the export until it has answered a few */
+    for (unsigned probe = 0; probe < NBD_RTT_SAMPLES &&
+                             atomic_load(&st->rtt_samples) < NBD_RTT_SAMPLES; probe++) {
+        uint64_t len = st->min_block > 4096 ? st->min_block : 4096;
+        if (len > img->size)
+            len = img->size;
+        struct nbd_request r = {.op = st->has_alloc || st->has_depth ? OP_STATUS : OP_READ,
+                                .off = 0, .len = len, .flags = 0};
+        uint8_t *buf = r.op == OP_READ ? malloc((size_t)len ? (size_t)len : 1) : NULL;
+        if (r.op == OP_READ && !buf)
+            break;
+        r.buf = buf;
+        int e = len ? nbd_run_waited(st, &r, NULL) : -1;
+        free(buf);
+        free(r.alloc);
+        free(r.depth);
+        if (e)
+            break;
+    }
     uint64_t rtt = atomic_load(&st->min_rtt); /* ns */
     if (rtt < NBD_LOCAL_RTT)
         return 0;
@@ -391,6 +433,7 @@ const struct ic_driver ic_protocol_nbd = {
     .zero_limit = nbd_zero_limit,
     .preferred_size = nbd_preferred_size,
     .tune = nbd_tune,
+    .set_retries = nbd_set_retries,
     .abort = nbd_abort,
     .aio_pread = nbd_aio_pread,
     .aio_pwrite = nbd_aio_pwrite,

@@ -88,6 +88,13 @@ struct nbd_conn {
     /* unwaited requests that failed, held until published (settle) */
     struct nbd_request *failures;
     int settled; /* dead, or its thread gone */
+    /* reconnecting (st->retries): the meta contexts it asks for, the
+     * requests the dead connection left unanswered (sent again once it is
+     * back), and whether it gave up */
+    char *contexts[4];
+    struct nbd_request *retry_head, *retry_tail;
+    int gave_up;
+    unsigned reconnects;
 };
 
 struct nbd_state {
@@ -120,6 +127,13 @@ struct nbd_state {
     /* the shortest round trip seen of a small request (ns; 0: none yet):
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
+    atomic_uint rtt_samples;
+    /* a dropped connection is made again this many times (0: never), the
+     * first after retry_delay_ms, doubling; its unanswered requests are
+     * sent again (a server's own error answer is never retried) */
+    unsigned retries;
+    uint64_t retry_delay_ms;
+    const char *uri; /* the image's path: what is connected again */
     struct nbd_status_ahead ahead;
     /* a dirty bitmap's connection (nbd_dirty.c): its meta context is
      * asked for when connecting, so a bitmap has a connection of its own */

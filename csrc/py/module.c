@@ -184,27 +184,35 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
                              "checksum_block_size", "changed", "compare_block_size",
-                             "block_digests", NULL};
+                             "block_digests", "pool", "buffer_limit", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *progress = Py_None, *changed = Py_None;
+    PyObject *progress = Py_None, *changed = Py_None, *pool = Py_None;
+    struct u64_arg buffer_limit = {"copy", "buffer_limit", 0};
     int log = 0, want_digests = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
     struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&p:copy", kwlist,
-                                                     st->image_type, &src, st->image_type,
-                                                     &dst, &progress, &log, &opt.checksum,
-                                                     u64_converter, &checksum_block, &changed,
-                                                     u64_converter, &compare_block,
-                                                     &want_digests);
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&pOO&:copy",
+                                                     kwlist, st->image_type, &src,
+                                                     st->image_type, &dst, &progress, &log,
+                                                     &opt.checksum, u64_converter,
+                                                     &checksum_block, &changed, u64_converter,
+                                                     &compare_block, &want_digests, &pool,
+                                                     u64_converter, &buffer_limit);
     opt.checksum_block_size = checksum_block.value;
     opt.compare_block_size = compare_block.value;
+    opt.buffer_limit = buffer_limit.value;
     Py_XDECREF(rest);
     if (!parsed)
         return NULL;
+    if (pool != Py_None && !PyObject_TypeCheck(pool, st->pool_type))
+        return PyErr_Format(PyExc_TypeError, "copy() argument 'pool' must be a Pool, not %s",
+                            Py_TYPE(pool)->tp_name);
+    if (pool != Py_None)
+        opt.pool = ((PoolObject *)pool)->pool; /* the caller's reference keeps it */
     /* changed: packed (offset, length) pairs of native uint64, or None */
     Py_buffer ranges = {0};
     if (changed != Py_None) {
@@ -431,6 +439,7 @@ static int core_clear(PyObject *m)
 {
     core_state *st = module_state(m);
     Py_CLEAR(st->image_type);
+    Py_CLEAR(st->pool_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->image_format_error);
     Py_CLEAR(st->os_error_factory);
@@ -460,7 +469,8 @@ static int core_exec(PyObject *m)
         !(st->error = attribute_of("imgcopy.errors", "Error")) ||
         !(st->image_format_error = attribute_of("imgcopy.errors", "ImageFormatError")) ||
         !(st->os_error_factory = attribute_of("imgcopy.errors", "os_error")) ||
-        !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_type_spec, NULL)))
+        !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_type_spec, NULL)) ||
+        !(st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &pool_type_spec, NULL)))
         return -1;
     static const struct {
         const char *name;
@@ -487,6 +497,7 @@ static int core_exec(PyObject *m)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)
             return -1;
     if (PyModule_AddObjectRef(m, "Image", (PyObject *)st->image_type) < 0 ||
+        PyModule_AddObjectRef(m, "Pool", (PyObject *)st->pool_type) < 0 ||
         PyModule_AddObjectRef(m, "Error", st->error) < 0 ||
         PyModule_AddObjectRef(m, "ImageFormatError", st->image_format_error) < 0)
         return -1;
