@@ -347,6 +347,14 @@ static int resolve(struct piece *p, size_t n, struct run **out, size_t *nout)
     }
     free(bound);
     free(heap);
+    /* overlapping records leave far fewer runs than pieces: give the rest
+     * back (a failure to shrink keeps the larger block, which works) */
+    struct run *fit = nr ? realloc(runs, nr * sizeof *runs) : NULL;
+    if (fit || !nr) {
+        if (!nr)
+            free(runs);
+        runs = fit;
+    }
     *out = runs;
     *nout = nr;
     return 0;
@@ -451,6 +459,8 @@ static int range_by_offset(const void *a, const void *b)
 /* Sort and merge (touching too) in place; returns the new count */
 static size_t merge_ranges(struct ic_range *r, size_t n)
 {
+    if (n == 0)
+        return 0; /* r may be NULL: not even qsort may have it */
     qsort(r, n, sizeof *r, range_by_offset);
     size_t out = 0;
     for (size_t i = 0; i < n; i++) {
@@ -653,14 +663,17 @@ static int whole_record_after(struct ic_journal *j, uint64_t from, uint64_t fsiz
                               struct ic_error *err)
 {
     *found = 0;
+    /* a window as long as what is left, at most WINDOW: a torn tail is
+     * usually a few bytes */
     enum { WINDOW = 1 << 20 };
-    uint8_t *buf = malloc(WINDOW);
+    size_t cap = fsize - from < WINDOW ? (size_t)(fsize - from) : WINDOW;
+    uint8_t *buf = malloc(cap ? cap : 1);
     if (!buf)
         return ic_error_nomem(err);
     int candidates = 0, ret = 0;
     uint64_t at = from + 1;
     while (at + REC_HEADER <= fsize && !*found && ret == 0) {
-        size_t want = fsize - at < WINDOW ? (size_t)(fsize - at) : WINDOW;
+        size_t want = fsize - at < cap ? (size_t)(fsize - at) : cap;
         ssize_t got = read_at(j->fd, buf, want, at);
         if (got < 0) {
             ret = ic_error_os(err, errno, j->path, "cannot read the journal");

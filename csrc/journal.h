@@ -106,7 +106,7 @@ int ic_journal_open(const char *path, const struct ic_journal_identity *id,
 /* Whether the journal existed (a resume) */
 int ic_journal_resumed(const struct ic_journal *j);
 /* The ranges recorded done, sorted, merged (touching ones too), owned by
- * the journal: valid until the next ic_journal_record. */
+ * the journal: valid until the next ic_journal_record (NULL when none). */
 const struct ic_range *ic_journal_done(const struct ic_journal *j, size_t *count);
 /* The recorded digest of block `index` (blocks of block_size from 0): 1 when
  * recorded, with *is_zero set for a zero block (the caller uses its zero
