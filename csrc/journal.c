@@ -1129,8 +1129,8 @@ int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_
     if (used == 0)
         return 0;
     if (j->digest_size) {
-        if (!zero_flags || (!digests && blocks > 0))
-            return ic_error_value(err, "journal: a record without its blocks' digests");
+        if (!zero_flags)
+            return ic_error_value(err, "journal: a record without its blocks' kinds");
         for (uint64_t b = 0; b < blocks; b++)
             ndata += zero_flags[b] == 0;
         if (ndata > 0 && !digests)

@@ -118,8 +118,8 @@ int ic_journal_block(const struct ic_journal *j, uint64_t index, int *is_zero, u
  * to the destination.  With an algorithm, for each block of the ranges in
  * order (a block in two ranges counted twice): zero_flags[i] non-zero when
  * block i is a zero block, and `digests` the digests of the data blocks
- * only, one after another (digest_size bytes each).  Without an algorithm
- * both are ignored (may be NULL).  Buffered: not durable until
+ * only, one after another (digest_size bytes each; NULL when every block
+ * is zero).  Without an algorithm both are ignored (may be NULL).  Buffered: not durable until
  * ic_journal_sync, but ic_journal_done and ic_journal_block see it at once.
  * A failure leaves the journal as it was. */
 int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_t n,

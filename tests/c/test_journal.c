@@ -282,12 +282,28 @@ static void test_round_trip(void)
               "bad range %zu accepted", i);
         verify(j, &before, "after a refused record");
     }
+    /* zero blocks need no digests; a record needs its blocks' kinds */
+    struct ic_range zr[] = {{7 * BS, 2 * BS}};
+    CHECK(ic_journal_record(j, zr, 1, (uint8_t[2]){1, 1}, NULL, &err) == 0, "zeros: %s",
+          err.msg);
+    before.state[7] = before.state[8] = 1;
+    verify(j, &before, "zero blocks without digests");
+    CHECK(ic_journal_record(j, zr, 1, (uint8_t[2]){1, 0}, NULL, &err) < 0 &&
+          err.kind == IC_ERR_VALUE, "a data block without its digest");
+    CHECK(ic_journal_record(j, zr, 1, NULL, NULL, &err) < 0 && err.kind == IC_ERR_VALUE,
+          "blocks without their kinds");
+    verify(j, &before, "after refused records");
     /* empty ranges are skipped; nothing at all is no record */
     struct ic_range empty[] = {{0, 0}, {SIZE, 0}};
     uint64_t len = file_size(jpath);
+    sync_ok(j, "the zeros");
+    len = file_size(jpath);
     CHECK(ic_journal_record(j, empty, 2, NULL, NULL, &err) == 0, "empty: %s", err.msg);
     sync_ok(j, "nothing");
     CHECK(file_size(jpath) == len, "an empty record was written");
+    ic_journal_close(j);
+    j = open_ok(&id, 1, "reopened with the zeros");
+    verify(j, &before, "reopened with the zeros");
     ic_journal_close(j);
     model_free(&before);
     model_free(&m);
