@@ -308,29 +308,43 @@ static int resolve(struct piece *p, size_t n, struct run **out, size_t *nout)
     *nout = 0;
     if (n == 0)
         return 0;
-    if (n > SIZE_MAX / (2 * sizeof(uint64_t)))
+    if (n > SIZE_MAX / (2 * sizeof(struct run)))
         return -1;
-    uint64_t *bound = malloc(2 * n * sizeof *bound);
-    size_t *heap = malloc(n * sizeof *heap);
     struct run *runs = malloc(2 * n * sizeof *runs);
-    if (!bound || !heap || !runs) {
+    if (!runs)
+        return -1;
+    uint64_t *bound = NULL;
+    size_t *heap = NULL;
+    /* pieces in order and apart, as a copy mostly records them: nothing
+     * hides anything, no sort (seq order is then block order) */
+    size_t nr = 0, i;
+    for (i = 1; i < n && p[i].first >= p[i - 1].end; i++)
+        ;
+    if (i >= n) {
+        for (i = 0; i < n; i++)
+            push_run(runs, &nr, (struct run){p[i].first, p[i].end - p[i].first, p[i].digest});
+        goto done;
+    }
+    bound = malloc(2 * n * sizeof *bound);
+    heap = malloc(n * sizeof *heap);
+    if (!bound || !heap) {
         free(bound);
         free(heap);
         free(runs);
         return -1;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (i = 0; i < n; i++) {
         bound[2 * i] = p[i].first;
         bound[2 * i + 1] = p[i].end;
     }
     qsort(bound, 2 * n, sizeof *bound, u64_cmp);
     size_t nb = 0;
-    for (size_t i = 0; i < 2 * n; i++)
+    for (i = 0; i < 2 * n; i++)
         if (nb == 0 || bound[nb - 1] != bound[i])
             bound[nb++] = bound[i];
     qsort(p, n, sizeof *p, piece_by_first);
-    size_t hn = 0, next = 0, nr = 0;
-    for (size_t i = 0; i + 1 < nb; i++) {
+    size_t hn = 0, next = 0;
+    for (i = 0; i + 1 < nb; i++) {
         uint64_t at = bound[i];
         while (next < n && p[next].first == at)
             heap_push(heap, &hn, p, next++);
@@ -345,6 +359,7 @@ static int resolve(struct piece *p, size_t n, struct run **out, size_t *nout)
                         w->digest == ZERO_RUN ? ZERO_RUN : w->digest + (at - w->first)};
         push_run(runs, &nr, r);
     }
+done:
     free(bound);
     free(heap);
     /* overlapping records leave far fewer runs than pieces: give the rest
@@ -1097,6 +1112,28 @@ int ic_journal_block(const struct ic_journal *j, uint64_t index, int *is_zero, u
     if (!*is_zero)
         memcpy(digest, j->dig + (r->digest + (index - r->first)) * j->digest_size,
                j->digest_size);
+    return 1;
+}
+
+int ic_journal_run(const struct ic_journal *j, uint64_t index, uint64_t *count, int *is_zero,
+                   const uint8_t **digests)
+{
+    *count = 0;
+    *is_zero = 0;
+    *digests = NULL;
+    if (!j->digest_size || index >= j->nblocks)
+        return 0;
+    size_t i = runs_after(j->runs, j->nruns, index);
+    if (i >= j->nruns || j->runs[i].first > index) {
+        /* a gap: up to the next run, or the end */
+        *count = (i < j->nruns ? j->runs[i].first : j->nblocks) - index;
+        return 0;
+    }
+    const struct run *r = &j->runs[i];
+    *count = r->first + r->count - index;
+    *is_zero = r->digest == ZERO_RUN;
+    if (!*is_zero)
+        *digests = j->dig + (r->digest + (index - r->first)) * j->digest_size;
     return 1;
 }
 

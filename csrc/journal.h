@@ -113,6 +113,15 @@ const struct ic_range *ic_journal_done(const struct ic_journal *j, size_t *count
  * digest; `digest` untouched) or cleared and the digest copied into
  * `digest` (digest_size bytes); 0 when not recorded, or without digests. */
 int ic_journal_block(const struct ic_journal *j, uint64_t index, int *is_zero, uint8_t *digest);
+/* The same for walking blocks in order, a run at a time (one search per
+ * run, not per block): 1 when block `index` is recorded, with *count the
+ * blocks from index on recorded alike (all zero blocks: *is_zero set; or
+ * data blocks whose digests lie one after another from *digests,
+ * digest_size bytes each, valid until the next ic_journal_record); 0 when
+ * it is not, with *count the blocks up to the next recorded one or the end
+ * (0 past the end, and without digests). */
+int ic_journal_run(const struct ic_journal *j, uint64_t index, uint64_t *count, int *is_zero,
+                   const uint8_t **digests);
 /* Append one record: `n` ranges (bytes; each starts on a block boundary and
  * ends on one or at size; empty ones are skipped) now written AND flushed
  * to the destination.  With an algorithm, for each block of the ranges in

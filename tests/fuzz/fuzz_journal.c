@@ -89,6 +89,30 @@ NO_COVERAGE static void check_journal(const struct ic_journal *j,
     }
     for (uint64_t k = 0; k < 8; k++)
         check_block(j, id, d, n, mix(data, size, 10 + k) % (id->size / bs + 2));
+    /* the first runs walked in order agree with the lookups at their ends */
+    uint64_t nblocks = id->size / bs + (id->size % bs != 0), at = 0;
+    for (int k = 0; k < 64 && at < nblocks; k++) {
+        uint64_t count;
+        int zero, z = -1;
+        const uint8_t *dig;
+        uint8_t one[IC_DIGEST_MAX];
+        int found = ic_journal_run(j, at, &count, &zero, &dig);
+        if (!id->algorithm) {
+            if (found || count)
+                fail("a run without digests", at, count);
+            break;
+        }
+        if (count == 0 || count > nblocks - at)
+            fail("a run's length", at, count);
+        uint64_t last = at + count - 1;
+        if (ic_journal_block(j, at, &z, one) != found || ic_journal_block(j, last, &z, one) !=
+                                                             found)
+            fail("a run and the lookups disagree", at, count);
+        if (found && (z != zero || (!zero && memcmp(one, dig + (last - at) * id->digest_size,
+                                                    id->digest_size) != 0)))
+            fail("a run's last digest", at, count);
+        at += count;
+    }
     check_block(j, id, d, n, UINT64_MAX);
 }
 
