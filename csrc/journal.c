@@ -71,12 +71,13 @@ struct ic_journal {
     uint8_t *dig;
     size_t ndig, dig_cap; /* in digests */
 
-    /* recorded, not yet written: ranges, one zero flag per block, and the
-     * digests of the data blocks, the last pend_data of the arena */
+    /* recorded, not yet written: ranges, the blocks' zero bits (the
+     * record's bitmap; bits past npbits clear), and the digests of the data
+     * blocks, the last pend_data of the arena */
     struct ic_range *pend;
     size_t npend, pend_cap;
-    uint8_t *pzero;
-    size_t npzero, pzero_cap;
+    uint8_t *pbits;
+    size_t npbits, pbits_cap; /* bits; capacity in bytes */
     size_t pend_data;
 };
 
@@ -500,12 +501,34 @@ static int range_ok(const struct ic_journal *j, struct ic_range r)
     return r.offset % j->block_size == 0 && (e % j->block_size == 0 || e == j->size);
 }
 
-/* The pieces of ranges r[0..n) (all valid) with their zero flags (a bit
- * per block when `bits`, else a byte), data digests numbered from `dig0`,
- * seq from *seq on; appended to p (room reserved by the caller). */
+/* What the blocks of a record are: zero or data, per block from a byte
+ * each (the caller's flags), from a bit each (a record's bitmap), or all
+ * alike (a run as blkhash's sink tells it) */
+enum kinds_mode { KINDS_BYTES, KINDS_BITS, KINDS_ALL_DATA, KINDS_ALL_ZERO };
+struct kinds {
+    enum kinds_mode mode;
+    const uint8_t *p;
+};
+
+static int kind_at(const struct kinds *k, uint64_t i)
+{
+    switch (k->mode) {
+    case KINDS_BYTES:
+        return k->p[i] != 0;
+    case KINDS_BITS:
+        return (k->p[i / 8] >> (i % 8)) & 1;
+    case KINDS_ALL_ZERO:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The pieces of ranges r[0..n) (all valid), data digests numbered from
+ * `dig0`, seq from *seq on; appended to p (room reserved by the caller:
+ * count_pieces).  `p` NULL: only count them. */
 static size_t make_pieces(const struct ic_journal *j, const struct ic_range *r, size_t n,
-                          const uint8_t *flags, int bits, uint64_t dig0, uint64_t *seq,
-                          struct piece *p)
+                          const struct kinds *k, uint64_t dig0, uint64_t *seq, struct piece *p)
 {
     size_t np = 0;
     uint64_t blk = 0, dig = dig0;
@@ -513,13 +536,15 @@ static size_t make_pieces(const struct ic_journal *j, const struct ic_range *r, 
         uint64_t first = r[i].offset / j->block_size, count = blocks_of(j, r[i].length);
         uint64_t b = 0;
         while (b < count) {
-            int zero = bits ? (flags[(blk + b) / 8] >> ((blk + b) % 8)) & 1 : flags[blk + b] != 0;
+            int zero = kind_at(k, blk + b);
             uint64_t e = b + 1;
-            while (e < count &&
-                   (bits ? (flags[(blk + e) / 8] >> ((blk + e) % 8)) & 1 : flags[blk + e] != 0) ==
-                       zero)
+            if (k->mode == KINDS_ALL_DATA || k->mode == KINDS_ALL_ZERO)
+                e = count; /* one piece, not a look at each block */
+            while (e < count && kind_at(k, blk + e) == zero)
                 e++;
-            p[np++] = (struct piece){first + b, first + e, zero ? ZERO_RUN : dig, (*seq)++};
+            if (p)
+                p[np] = (struct piece){first + b, first + e, zero ? ZERO_RUN : dig, (*seq)++};
+            np++;
             if (!zero)
                 dig += e - b;
             b = e;
@@ -529,24 +554,24 @@ static size_t make_pieces(const struct ic_journal *j, const struct ic_range *r, 
     return np;
 }
 
-/* How many pieces make_pieces makes */
 static size_t count_pieces(const struct ic_journal *j, const struct ic_range *r, size_t n,
-                           const uint8_t *flags, int bits)
+                           const struct kinds *k)
 {
-    size_t np = 0;
-    uint64_t blk = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t count = blocks_of(j, r[i].length);
-        int prev = -1;
-        for (uint64_t b = 0; b < count; b++) {
-            int zero = bits ? (flags[(blk + b) / 8] >> ((blk + b) % 8)) & 1 : flags[blk + b] != 0;
-            if (zero != prev)
-                np++;
-            prev = zero;
-        }
-        blk += count;
+    return make_pieces(j, r, n, k, 0, NULL, NULL);
+}
+
+/* Set bits [from, from+count) of a bitmap */
+static void set_bits(uint8_t *bits, uint64_t from, uint64_t count)
+{
+    while (count > 0 && from % 8) {
+        bits[from / 8] |= (uint8_t)(1u << (from % 8));
+        from++;
+        count--;
     }
-    return np;
+    memset(bits + from / 8, 0xff, count / 8);
+    from += count / 8 * 8;
+    for (count %= 8; count > 0; count--, from++)
+        bits[from / 8] |= (uint8_t)(1u << (from % 8));
 }
 
 /* ---- the file ---- */
@@ -815,12 +840,13 @@ static int take_record(struct ic_journal *j, uint64_t pos, const uint8_t *p, uin
         j->ndone += n;
     }
     if (ret == 0 && j->digest_size) {
-        size_t np = count_pieces(j, ranges, n, bits, 1);
+        struct kinds k = {KINDS_BITS, bits};
+        size_t np = count_pieces(j, ranges, n, &k);
         if (reserve_digests(j, ndata) < 0 ||
             reserve(pieces, pieces_cap, *npieces + np, sizeof **pieces) < 0) {
             ret = ic_error_nomem(err);
         } else {
-            *npieces += make_pieces(j, ranges, n, bits, 1, j->ndig, seq, *pieces + *npieces);
+            *npieces += make_pieces(j, ranges, n, &k, j->ndig, seq, *pieces + *npieces);
             if (ndata) /* an arena not yet allocated is NULL: no memcpy there */
                 memcpy(j->dig + j->ndig * j->digest_size,
                        bits + (blocks / 8 + (blocks % 8 != 0)), ndata * j->digest_size);
@@ -956,7 +982,7 @@ static void free_journal(struct ic_journal *j)
     free(j->runs);
     free(j->dig);
     free(j->pend);
-    free(j->pzero);
+    free(j->pbits);
     free(j);
 }
 
@@ -1137,8 +1163,9 @@ int ic_journal_run(const struct ic_journal *j, uint64_t index, uint64_t *count, 
     return 1;
 }
 
-int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_t n,
-                      const uint8_t *zero_flags, const uint8_t *digests, struct ic_error *err)
+/* Append one record of ranges r[0..n) whose blocks are as `k` says */
+static int record(struct ic_journal *j, const struct ic_range *ranges, size_t n,
+                  const struct kinds *k, const uint8_t *digests, struct ic_error *err)
 {
     if (j->failed) {
         if (err)
@@ -1166,10 +1193,13 @@ int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_
     if (used == 0)
         return 0;
     if (j->digest_size) {
-        if (!zero_flags)
+        if (k->mode == KINDS_BYTES && !k->p)
             return ic_error_value(err, "journal: a record without its blocks' kinds");
-        for (uint64_t b = 0; b < blocks; b++)
-            ndata += zero_flags[b] == 0;
+        if (k->mode == KINDS_ALL_DATA)
+            ndata = blocks;
+        else if (k->mode == KINDS_BYTES)
+            for (uint64_t b = 0; b < blocks; b++)
+                ndata += k->p[b] == 0;
         if (ndata > 0 && !digests)
             return ic_error_value(err, "journal: a record without its blocks' digests");
     }
@@ -1193,22 +1223,24 @@ int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_
             add[used++] = ranges[i];
     if (reserve(&j->pend, &j->pend_cap, j->npend + used, sizeof *j->pend) < 0)
         goto nomem;
+    size_t old_bytes = j->npbits / 8 + (j->npbits % 8 != 0);
     if (j->digest_size) {
-        np = count_pieces(j, add, used, zero_flags, 0);
+        np = count_pieces(j, add, used, k);
         pieces = malloc(np * sizeof *pieces);
         if (!pieces || reserve_digests(j, ndata) < 0 ||
-            reserve(&j->pzero, &j->pzero_cap, j->npzero + blocks, 1) < 0)
+            blocks > SIZE_MAX - 8 - j->npbits ||
+            reserve(&j->pbits, &j->pbits_cap, (j->npbits + blocks + 7) / 8, 1) < 0)
             goto nomem;
         uint64_t seq = 0;
-        make_pieces(j, add, used, zero_flags, 0, j->ndig, &seq, pieces);
+        make_pieces(j, add, used, k, j->ndig, &seq, pieces);
         if (resolve(pieces, np, &top, &ntop) < 0)
             goto nomem;
     }
-    size_t k = 0;
+    size_t at = 0;
     if (ntop) {
-        k = runs_after(j->runs, j->nruns, top[0].first);
-        if (j->nruns - k > SIZE_MAX / sizeof *tmp - 2 * ntop ||
-            !(tmp = malloc((j->nruns - k + 2 * ntop) * sizeof *tmp)) ||
+        at = runs_after(j->runs, j->nruns, top[0].first);
+        if (j->nruns - at > SIZE_MAX / sizeof *tmp - 2 * ntop ||
+            !(tmp = malloc((j->nruns - at + 2 * ntop) * sizeof *tmp)) ||
             reserve(&j->runs, &j->runs_cap, j->nruns + 2 * ntop, sizeof *j->runs) < 0)
             goto nomem;
     }
@@ -1237,16 +1269,24 @@ int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_
     memcpy(j->done + dk, dtmp, nd * sizeof *dtmp);
     j->ndone = dk + nd;
     if (j->digest_size) {
-        size_t nt = overlay(j, k, top, ntop, tmp);
-        j->nruns = k;
-        for (size_t i = 0; i < nt; i++) /* merging with run k-1 where they join */
+        size_t nt = overlay(j, at, top, ntop, tmp);
+        j->nruns = at;
+        for (size_t i = 0; i < nt; i++) /* merging with run at-1 where they join */
             push_run(j->runs, &j->nruns, tmp[i]);
         if (ndata)
             memcpy(j->dig + j->ndig * j->digest_size, digests, ndata * j->digest_size);
         j->ndig += ndata;
         j->pend_data += ndata;
-        for (uint64_t b = 0; b < blocks; b++)
-            j->pzero[j->npzero++] = zero_flags[b] != 0;
+        /* the new bitmap bytes start clear, the zero blocks' bits set */
+        size_t new_bytes = (j->npbits + blocks + 7) / 8;
+        memset(j->pbits + old_bytes, 0, new_bytes - old_bytes);
+        if (k->mode == KINDS_ALL_ZERO)
+            set_bits(j->pbits, j->npbits, blocks);
+        else if (k->mode == KINDS_BYTES)
+            for (uint64_t b = 0; b < blocks; b++)
+                if (k->p[b])
+                    set_bits(j->pbits, j->npbits + b, 1);
+        j->npbits += blocks;
     }
     ret = 0;
     goto out;
@@ -1259,6 +1299,29 @@ out:
     free(tmp);
     free(dtmp);
     return ret;
+}
+
+int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_t n,
+                      const uint8_t *zero_flags, const uint8_t *digests, struct ic_error *err)
+{
+    struct kinds k = {KINDS_BYTES, zero_flags};
+    return record(j, ranges, n, &k, digests, err);
+}
+
+int ic_journal_record_run(struct ic_journal *j, uint64_t first, uint64_t count,
+                          const uint8_t *digests, struct ic_error *err)
+{
+    if (count == 0)
+        return record(j, NULL, 0, NULL, NULL, err); /* nothing, but a failure sticks */
+    if (first >= j->nblocks || count > j->nblocks - first)
+        return ic_error_value(err, "journal: blocks %llu+%llu are not among its %llu",
+                              (unsigned long long)first, (unsigned long long)count,
+                              (unsigned long long)j->nblocks);
+    uint64_t off = first * j->block_size;
+    struct ic_range r = {off, first + count == j->nblocks ? j->size - off
+                                                           : count * j->block_size};
+    struct kinds k = {digests ? KINDS_ALL_DATA : KINDS_ALL_ZERO, NULL};
+    return record(j, &r, 1, &k, digests, err);
 }
 
 static int sticky(struct ic_journal *j, int errnum, const char *what, struct ic_error *err)
@@ -1279,7 +1342,7 @@ int ic_journal_sync(struct ic_journal *j, struct ic_error *err)
     }
     if (j->npend == 0)
         return 0;
-    uint64_t bm = j->digest_size ? j->npzero / 8 + (j->npzero % 8 != 0) : 0;
+    uint64_t bm = j->digest_size ? j->npbits / 8 + (j->npbits % 8 != 0) : 0;
     uint64_t len = PAYLOAD_MIN + 16ull * j->npend + bm + (uint64_t)j->pend_data * j->digest_size;
     if (len > SIZE_MAX - REC_HEADER)
         return ic_error_nomem(err);
@@ -1295,9 +1358,8 @@ int ic_journal_sync(struct ic_journal *j, struct ic_error *err)
     }
     if (j->digest_size) {
         uint8_t *bits = p + PAYLOAD_MIN + 16 * j->npend;
-        for (size_t i = 0; i < j->npzero; i++)
-            if (j->pzero[i])
-                bits[i / 8] |= (uint8_t)(1u << (i % 8));
+        if (bm)
+            memcpy(bits, j->pbits, bm);
         if (j->pend_data)
             memcpy(bits + bm, j->dig + (j->ndig - j->pend_data) * j->digest_size,
                    j->pend_data * j->digest_size);
@@ -1317,7 +1379,9 @@ int ic_journal_sync(struct ic_journal *j, struct ic_error *err)
         return ret;
     j->cut = 0;
     j->end += REC_HEADER + len;
-    j->npend = j->npzero = j->pend_data = 0;
+    if (bm) /* bits past npbits stay clear for the next record */
+        memset(j->pbits, 0, bm);
+    j->npend = j->npbits = j->pend_data = 0;
     return 0;
 }
 

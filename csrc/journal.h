@@ -133,6 +133,13 @@ int ic_journal_run(const struct ic_journal *j, uint64_t index, uint64_t *count, 
  * A failure leaves the journal as it was. */
 int ic_journal_record(struct ic_journal *j, const struct ic_range *ranges, size_t n,
                       const uint8_t *zero_flags, const uint8_t *digests, struct ic_error *err);
+/* The same for blocks [first, first+count) written and flushed, as
+ * blkhash's sink tells them (blkhash.h): `digests` their count digests
+ * one after another, or NULL when they are zero blocks (count 0: nothing).
+ * The last block may be the short one; without an algorithm `digests` is
+ * ignored. */
+int ic_journal_record_run(struct ic_journal *j, uint64_t first, uint64_t count,
+                          const uint8_t *digests, struct ic_error *err);
 /* Make everything recorded durable: one record written, then fdatasync
  * (the caller flushed the destination first).  A failure sticks: every
  * later record or sync returns it (after a failed fdatasync nothing says
