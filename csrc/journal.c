@@ -1120,6 +1120,21 @@ int ic_journal_resumed(const struct ic_journal *j)
     return j->resumed;
 }
 
+uint64_t ic_journal_block_size(const struct ic_journal *j)
+{
+    return j->block_size;
+}
+
+size_t ic_journal_digest_size(const struct ic_journal *j)
+{
+    return j->digest_size;
+}
+
+uint64_t ic_journal_size(const struct ic_journal *j)
+{
+    return j->size;
+}
+
 const struct ic_range *ic_journal_done(const struct ic_journal *j, size_t *count)
 {
     *count = j->ndone;

@@ -105,6 +105,10 @@ int ic_journal_open(const char *path, const struct ic_journal_identity *id,
                     struct ic_journal **out, struct ic_error *err);
 /* Whether the journal existed (a resume) */
 int ic_journal_resumed(const struct ic_journal *j);
+/* Its identity's block size and digest size (0: no digests), and size */
+uint64_t ic_journal_block_size(const struct ic_journal *j);
+size_t ic_journal_digest_size(const struct ic_journal *j);
+uint64_t ic_journal_size(const struct ic_journal *j);
 /* The ranges recorded done, sorted, merged (touching ones too), owned by
  * the journal: valid until the next ic_journal_record (NULL when none). */
 const struct ic_range *ic_journal_done(const struct ic_journal *j, size_t *count);

@@ -103,6 +103,11 @@ def register(subparsers: Any) -> None:
                         "into an existing destination; other shards do the rest)")
     c.add_argument("--length", type=parse_size, default=None, metavar="L",
                    help="the shard's length")
+    c.add_argument("--journal", default=None, metavar="PATH",
+                   help="record what is done in PATH: run the same command again after any "
+                        "failure and only what is missing is copied")
+    c.add_argument("--journal-interval", type=_interval, default=5.0, metavar="SECONDS|SIZE",
+                   help="a checkpoint every SECONDS (default 5), or once SIZE more is done")
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=run, parser=c)
@@ -239,4 +244,12 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
         compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
-        bitmap=args.bitmap)
+        bitmap=args.bitmap, journal=args.journal, journal_interval=args.journal_interval)
+
+
+def _interval(text: str):
+    """--journal-interval: seconds, or a size with its unit ("256M")."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
