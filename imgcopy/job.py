@@ -3,6 +3,7 @@ CopySteps): what convert() and plan() are made of."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
@@ -352,6 +353,12 @@ class CopySteps:
         try:
             if not self.create:
                 return self._open_existing(source)
+            if _written_in_place(self.dst_name):  # an NBD export, a block device
+                options = self.options
+                core, _ = _core.create(self.dst, self.dst_format, source.size,
+                                       direct=options.destination_direct,
+                                       writeback=options.flush)
+                return core
             return self._open_partial(source)
         except BaseException:
             self.journal.close()
@@ -575,6 +582,17 @@ def _verify(dst: PathArg, dst_format: str, expected: str, algorithm: str, block_
     if got != expected:
         raise ChecksumMismatch(os.fsdecode(os.fspath(dst)), algorithm, expected, got)
     return got
+
+
+def _written_in_place(dst: str) -> bool:
+    """A destination a new copy writes in place, not in a file of its own
+    renamed at the end: an NBD export, a block device."""
+    if "://" in dst:
+        return True
+    try:
+        return stat.S_ISBLK(os.stat(dst).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def _uninterrupted(step: Callable[[], Any]) -> None:

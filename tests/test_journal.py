@@ -312,3 +312,40 @@ def test_qcow2_destination_resumes(tmp_path):
     assert result.bytes_resumed > 0
     assert qemu_check(dst).returncode == 0
     assert_same_content(src, dst, "raw", "qcow2")
+
+
+@needs_nbdkit
+def test_nbd_target_killed_then_resumed(tmp_path):
+    """Into an NBD export: the target server is killed mid-copy (the copy
+    fails: no retries), started again on the same socket, and the same
+    copy resumes from its journal; the export's file holds the source."""
+    from .test_nbd_retries import Restartable
+
+    require_qemu_img()
+    src = make_source(str(tmp_path / "src.raw"), size=16 * MiB, seed=21)
+    target = str(tmp_path / "target.raw")
+    with open(target, "wb") as f:
+        f.truncate(16 * MiB)
+    journal = str(tmp_path / "j")
+    with Restartable("--filter=delay", "file", target, "delay-write=300ms") as srv:
+        srv.start("--threads=1")
+        # one connection, two writes in flight: a checkpoint's flush waits
+        # behind those only
+        argv = convert_argv(src, srv.uri, journal, "-O", "raw", "--connections", "1",
+                            "--requests", "2")
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        text = ""
+        while progress_of(text) < 0.85:
+            chunk = os.read(p.stderr.fileno(), 4096)
+            assert chunk, text
+            text += chunk.decode(errors="replace")
+        srv.kill()
+        err = p.communicate(timeout=60)[1].decode(errors="replace")
+        assert p.returncode == 1, err
+        assert os.path.exists(journal)
+        srv.start("--threads=1")
+        stats = run_to_end(argv)
+    assert stats["bytes_resumed"] > 0
+    assert stats["bytes_written"] + stats["bytes_zeroed"] + stats["bytes_skipped"] == \
+        16 * MiB - stats["bytes_resumed"]
+    assert_same_content(src, target)
