@@ -410,3 +410,20 @@ def test_cli(tmp_path, imgcopy_env):
     used = left_in_use(with_bitmaps(str(tmp_path / "u.qcow2"), "1M", [("b0", None, False)]))
     p = cli("--bitmap", "b0", used)
     assert p.returncode == 1 and "Bitmap 'b0' is inconsistent and cannot be used" in p.stderr
+
+
+def test_an_exports_bitmaps_listed(tmp_path):
+    """Image.bitmaps() of an NBD export: the bitmaps qemu-nbd -B exports
+    (NBD tells their names only: granularity 0); none without -B."""
+    path = with_bitmaps(str(tmp_path / "e.qcow2"), "4M", [("b0", None, False),
+                                                        ("b1", "64k", False)])
+    with qemu_nbd(path, read_only=True, extra=["-B", "b0", "-B", "b1"]) as srv:
+        with imgcopy.open(srv.uri) as img:
+            assert sorted(b.name for b in img.bitmaps()) == ["b0", "b1"]
+            assert all(b.granularity == 0 and not b.in_use for b in img.bitmaps())
+            assert img.dirty_map("b1").dirty_ranges() == []
+            with pytest.raises(ValueError, match="b2"):
+                img.dirty_map("b2")
+    with qemu_nbd(path, read_only=True) as srv:
+        with imgcopy.open(srv.uri) as img:
+            assert img.bitmaps() == []

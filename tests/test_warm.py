@@ -274,3 +274,57 @@ def test_shards_refused_clearly(tmp_path):
         imgcopy.convert(src, raw, create=False, offset=100, length=MiB, checksum=True)
     with pytest.raises(ValueError, match="outside"):
         imgcopy.convert(src, raw, create=False, offset=MiB, length=2 * MiB)
+
+
+def qcow2_with_changes(tmp_path, size=16 * MiB):
+    """A qcow2 source with data, its full copy made, then a persistent
+    bitmap started and guest writes by qemu-io (the changes it records)."""
+    src = str(tmp_path / "src.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", src, str(size))
+    qemu_io(src, [f"write -P {i + 1} {i * MiB} 300k" for i in range(0, 16, 2)], fmt="qcow2")
+    dst = str(tmp_path / "dst.raw")
+    imgcopy.convert(src, dst)
+    qemu_img("bitmap", "--add", src, "since-full")
+    writes = [(5 * MiB + 4096, 8192), (9 * MiB - 512, 64 * KiB), (size - 64 * KiB, 64 * KiB)]
+    qemu_io(src, [f"write -P 0x5a {off} {n}" for off, n in writes] +
+            [f"write -z {2 * MiB} 64k"], fmt="qcow2")
+    return src, dst
+
+
+@needs_nbdkit
+def test_bitmap_of_a_qcow2_source(tmp_path):
+    """bitmap="NAME" of a qcow2 source: the dirty ranges qemu recorded are
+    copied, nothing else touched; the copy equals the source."""
+    src, dst = qcow2_with_changes(tmp_path)
+    dirty = imgcopy.dirty_map(src, "since-full").dirty_ranges()
+    dirty = [(a, b - a) for a, b in dirty]
+    with nbdkit("file", dst) as target:
+        res = imgcopy.convert(src, target.uri, dst_format="raw", create=False,
+                              bitmap="since-full")
+        done = touched(target.requests())
+    assert done and all(inside(dirty, off, n) for off, n in done), (done, dirty)
+    assert res.bytes_changed == sum(n for _, n in dirty)
+    assert_same_content(src, dst, "qcow2", "raw")
+
+
+@needs_nbdkit
+def test_bitmap_of_an_export_touches_nothing_else(tmp_path):
+    """bitmap="NAME" of an NBD source (qemu-nbd -B NAME: the meta context
+    qemu:dirty-bitmap:NAME): only the dirty ranges reach the target."""
+    from .servers import qemu_nbd
+
+    src, dst = qcow2_with_changes(tmp_path)
+    dirty = imgcopy.dirty_map(src, "since-full").dirty_ranges()
+    dirty = [(a, b - a) for a, b in dirty]
+    with qemu_nbd(src, read_only=True, extra=["-B", "since-full"]) as source, \
+            nbdkit("file", dst) as target:
+        res = imgcopy.convert(source.uri, target.uri, src_format="raw", dst_format="raw",
+                              create=False, bitmap="since-full", verify=True)
+        done = touched(target.requests())
+        with pytest.raises(ValueError, match="no dirty bitmap 'other'|'other' is not found"):
+            imgcopy.convert(source.uri, target.uri, src_format="raw", dst_format="raw",
+                            create=False, bitmap="other")
+    assert done and all(inside(dirty, off, n) for off, n in done), (done, dirty)
+    assert res.bytes_changed == sum(n for _, n in dirty)
+    assert res.checksum == res.dst_checksum
+    assert_same_content(src, dst, "qcow2", "raw")

@@ -50,6 +50,7 @@ static void nbd_close_image(struct ic_image *img)
         nbd_stop_conn(st, &st->conns[i]);
     nbd_status_free(st);
     nbd_dirty_close(st);
+    nbd_bitmaps_free(st);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->changed);
     free(st->zeros);
@@ -426,6 +427,8 @@ const struct ic_driver ic_protocol_nbd = {
     .zero = nbd_zero,
     .zero_allocates = 1, /* WRITE_ZEROES with NO_HOLE, else written zeros */
     .flush = nbd_flush,
+    .bitmaps = nbd_bitmaps,
+    .dirty_status = nbd_dirty_status,
     .finish = nbd_finish,
     .block_status = nbd_block_status, /* nbd_status.c */
     .random_access_status = 1,

@@ -80,6 +80,43 @@ int nbd_bitmap_names(struct ic_image *img, char ***names, size_t *count, struct 
     return 0;
 }
 
+/* The bitmaps the export offers, listed once (a connection of its own):
+ * their names; NBD tells neither their granularity (0) nor their flags.
+ * None when they cannot be listed (an old libnbd, a server that refuses). */
+size_t nbd_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    int known = st->listed_known;
+    pthread_mutex_unlock(&st->lock);
+    if (!known) {
+        char **names = NULL;
+        size_t count = 0;
+        struct ic_error ignored = {0};
+        if (nbd_bitmap_names(img, &names, &count, &ignored) < 0)
+            count = 0;
+        pthread_mutex_lock(&st->lock);
+        if (st->listed_known) { /* another thread listed them meanwhile */
+            free_names(names, count);
+        } else {
+            st->listed = names;
+            st->nlisted = count;
+            st->listed_known = 1;
+        }
+        pthread_mutex_unlock(&st->lock);
+    }
+    for (size_t i = 0; i < st->nlisted && i < cap; i++)
+        out[i] = (struct ic_bitmap){.name = st->listed[i], .granularity = 0, .flags = 0};
+    return st->nlisted;
+}
+
+void nbd_bitmaps_free(struct nbd_state *st)
+{
+    free_names(st->listed, st->nlisted);
+    st->listed = NULL;
+    st->nlisted = 0;
+}
+
 /* "a, b, c" of the export's bitmaps, or why there are none */
 static void describe_names(struct ic_image *img, char *out, size_t cap)
 {

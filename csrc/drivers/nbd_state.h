@@ -145,6 +145,10 @@ struct nbd_state {
      * asked for when connecting, so a bitmap has a connection of its own */
     struct nbd_conn dirty;
     char *dirty_name;
+    /* the export's bitmaps, listed once when first asked (bitmaps()) */
+    char **listed;
+    size_t nlisted;
+    int listed_known;
 };
 
 static inline struct nbd_state *nbd_state_of(struct ic_image *img)
@@ -175,6 +179,8 @@ int nbd_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start, u
                      struct ic_extent_list *out, struct ic_error *err);
 int nbd_bitmap_names(struct ic_image *img, char ***names, size_t *count, struct ic_error *err);
 void nbd_dirty_close(struct nbd_state *st);
+size_t nbd_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+void nbd_bitmaps_free(struct nbd_state *st);
 /* nbd_status.c */
 int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                      struct ic_extent_list *out, struct ic_error *err);
