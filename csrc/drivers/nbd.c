@@ -22,25 +22,6 @@
 
 /* ---- opening ------------------------------------------------------------ */
 
-void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c)
-{
-    if (c->thread_started) {
-        pthread_mutex_lock(&st->lock);
-        c->stop = 1;
-        nbd_wake(c);
-        pthread_mutex_unlock(&st->lock);
-        pthread_join(c->thread, NULL);
-    }
-    if (c->h) {
-        st->lib->shutdown(c->h, 0);
-        st->lib->close(c->h);
-    }
-    if (c->wake_fd >= 0)
-        close(c->wake_fd);
-    for (size_t i = 0; i < sizeof c->contexts / sizeof *c->contexts; i++)
-        free(c->contexts[i]);
-}
-
 static void nbd_close_image(struct ic_image *img)
 {
     struct nbd_state *st = nbd_state_of(img);
@@ -63,41 +44,6 @@ static const char *const data_contexts[] = {"base:allocation", "qemu:allocation-
 static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error *err)
 {
     return nbd_connect(img, c, data_contexts, err);
-}
-
-int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
-                struct ic_error *err)
-{
-    struct nbd_state *st = nbd_state_of(img);
-    const struct nbd_lib *lib = st->lib;
-    c->st = st;
-    c->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (c->wake_fd < 0)
-        return ic_error_os(err, errno, img->path, "eventfd");
-    if (!(c->h = lib->create()))
-        return nbd_handle_error(img, lib, "nbd_create", err);
-    size_t n = 0;
-    for (const char *const *name = contexts; *name; name++) {
-        if (lib->add_meta_context(c->h, *name) < 0)
-            return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
-        /* kept: a reconnection asks for them again */
-        if (n + 1 < sizeof c->contexts / sizeof *c->contexts && !(c->contexts[n++] = strdup(*name)))
-            return ic_error_nomem(err);
-    }
-    /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
-     * may be read, as qemu-img and nbdcopy read them */
-    if (lib->set_uri_allow_local_file(c->h, 1) < 0)
-        return nbd_handle_error(img, lib, "nbd_set_uri_allow_local_file", err);
-    if (lib->connect_uri(c->h, img->path) < 0)
-        return nbd_handle_error(img, lib, "cannot connect", err);
-    int e = pthread_create(&c->thread, NULL, nbd_conn_thread, c);
-    if (e)
-        return ic_error_os(err, e, img->path, "start NBD I/O thread");
-    c->thread_started = 1;
-    pthread_mutex_lock(&st->lock);
-    st->nthreads++;
-    pthread_mutex_unlock(&st->lock);
-    return 0;
 }
 
 static uint64_t block_size(const struct nbd_lib *lib, struct nbd_handle *h, int which,

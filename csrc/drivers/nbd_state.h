@@ -170,7 +170,7 @@ int nbd_wait(struct nbd_state *st, struct nbd_request *r);
 int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
-/* nbd.c */
+/* nbd_connect.c */
 int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
                 struct ic_error *err);
 void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c);
