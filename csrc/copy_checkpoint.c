@@ -23,7 +23,7 @@ struct ic_checkpoint {
     uint64_t size, block; /* the journal's block: the hash's, or 1 */
     size_t dsize;         /* 0: no digests */
     uint64_t every_bytes; /* a checkpoint once this much more is done (0: by time only) */
-    struct ic_job *job;
+    struct ic_job *job; /* under the lock: set once the job started */
 
     pthread_mutex_t lock; /* guards what follows; never held across I/O */
     struct ic_range *done; /* finished, not recorded: sorted, disjoint, merged */
@@ -55,7 +55,9 @@ int ic_checkpoint_new(struct ic_image *dst, struct ic_journal *journal, uint64_t
 
 void ic_checkpoint_set_job(struct ic_checkpoint *k, struct ic_job *job)
 {
+    pthread_mutex_lock(&k->lock); /* items may be finishing already */
     k->job = job;
+    pthread_mutex_unlock(&k->lock);
 }
 
 static void free_told(struct told *t, size_t n)
@@ -136,12 +138,12 @@ void ic_checkpoint_done(struct ic_checkpoint *k, uint64_t off, uint64_t len)
      * a failure, nothing else */
     (void)add_range(k, off, len);
     k->since += len;
-    int due = k->every_bytes && k->since >= k->every_bytes;
+    struct ic_job *due = k->every_bytes && k->since >= k->every_bytes ? k->job : NULL;
     if (due)
         k->since = 0;
     pthread_mutex_unlock(&k->lock);
-    if (due && k->job)
-        ic_job_tick_now(k->job);
+    if (due)
+        ic_job_tick_now(due);
 }
 
 void ic_checkpoint_sink(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests)
