@@ -18,6 +18,7 @@
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "../image.h"
@@ -49,6 +50,7 @@ int ic_file_adopt(struct ic_image *img, int fd, struct ic_error *err)
     s->writeback = (img->open_flags & IC_OPEN_WRITEBACK) != 0;
     atomic_init(&s->no_seek_hole, s->is_blockdev);
     atomic_init(&s->zero_refused, 0);
+    atomic_init(&s->no_nowait, 0);
     if (s->is_blockdev) {
         uint64_t bytes;
         if (ioctl(fd, BLKGETSIZE64, &bytes) < 0) {
@@ -344,6 +346,58 @@ static int raw_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
         off += (uint64_t)n;
         len -= (size_t)n;
     }
+    return 0;
+}
+
+/* Several runs of the file, read as concurrently as the page cache allows:
+ * what it holds already is copied out at once (RWF_NOWAIT, so a warm
+ * file costs what one pread per run costs); the kernel is told of every
+ * run still missing (WILLNEED: its reads go to the disk together) before
+ * the first of them is waited for.  One pread after another would leave
+ * one request in the disk's queue per thread, and a fragmented image's
+ * clusters are where the disk's latency, not its bandwidth, is what a
+ * copy waits for.  Runs the O_DIRECT descriptor takes skip the page cache
+ * and are read in turn. */
+static int raw_pread_runs(struct ic_image *img, const struct ic_read_run *runs, size_t n,
+                          struct ic_error *err)
+{
+    struct raw_state *s = state(img);
+    size_t done[IC_READ_RUNS_MAX];
+    size_t missing = 0;
+    for (size_t i = 0; i < n; i++) {
+        done[i] = 0;
+        if (fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd)
+            continue;
+        if (atomic_load(&s->no_nowait)) {
+            missing++;
+            continue;
+        }
+        struct iovec v = {.iov_base = runs[i].buf, .iov_len = runs[i].len};
+        ssize_t r = preadv2(s->fd, &v, 1, (off_t)runs[i].off, RWF_NOWAIT);
+        if (r > 0)
+            done[i] = (size_t)r;
+        else if (r < 0 && (errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS))
+            atomic_store(&s->no_nowait, 1); /* an old kernel, or a file system without it */
+        /* else EAGAIN (not cached), EINTR, an error or the end of the
+         * file: the blocking read below tells which */
+        if (done[i] < runs[i].len)
+            missing++;
+    }
+    if (missing > 1) {
+        for (size_t i = 0; i < n; i++) {
+            if (done[i] == runs[i].len || fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd)
+                continue;
+            /* a hint: when the kernel refuses it, the reads below only
+             * wait one after another, as without it */
+            (void)posix_fadvise(s->fd, (off_t)(runs[i].off + done[i]),
+                                (off_t)(runs[i].len - done[i]), POSIX_FADV_WILLNEED);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (done[i] < runs[i].len &&
+            raw_pread(img, (uint8_t *)runs[i].buf + done[i], runs[i].len - done[i],
+                      runs[i].off + done[i], err) < 0)
+            return -1;
     return 0;
 }
 
@@ -657,6 +711,7 @@ const struct ic_driver ic_protocol_file = {
     .create_protocol = ic_file_create,
     .close = close_raw,
     .pread = raw_pread,
+    .pread_runs = raw_pread_runs,
     .pwrite = raw_pwrite,
     .zero = raw_zero,
     .zero_allocates = 1,
