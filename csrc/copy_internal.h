@@ -19,7 +19,7 @@ enum {
 
 /* Runs one read may cover: a costly source's short holes are read
  * through rather than asked around (planner.c) */
-#define ITEM_PARTS 16
+#define ITEM_PARTS 32
 
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */

@@ -150,7 +150,7 @@ struct aligner {
 /* A run as it is, or into a read through holes */
 static int plan_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
 {
-    if (!a->c->merge_gap)
+    if (!a->c->may_merge)
         return plan_extent(a->c, start, end, kind, &a->seq);
     return merge_run(&a->merge, start, end, kind, &a->seq);
 }
