@@ -804,9 +804,11 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     ic_image_written(dst); /* no longer known to read as zeros */
     c->aio_reads = ic_image_aio_reads(src);
     c->aio_writes = ic_image_aio_writes(dst);
-    /* holes a round trip is worth may be read through (the planner asks
-     * what one costs once it has made one), not into whole clusters, nor
-     * for an overlay, whose runs are cut by layer */
+    /* neighbouring runs may share one read: data runs whose host bytes
+     * break (a fragmented qcow2's clusters, read together by the format),
+     * and holes a round trip is worth (the planner asks what one costs
+     * once it has made one); not into whole clusters, nor for an overlay,
+     * whose runs are cut by layer */
     c->may_merge = c->write_align == 1 && !ic_image_has_backing_file(dst);
     unsigned slots = copy_slots(c, opt);
     size_t queue_depth = 4 * (size_t)slots;

@@ -17,8 +17,10 @@ enum {
     RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
 };
 
-/* Runs one read may cover: a costly source's short holes are read
- * through rather than asked around (planner.c) */
+/* Runs one read may cover (planner.c): data runs whose host bytes are not
+ * contiguous (a fragmented qcow2: 32 clusters of 64 KiB fill a 2 MiB
+ * request, which the format reads at once), and a costly source's short
+ * holes, read through rather than asked around */
 #define ITEM_PARTS 32
 
 struct work_item {
@@ -63,8 +65,8 @@ struct ic_copy {
     struct worker **workers;  /* per slot: buffers, staged writes */
     unsigned nworkers;
     int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
-    int may_merge;      /* reads may go through holes: */
-    uint64_t merge_gap; /* holes up to this long are (0: none; the planner's) */
+    int may_merge;      /* neighbouring runs may share a read; holes */
+    uint64_t merge_gap; /* up to this long are read through (0: none; the planner's) */
 
     /* turns: steps that follow guest order across items (copy.c); an
      * item whose turn has not come parks (by turn seq % turn_slots) and
