@@ -24,6 +24,7 @@
 #include "../image.h"
 #include "../lock.h"
 #include "file.h"
+#include "uring.h"
 
 static struct raw_state *state(struct ic_image *img)
 {
@@ -356,18 +357,25 @@ static int raw_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
  * the first of them is waited for.  One pread after another would leave
  * one request in the disk's queue per thread, and a fragmented image's
  * clusters are where the disk's latency, not its bandwidth, is what a
- * copy waits for.  Runs the O_DIRECT descriptor takes skip the page cache
- * and are read in turn. */
+ * copy waits for.  Runs the O_DIRECT descriptor takes skip the page cache,
+ * where no hint starts them early: they go to io_uring together (uring.h),
+ * or, without it, one after another. */
 static int raw_pread_runs(struct ic_image *img, const struct ic_read_run *runs, size_t n,
                           struct ic_error *err)
 {
     struct raw_state *s = state(img);
     size_t done[IC_READ_RUNS_MAX];
-    size_t missing = 0;
+    struct ic_read_run direct[IC_READ_RUNS_MAX];
+    size_t direct_done[IC_READ_RUNS_MAX], direct_at[IC_READ_RUNS_MAX];
+    size_t missing = 0, ndirect = 0;
     for (size_t i = 0; i < n; i++) {
         done[i] = 0;
-        if (fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd)
+        if (fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd) {
+            direct_done[ndirect] = 0;
+            direct_at[ndirect] = i;
+            direct[ndirect++] = runs[i];
             continue;
+        }
         if (atomic_load(&s->no_nowait)) {
             missing++;
             continue;
@@ -385,7 +393,8 @@ static int raw_pread_runs(struct ic_image *img, const struct ic_read_run *runs, 
     }
     if (missing > 1) {
         for (size_t i = 0; i < n; i++) {
-            if (done[i] == runs[i].len || fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd)
+            if (done[i] == runs[i].len ||
+                fd_for(s, runs[i].buf, runs[i].len, runs[i].off) != s->fd)
                 continue;
             /* a hint: when the kernel refuses it, the reads below only
              * wait one after another, as without it */
@@ -393,6 +402,14 @@ static int raw_pread_runs(struct ic_image *img, const struct ic_read_run *runs, 
                                 (off_t)(runs[i].len - done[i]), POSIX_FADV_WILLNEED);
         }
     }
+    /* measured on a fragmented qcow2 read with O_DIRECT: 32 clusters in
+     * flight per request beat one (for buffered runs io_uring did no
+     * better than the hints, which cost no ring) */
+    if (ndirect > 1 && ic_uring_read_runs(s->fd_direct, direct, ndirect, direct_done) == 0)
+        for (size_t k = 0; k < ndirect; k++)
+            done[direct_at[k]] = direct_done[k];
+    /* what is left (everything, without io_uring or hints; a short or
+     * failed read) is read here, and its errors reported */
     for (size_t i = 0; i < n; i++)
         if (done[i] < runs[i].len &&
             raw_pread(img, (uint8_t *)runs[i].buf + done[i], runs[i].len - done[i],
