@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/types.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -20,6 +21,7 @@
 
 struct ring {
     int fd;
+    pid_t owner; /* a forked child shares the parent's ring: never use it */
     unsigned *sq_head, *sq_tail, *sq_mask, *sq_array;
     unsigned *cq_head, *cq_tail, *cq_mask;
     struct io_uring_sqe *sqes;
@@ -65,6 +67,7 @@ static struct ring *ring_new(void)
         return NULL;
     struct io_uring_params p;
     memset(&p, 0, sizeof p);
+    r->owner = getpid();
     r->fd = (int)syscall(__NR_io_uring_setup, IC_READ_RUNS_MAX, &p);
     if (r->fd < 0) {
         free(r);
@@ -119,8 +122,14 @@ static struct ring *thread_ring(void)
         return NULL;
     }
     struct ring *r = pthread_getspecific(ring_key);
-    if (r)
+    if (r && r->owner == getpid())
         return r;
+    if (r) {
+        /* made before a fork: its completions could go to the parent.
+         * Closing it here lets go of the child's references only. */
+        (void)pthread_setspecific(ring_key, NULL);
+        ring_free(r);
+    }
     r = ring_new();
     if (!r || pthread_setspecific(ring_key, r) != 0) {
         /* ENOSYS, EPERM (io_uring_disabled, a seccomp filter), or no

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -284,6 +285,25 @@ static void test_file(void)
         size_t d2[2] = {0, 0};
         CHECK(ic_uring_read_runs(rfd, runs, 2, d2) == 0, "io_uring read");
         CHECK(d2[0] == CL && d2[1] == CL, "short %zu, %zu", d2[0], d2[1]);
+        /* a forked child reads through a ring of its own, not the
+         * parent's (whose completions it could take) */
+        pid_t pid = fork();
+        CHECK(pid >= 0, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            size_t d3[1] = {0};
+            runs[0] = (struct ic_read_run){buf, CL, 5 * CL};
+            memset(buf, 0, CL);
+            int ok = ic_uring_read_runs(rfd, runs, 1, d3) == 0 && d3[0] == CL &&
+                     memcmp(buf, content + 5 * CL, CL) == 0;
+            _exit(ok ? 0 : 1);
+        }
+        int status;
+        CHECK(waitpid(pid, &status, 0) == pid, "waitpid: %s", strerror(errno));
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's read failed");
+        size_t d4[1] = {0};
+        runs[0] = (struct ic_read_run){buf, CL, 9 * CL};
+        CHECK(ic_uring_read_runs(rfd, runs, 1, d4) == 0 && d4[0] == CL, "after the fork");
+        CHECK(memcmp(buf, content + 9 * CL, CL) == 0, "after the fork");
         close(rfd);
         free(buf);
     } else {
