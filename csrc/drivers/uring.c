@@ -28,7 +28,6 @@ struct ring {
     struct io_uring_cqe *cqes;
     void *sq_map, *cq_map;
     size_t sq_len, cq_len, sqes_len;
-    struct iovec iov[IC_READ_RUNS_MAX];
 };
 
 /* 0: not asked yet; 1: works; -1: this kernel (or its sandbox) has none */
@@ -149,41 +148,40 @@ int ic_uring_available(void)
 }
 
 /* Take the completions there are; returns how many. */
-static unsigned reap(struct ring *r, const struct ic_read_run *runs, size_t *done)
+static unsigned reap(struct ring *r, struct ic_uring_read *reads)
 {
     unsigned head = *r->cq_head, got = 0;
     unsigned tail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
     for (; head != tail; head++, got++) {
         const struct io_uring_cqe *c = &r->cqes[head & *r->cq_mask];
-        size_t i = (size_t)c->user_data;
-        /* an error leaves the run to the caller's read, which meets it
-         * again and reports it with its errno */
-        if (c->res > 0 && (size_t)c->res <= runs[i].len - done[i])
-            done[i] += (size_t)c->res;
+        struct ic_uring_read *rd = &reads[c->user_data];
+        /* an error leaves the read to the caller, which meets it again
+         * and reports it with its errno */
+        if (c->res > 0 && (size_t)c->res <= rd->len - rd->done)
+            rd->done += (size_t)c->res;
     }
     __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
     return got;
 }
 
-int ic_uring_read_runs(int fd, const struct ic_read_run *runs, size_t n, size_t *done)
+int ic_uring_readv(int fd, struct ic_uring_read *reads, size_t n)
 {
     struct ring *r = thread_ring();
     if (!r || n > IC_READ_RUNS_MAX)
         return -1;
     unsigned tail = *r->sq_tail, queued = 0;
     for (size_t i = 0; i < n; i++) {
-        if (done[i] >= runs[i].len)
+        if (reads[i].done >= reads[i].len)
             continue;
         unsigned idx = tail & *r->sq_mask;
         struct io_uring_sqe *e = &r->sqes[idx];
         memset(e, 0, sizeof *e);
-        r->iov[i] = (struct iovec){(uint8_t *)runs[i].buf + done[i], runs[i].len - done[i]};
         /* READV: the oldest read io_uring has (5.1) */
         e->opcode = IORING_OP_READV;
         e->fd = fd;
-        e->off = runs[i].off + done[i];
-        e->addr = (uint64_t)(uintptr_t)&r->iov[i];
-        e->len = 1;
+        e->off = reads[i].off;
+        e->addr = (uint64_t)(uintptr_t)reads[i].iov;
+        e->len = (unsigned)reads[i].iovcnt;
         e->user_data = i;
         r->sq_array[idx] = idx;
         tail++;
@@ -200,7 +198,7 @@ int ic_uring_read_runs(int fd, const struct ic_read_run *runs, size_t n, size_t 
             in_flight += (unsigned)ret;
         } else if (errno != EINTR && errno != EAGAIN && errno != EBUSY) {
             /* refused: what the kernel has not taken is withdrawn (its
-             * runs are the caller's to read) */
+             * reads are the caller's to do) */
             if (to_submit > 0) {
                 __atomic_store_n(r->sq_tail, *r->sq_head, __ATOMIC_RELEASE);
                 to_submit = 0;
@@ -213,11 +211,11 @@ int ic_uring_read_runs(int fd, const struct ic_read_run *runs, size_t n, size_t 
             }
         } else if (to_submit > 0 && in_flight == 0 && ++waited > 1000) {
             /* the kernel keeps saying "later" with nothing in flight:
-             * give the runs back rather than spin */
+             * give the reads back rather than spin */
             __atomic_store_n(r->sq_tail, *r->sq_head, __ATOMIC_RELEASE);
             to_submit = 0;
         }
-        in_flight -= reap(r, runs, done);
+        in_flight -= reap(r, reads);
     }
     return 0;
 }

@@ -7,16 +7,28 @@
 #define IMGCOPY_URING_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
 
 #include "../driver.h"
 
-/* Read runs[i] from `fd` at runs[i].off + done[i] for the rest of its
- * length, all at once, adding what each read to done[i].  Returns 0 when
- * every read ended (a run may be short: at the end of the file, or after
- * an error, which the caller's read of the rest meets again), or -1 when
- * io_uring is not available here (nothing was read).  Nothing is in
- * flight into the buffers once it returns. */
-int ic_uring_read_runs(int fd, const struct ic_read_run *runs, size_t n, size_t *done);
+/* One vectored read: `len` bytes of the file at `off` into the buffers of
+ * `iov` (`iovcnt` of them, `len` bytes in all); `done` counts what was
+ * read. */
+struct ic_uring_read {
+    const struct iovec *iov;
+    int iovcnt;
+    uint64_t off;
+    size_t len, done;
+};
+
+/* Start every read of `reads` at once on `fd` and wait for all, adding to
+ * each one's `done` what it read.  Returns 0 when every read ended (one
+ * may be short: at the end of the file, or after an error, which the
+ * caller's read of the rest meets again and reports), or -1 when io_uring
+ * is not available here (nothing was read).  Nothing is in flight into
+ * the buffers once it returns. */
+int ic_uring_readv(int fd, struct ic_uring_read *reads, size_t n);
 
 /* Whether io_uring works here (asks the kernel once). */
 int ic_uring_available(void);

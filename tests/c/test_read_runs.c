@@ -196,25 +196,49 @@ static void evict(const char *path)
     close(fd);
 }
 
-/* The clusters of a request, last to first, read into an aligned buffer
- * (O_DIRECT takes them); `odd`: the runs are cut short by 512 bytes at
- * an unaligned length, which O_DIRECT refuses: the buffered descriptor
- * reads them. */
-static void read_backwards(struct ic_image *img, int odd)
+/* The clusters of a request, last to first in the file, every `stride`th
+ * (1: back to back, one stretch read backwards into memory), each
+ * `len` long (less than a cluster: O_DIRECT refuses the unaligned length,
+ * the page cache reads them); `skew`: every other buffer starts 512 bytes
+ * late, so O_DIRECT takes only half the runs of a stretch. */
+static void read_backwards(struct ic_image *img, unsigned stride, size_t len, int skew)
 {
     struct ic_error err = {0};
     uint8_t *buf;
-    CHECK(posix_memalign((void **)&buf, 4096, (size_t)32 * CL) == 0, "posix_memalign");
-    memset(buf, 0, (size_t)32 * CL);
+    size_t step = CL + 4096;
+    CHECK(posix_memalign((void **)&buf, 4096, 32 * step) == 0, "posix_memalign");
+    memset(buf, 0, 32 * step);
     struct ic_read_run runs[32];
-    size_t len = odd ? CL - 512 - 17 : CL;
     for (unsigned i = 0; i < 32; i++)
-        runs[i] = (struct ic_read_run){buf + (size_t)i * CL, len, (uint64_t)(NCL - 1 - 2 * i) * CL};
+        runs[i] = (struct ic_read_run){buf + i * step + (skew && i % 2 ? 512 : 0), len,
+                                       (uint64_t)(NCL - 1 - stride * i) * CL};
     must(ic_image_pread_runs(img, runs, 32, &err), &err);
     for (unsigned i = 0; i < 32; i++)
-        CHECK(memcmp(buf + (size_t)i * CL, content + runs[i].off, len) == 0, "run %u (odd %d)",
-              i, odd);
+        CHECK(memcmp(runs[i].buf, content + runs[i].off, len) == 0,
+              "run %u (stride %u, len %zu, skew %d)", i, stride, len, skew);
     free(buf);
+}
+
+static void read_all_ways(struct ic_image *img, const char *path)
+{
+    for (unsigned stride = 1; stride <= 2; stride++) {
+        evict(path);
+        read_backwards(img, stride, CL, 0); /* from the disk */
+        read_backwards(img, stride, CL, 0); /* from the page cache */
+        evict(path);
+        read_backwards(img, stride, CL - 512 - 17, 0);
+        evict(path);
+        read_backwards(img, stride, CL, 1);
+        /* some cached, some not */
+        evict(path);
+        struct ic_error err = {0};
+        uint8_t *one = malloc(CL);
+        CHECK(one, "malloc");
+        for (unsigned i = 0; i < NCL; i += 3)
+            must(ic_image_pread(img, one, CL, (uint64_t)i * CL, &err), &err);
+        free(one);
+        read_backwards(img, stride, CL, 0);
+    }
 }
 
 static void test_file(void)
@@ -237,72 +261,70 @@ static void test_file(void)
     struct ic_error err = {0};
     struct ic_image *img;
     must(ic_image_open(path, "raw", 0, &img, &err), &err);
-    evict(path);
-    read_backwards(img, 0); /* from the disk: announced, then read */
-    read_backwards(img, 0); /* from the page cache */
-    evict(path);
-    read_backwards(img, 1);
-    /* half cached, half not */
-    evict(path);
-    uint8_t *half = malloc(CL);
-    CHECK(half, "malloc");
-    for (unsigned i = 0; i < NCL; i += 4)
-        must(ic_image_pread(img, half, CL, (uint64_t)i * CL, &err), &err);
-    read_backwards(img, 0);
-    free(half);
+    read_all_ways(img, path);
     ic_image_close(img);
 
     /* O_DIRECT: aligned runs go to io_uring together (or one after
      * another without it), unaligned ones through the page cache */
     if (ic_image_open(path, "raw", IC_OPEN_DIRECT, &img, &err) == 0) {
-        read_backwards(img, 0);
-        read_backwards(img, 1);
+        read_all_ways(img, path);
         ic_image_close(img);
     } else {
         printf("test_read_runs: no O_DIRECT here (%s), skipped\n", strerror(err.errnum));
     }
 
-    /* io_uring itself: runs partly read already continue where they are */
+    /* io_uring itself: reads partly done already continue where they are */
     if (ic_uring_available()) {
         int rfd = open(path, O_RDONLY);
         CHECK(rfd >= 0, "open");
         uint8_t *buf = calloc(4, CL);
         CHECK(buf, "calloc");
-        struct ic_read_run runs[4];
+        struct iovec iov[5];
+        struct ic_uring_read reads[4];
         size_t done[4] = {0, 100, CL, 7};
         for (unsigned i = 0; i < 4; i++) {
-            runs[i] = (struct ic_read_run){buf + (size_t)i * CL, CL, (uint64_t)(40 - 3 * i) * CL};
-            memcpy(buf + (size_t)i * CL, content + runs[i].off, done[i]);
+            uint64_t off = (uint64_t)(40 - 3 * i) * CL;
+            memcpy(buf + (size_t)i * CL, content + off, done[i]);
+            iov[i] = (struct iovec){buf + (size_t)i * CL + done[i], CL - done[i]};
+            reads[i] = (struct ic_uring_read){&iov[i], 1, off + done[i], CL - done[i], 0};
         }
-        CHECK(ic_uring_read_runs(rfd, runs, 4, done) == 0, "io_uring read");
+        CHECK(ic_uring_readv(rfd, reads, 4) == 0, "io_uring read");
         for (unsigned i = 0; i < 4; i++) {
-            CHECK(done[i] == CL, "run %u: %zu", i, done[i]);
-            CHECK(memcmp(buf + (size_t)i * CL, content + runs[i].off, CL) == 0, "run %u", i);
+            CHECK(reads[i].done == reads[i].len, "read %u: %zu", i, reads[i].done);
+            CHECK(memcmp(buf + (size_t)i * CL, content + (40 - 3 * i) * CL, CL) == 0, "read %u",
+                  i);
         }
-        /* a run past the end of the file comes back short, not failed */
-        runs[0] = (struct ic_read_run){buf, 2 * CL, (uint64_t)(NCL - 1) * CL};
-        runs[1] = (struct ic_read_run){buf + 2 * CL, CL, 0};
-        size_t d2[2] = {0, 0};
-        CHECK(ic_uring_read_runs(rfd, runs, 2, d2) == 0, "io_uring read");
-        CHECK(d2[0] == CL && d2[1] == CL, "short %zu, %zu", d2[0], d2[1]);
+        /* one read into two buffers, the second before the first in
+         * memory; and one past the end of the file: short, not failed */
+        iov[0] = (struct iovec){buf + CL, CL};
+        iov[1] = (struct iovec){buf, CL};
+        iov[2] = (struct iovec){buf + 2 * CL, 2 * CL};
+        reads[0] = (struct ic_uring_read){iov, 2, 3 * CL, 2 * CL, 0};
+        reads[1] = (struct ic_uring_read){iov + 2, 1, (uint64_t)(NCL - 1) * CL, 2 * CL, 0};
+        CHECK(ic_uring_readv(rfd, reads, 2) == 0, "io_uring read");
+        CHECK(reads[0].done == 2 * CL && reads[1].done == CL, "done %zu, %zu", reads[0].done,
+              reads[1].done);
+        CHECK(memcmp(buf + CL, content + 3 * CL, CL) == 0 &&
+              memcmp(buf, content + 4 * CL, CL) == 0, "vectored");
+        CHECK(memcmp(buf + 2 * CL, content + (size_t)(NCL - 1) * CL, CL) == 0, "short");
         /* a forked child reads through a ring of its own, not the
          * parent's (whose completions it could take) */
         pid_t pid = fork();
         CHECK(pid >= 0, "fork: %s", strerror(errno));
         if (pid == 0) {
-            size_t d3[1] = {0};
-            runs[0] = (struct ic_read_run){buf, CL, 5 * CL};
             memset(buf, 0, CL);
-            int ok = ic_uring_read_runs(rfd, runs, 1, d3) == 0 && d3[0] == CL &&
+            iov[0] = (struct iovec){buf, CL};
+            reads[0] = (struct ic_uring_read){iov, 1, 5 * CL, CL, 0};
+            int ok = ic_uring_readv(rfd, reads, 1) == 0 && reads[0].done == CL &&
                      memcmp(buf, content + 5 * CL, CL) == 0;
             _exit(ok ? 0 : 1);
         }
         int status;
         CHECK(waitpid(pid, &status, 0) == pid, "waitpid: %s", strerror(errno));
         CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's read failed");
-        size_t d4[1] = {0};
-        runs[0] = (struct ic_read_run){buf, CL, 9 * CL};
-        CHECK(ic_uring_read_runs(rfd, runs, 1, d4) == 0 && d4[0] == CL, "after the fork");
+        iov[0] = (struct iovec){buf, CL};
+        reads[0] = (struct ic_uring_read){iov, 1, 9 * CL, CL, 0};
+        CHECK(ic_uring_readv(rfd, reads, 1) == 0 && reads[0].done == CL, "after the fork");
         CHECK(memcmp(buf, content + 9 * CL, CL) == 0, "after the fork");
         close(rfd);
         free(buf);
