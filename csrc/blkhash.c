@@ -48,6 +48,9 @@ struct ic_blkhash {
     size_t npool, pool_cap;
     int failed;
     struct ic_error error;
+    /* told of each run of blocks as it is done (ic_blkhash_set_sink) */
+    ic_blkhash_sink_fn *sink;
+    void *sink_ctx;
 };
 
 static uint64_t block_len(const struct ic_blkhash *h, uint64_t i)
@@ -185,6 +188,8 @@ static int push_run(struct ic_blkhash *h, uint64_t first, uint64_t count, uint8_
         fed_twice(h, first, err);
         goto out;
     }
+    if (h->sink)
+        h->sink(h->sink_ctx, first, count, digests);
     for (size_t k = 0; k < h->nparts; k++)
         if (h->parts[k].block >= first && h->parts[k].block - first < count) {
             fed_twice(h, h->parts[k].block, err);
@@ -443,6 +448,112 @@ int ic_blkhash_update(struct ic_blkhash *h, uint64_t off, const void *buf, size_
 int ic_blkhash_zero(struct ic_blkhash *h, uint64_t off, uint64_t len, struct ic_error *err)
 {
     return feed(h, off, NULL, len, err);
+}
+
+/* ---- digests from elsewhere, digests to elsewhere ---------------------- */
+
+void ic_blkhash_set_sink(struct ic_blkhash *h, ic_blkhash_sink_fn *sink, void *ctx)
+{
+    pthread_mutex_lock(&h->lock);
+    h->sink = sink;
+    h->sink_ctx = ctx;
+    pthread_mutex_unlock(&h->lock);
+}
+
+int ic_blkhash_put_digests(struct ic_blkhash *h, uint64_t first, uint64_t count,
+                           const uint8_t *digests, struct ic_error *err)
+{
+    if (count == 0)
+        return 0;
+    if (first > h->nblocks || count > h->nblocks - first)
+        return ic_error_value(err, "blkhash: blocks %llu+%llu are outside the image",
+                              (unsigned long long)first, (unsigned long long)count);
+    if (!digests)
+        return zero_blocks(h, first, count, err);
+    uint8_t *copy = malloc((size_t)(count * h->dsize));
+    if (!copy)
+        return ic_error_nomem(err);
+    memcpy(copy, digests, (size_t)(count * h->dsize));
+    return push_run(h, first, count, copy, err);
+}
+
+int ic_blkhash_start_at(struct ic_blkhash *h, uint64_t block, struct ic_error *err)
+{
+    pthread_mutex_lock(&h->lock);
+    int ret = 0;
+    if (h->next || h->nruns || h->nparts || block > h->nblocks)
+        ret = ic_error_value(err, "blkhash: cannot start at block %llu",
+                             (unsigned long long)block);
+    else
+        h->next = block;
+    pthread_mutex_unlock(&h->lock);
+    return ret;
+}
+
+uint64_t ic_blkhash_block_size(const struct ic_blkhash *h)
+{
+    return h->block;
+}
+
+const uint8_t *ic_blkhash_zero_digest(const struct ic_blkhash *h)
+{
+    return h->zero_digest;
+}
+
+/* ---- a range's digests gathered ---------------------------------------- */
+
+int ic_block_digests_init(struct ic_block_digests *b, const char *algorithm,
+                          uint64_t block_size, uint64_t first, uint64_t count,
+                          struct ic_error *err)
+{
+    memset(b, 0, sizeof *b);
+    const struct ic_digest *d = ic_digest_lookup(algorithm ? algorithm : "sha256", err);
+    if (!d)
+        return -1;
+    if (block_size < 2 || block_size > IC_BLKHASH_MAX_BLOCK)
+        return ic_error_value(err, "checksum block size %llu", (unsigned long long)block_size);
+    b->first = first;
+    b->count = b->missing = count;
+    b->dsize = ic_digest_size(d);
+    if (count > SIZE_MAX / b->dsize)
+        return ic_error_nomem(err);
+    b->digests = calloc(count ? (size_t)count : 1, b->dsize);
+    b->told = calloc(count ? (size_t)count : 1, 1);
+    uint8_t *zeros = calloc(1, (size_t)block_size);
+    struct ic_digest_ctx *ctx = ic_digest_ctx_new(d, err);
+    int ret = -1;
+    if (!b->digests || !b->told || !zeros)
+        ic_error_nomem(err);
+    else if (ctx && ic_digest_once(ctx, zeros, (size_t)block_size, b->zero, err) == 0)
+        ret = 0;
+    free(zeros);
+    ic_digest_ctx_free(ctx);
+    if (ret < 0)
+        ic_block_digests_free(b);
+    return ret;
+}
+
+void ic_block_digests_sink(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests)
+{
+    struct ic_block_digests *b = ctx;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t block = first + i;
+        if (block < b->first || block - b->first >= b->count)
+            continue; /* not of this range */
+        uint64_t k = block - b->first;
+        memcpy(b->digests + k * b->dsize, digests ? digests + i * b->dsize : b->zero, b->dsize);
+        if (!b->told[k]) {
+            b->told[k] = 1;
+            b->missing--;
+        }
+    }
+}
+
+void ic_block_digests_free(struct ic_block_digests *b)
+{
+    free(b->digests);
+    free(b->told);
+    b->digests = b->told = NULL;
 }
 
 /* ---- life cycle -------------------------------------------------------- */

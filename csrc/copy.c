@@ -63,6 +63,7 @@ struct action {
     const uint8_t *buf; /* data */
     int data;
     int skip; /* zeros the destination reads already */
+    int equal; /* compare mode: the destination holds these bytes already */
     int allocated; /* zeros that stay allocated (fully allocated output) */
     int staged;    /* has a staged write (index in order of staging) */
 };
@@ -93,6 +94,7 @@ struct worker {
     } behind[SETTLE_DEPTH]; /* ring of this worker's recent data writes */
     unsigned nbehind, ibehind;
     uint8_t *buf; /* request_size */
+    uint8_t *dbuf; /* compare mode: the destination's bytes of the item */
     struct ic_sparse sparse; /* zero runs; its scratch buffer is ours */
     struct action *acts;
     struct ic_staged_write *staged;
@@ -110,6 +112,7 @@ struct worker {
 static void free_worker(struct worker *w)
 {
     free(w->buf);
+    free(w->dbuf);
     free(w->sparse.scratch);
     free(w->acts);
     free(w->staged);
@@ -231,7 +234,8 @@ static void add_action(struct worker *w, uint64_t off, uint64_t len, const uint8
     if (len == 0)
         return;
     struct action *last = w->nacts ? &w->acts[w->nacts - 1] : NULL;
-    if (last && last->data == data && !last->allocated && last->off + last->len == off &&
+    if (last && last->data == data && !last->allocated && !last->equal &&
+        last->off + last->len == off &&
         (!data || last->buf + last->len == buf)) {
         last->len += len;
         return;
@@ -358,11 +362,26 @@ static void aio_failed(struct worker *w, const struct ic_error *err)
         w->aio_err = *err;
 }
 
+static void item_read(struct worker *w)
+{
+    if (atomic_fetch_sub(&w->pending, 1) == 1)
+        ic_job_item_resume(w->c->job, w->slot);
+}
+
 static void read_done(void *ctx, const struct ic_error *err)
 {
     struct worker *w = ctx;
     aio_failed(w, err);
-    ic_job_item_resume(w->c->job, w->slot);
+    if (!err)
+        count_read(w->c, w->it->end - w->it->start);
+    item_read(w);
+}
+
+static void dst_read_done(void *ctx, const struct ic_error *err)
+{
+    struct worker *w = ctx;
+    aio_failed(w, err);
+    item_read(w);
 }
 
 static void write_done(void *ctx, const struct ic_error *err)
@@ -389,6 +408,8 @@ static int start_item(struct worker *w)
         atomic_fetch_add(&c->bytes_skipped, len);
         ic_request_log_add(c->opt.log, it->start, len, IC_REQ_SKIP);
         w->step = STEP_PLACE; /* nothing to write, turns to pass */
+    } else if (it->kind == RUN_ZERO && c->compare) {
+        w->step = STEP_READ; /* the destination's, to compare */
     } else if (it->kind == RUN_ZERO) {
         add_zeros(w, it->start, len);
         w->step = STEP_STAGE;
@@ -426,24 +447,74 @@ static int offload_item(struct worker *w)
     return 0;
 }
 
+/* One read of the item's range into `buf`: asynchronously where `img`
+ * can (1: out, counted in w->pending), else at once (0); -1 failed. */
+static int start_read(struct worker *w, struct ic_image *img, int async, uint8_t *buf,
+                      ic_aio_done_fn *done)
+{
+    const struct work_item *it = w->it;
+    uint64_t len = it->end - it->start;
+    if (async) {
+        atomic_fetch_add(&w->pending, 1);
+        int r = ic_image_aio_pread(img, buf, (size_t)len, it->start, done, w, &w->err);
+        if (r > 0)
+            return 1;
+        atomic_fetch_sub(&w->pending, 1);
+        if (r < 0)
+            return -1;
+    }
+    if (ic_image_pread(img, buf, (size_t)len, it->start, &w->err) < 0)
+        return -1;
+    if (img == w->c->src)
+        count_read(w->c, len);
+    return 0;
+}
+
+/* The source's data, and in compare mode the destination's bytes */
 static int read_item(struct worker *w)
 {
     struct ic_copy *c = w->c;
-    const struct work_item *it = w->it;
-    uint64_t len = it->end - it->start;
     w->step = STEP_SPLIT;
-    if (c->aio_reads) {
-        atomic_store(&w->aio_failed, 0);
-        int r = ic_image_aio_pread(c->src, w->buf, (size_t)len, it->start, read_done, w,
-                                   &w->err);
-        if (r < 0)
+    atomic_store(&w->aio_failed, 0);
+    atomic_store(&w->pending, 1); /* ours, until every read is out */
+    int r = 0;
+    if (w->it->kind == RUN_DATA)
+        r = start_read(w, c->src, c->aio_reads, w->buf, read_done);
+    if (r >= 0 && c->compare)
+        r = start_read(w, c->dst, ic_image_aio_reads(c->dst), w->dbuf, dst_read_done);
+    if (r < 0)
+        aio_failed(w, &w->err); /* told once the reads out are in */
+    return atomic_fetch_sub(&w->pending, 1) != 1 ? IC_JOB_PENDING : 0;
+}
+
+/* Compare mode: each block the destination holds already is left alone;
+ * the others are cut as usual (the block an extent of its own), or zeroed
+ * where the source reads as zeros. */
+static int split_compared(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    int data = it->kind == RUN_DATA;
+    for (uint64_t pos = it->start; pos < it->end;) {
+        uint64_t next = (pos / c->compare + 1) * c->compare;
+        if (next > it->end)
+            next = it->end;
+        size_t n = (size_t)(next - pos), at = (size_t)(pos - it->start);
+        int equal = data ? memcmp(w->buf + at, w->dbuf + at, n) == 0 : ic_is_zero(w->dbuf + at, n);
+        if (equal) {
+            w->acts[w->nacts++] = (struct action){.off = pos, .len = n, .equal = 1};
+            atomic_fetch_add(&c->bytes_equal, n);
+        } else if (!data) {
+            add_zeros(w, pos, n);
+        } else if (c->opt.sparse_threshold == 0) {
+            add_action(w, pos, n, w->buf + at, 1);
+        } else if (ic_sparse_split(&w->sparse, w->buf + at, pos, next, pos, next, emit_piece,
+                                   &(struct split){w, it->start}) < 0) {
             return -1;
-        if (r > 0)
-            return IC_JOB_PENDING;
+        }
+        pos = next;
     }
-    if (ic_image_pread(c->src, w->buf, (size_t)len, it->start, &w->err) < 0)
-        return -1;
-    count_read(c, len);
+    atomic_fetch_add(&c->bytes_compared, it->end - it->start);
     return 0;
 }
 
@@ -452,16 +523,26 @@ static int split_item(struct worker *w)
     struct ic_copy *c = w->c;
     const struct work_item *it = w->it;
     uint64_t len = it->end - it->start;
-    if (c->aio_reads && atomic_load(&w->aio_failed)) {
+    if (atomic_load(&w->aio_failed)) {
         w->err = w->aio_err;
         return -1;
     }
-    if (c->hash && ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0)
+    if (it->kind == RUN_DATA && c->hash &&
+        ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0)
         return -1;
-    if (split_data(w) < 0)
+    if ((c->compare ? split_compared(w) : split_data(w)) < 0)
         return -1;
     w->step = STEP_STAGE;
     return 0;
+}
+
+/* Whether the destination reads zeros at an action's range already: in
+ * compare mode, as read; else as known before the copy */
+static int holds_zeros(const struct worker *w, const struct action *a)
+{
+    if (!w->c->compare)
+        return reads_zeros(w->c, a);
+    return ic_is_zero(w->dbuf + (a->off - w->it->start), (size_t)a->len);
 }
 
 /* Stage every piece, data and zeros (compression happens here, in
@@ -471,7 +552,7 @@ static int stage_item(struct worker *w)
     struct ic_copy *c = w->c;
     for (size_t k = 0; k < w->nacts; k++) {
         struct action *a = &w->acts[k];
-        a->skip = !a->data && !a->allocated && reads_zeros(c, a);
+        a->skip = a->equal || (!a->data && !a->allocated && holds_zeros(w, a));
         if (a->skip || a->allocated)
             continue; /* done at commit */
         struct ic_staged_write *st = &w->staged[w->nstaged];
@@ -528,7 +609,7 @@ static int commit_item(struct worker *w)
         const struct action *a = &w->acts[k];
         if (a->skip) {
             atomic_fetch_add(&c->bytes_skipped, a->len);
-            if (!c->opt.target_is_zero)
+            if (!c->opt.target_is_zero && !a->equal)
                 atomic_fetch_add(&c->bytes_already_zero, a->len);
             ic_request_log_add(c->opt.log, a->off, a->len, IC_REQ_SKIP);
             continue;
@@ -664,8 +745,6 @@ static int resume_item(void *ctx, unsigned slot, void *item, struct ic_error *er
     struct ic_copy *c = ctx;
     struct worker *w = c->workers[slot];
     (void)item;
-    if (w->step == STEP_SPLIT && !atomic_load(&w->aio_failed))
-        count_read(c, w->it->end - w->it->start);
     return continue_item(w, err);
 }
 
@@ -697,6 +776,7 @@ static void free_copy(struct ic_copy *c)
     free(c->workers);
     free(c->parked[0]);
     free(c->parked[1]);
+    free(c->spans);
     pthread_mutex_destroy(&c->turn_lock);
     free(c->zeros);
     ic_known_zeros_free(&c->dst_zeros);
@@ -724,15 +804,92 @@ static struct worker *new_worker(struct ic_copy *c, unsigned slot)
     /* at most a data run and a hole per block (windows cut some), merged
      * neighbours aside */
     w->cap = (size_t)(c->opt.request_size / g) * 2 + 4;
+    /* compare mode: a piece per equal block, or the cuts of a differing one */
+    if (c->compare && c->opt.request_size / c->compare * 2 + 4 > w->cap)
+        w->cap = (size_t)(c->opt.request_size / c->compare) * 2 + 4;
     w->acts = calloc(w->cap, sizeof *w->acts);
     w->staged = calloc(w->cap, sizeof *w->staged);
     if (!w->acts || !w->staged ||
         posix_memalign((void **)&w->buf, BUFFER_ALIGN, c->opt.request_size) ||
+        (c->compare && posix_memalign((void **)&w->dbuf, BUFFER_ALIGN, c->opt.request_size)) ||
         posix_memalign((void **)&w->sparse.scratch, BUFFER_ALIGN, scratch_size)) {
         free_worker(w);
         return NULL;
     }
     return w;
+}
+
+/* What to copy: the changed ranges asked for, sorted and merged, widened
+ * to whole units of the destination's writes (a compressed cluster is
+ * written whole, from the source); or the whole source. */
+static int take_spans(struct ic_copy *c, struct ic_error *err)
+{
+    uint64_t size = ic_image_size(c->src);
+    c->bytes_changed = size;
+    if (!c->opt.has_changed)
+        return 0;
+    size_t n = c->opt.nchanged;
+    c->spans = malloc((n ? n : 1) * sizeof *c->spans);
+    if (!c->spans)
+        return ic_error_nomem(err);
+    memcpy(c->spans, c->opt.changed, n * sizeof *c->spans);
+    if (ic_ranges_normalize(c->spans, &n, size, err) < 0)
+        goto fail;
+    uint64_t unit = c->write_align;
+    for (size_t i = 0; unit > 1 && i < n; i++) {
+        uint64_t start = c->spans[i].offset / unit * unit;
+        uint64_t end = c->spans[i].offset + c->spans[i].length;
+        end = end % unit && size - end >= unit - end % unit ? end + (unit - end % unit)
+              : end % unit                                  ? size
+                                                            : end;
+        c->spans[i] = (struct ic_range){start, end - start};
+    }
+    if (unit > 1 && ic_ranges_normalize(c->spans, &n, size, err) < 0)
+        goto fail;
+    c->nspans = n;
+    c->has_spans = 1;
+    c->bytes_changed = 0;
+    for (size_t i = 0; i < n; i++)
+        c->bytes_changed += c->spans[i].length;
+    c->opt.changed = NULL; /* the caller's: not kept */
+    return 0;
+fail:
+    free(c->spans);
+    c->spans = NULL;
+    return -1;
+}
+
+/* The source's checksum: of the whole source; with changed ranges, the
+ * blocks outside them handed in (a resumed copy), or those of one range
+ * only (a shard: its digests go to the sink, no whole checksum). */
+static int start_hash(struct ic_copy *c, struct ic_error *err)
+{
+    const struct ic_copy_options *opt = &c->opt;
+    uint64_t block = opt->checksum_block_size ? opt->checksum_block_size
+                                              : IC_BLKHASH_DEFAULT_BLOCK;
+    uint64_t size = ic_image_size(c->src);
+    if (ic_blkhash_new(opt->checksum, block, size, &c->hash, err) < 0)
+        return -1;
+    if (opt->block_sink)
+        ic_blkhash_set_sink(c->hash, opt->block_sink, opt->block_sink_ctx);
+    if (!c->has_spans)
+        return 0;
+    if (opt->preset_digests)
+        return opt->preset_digests(opt->preset_ctx, c, err);
+    uint64_t start = c->nspans ? c->spans[0].offset : 0;
+    uint64_t end = c->nspans ? start + c->spans[0].length : 0;
+    if (c->nspans > 1 || start % block || (end % block && end != size))
+        return ic_error_value(err, "a checksum of a copy of some ranges needs one range of "
+                              "whole %llu-byte blocks (a shard), not %zu range%s",
+                              (unsigned long long)block, c->nspans, c->nspans == 1 ? "" : "s");
+    c->shard_hash = 1;
+    return ic_blkhash_start_at(c->hash, start / block, err);
+}
+
+int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
+                        const uint8_t *digests, struct ic_error *err)
+{
+    return ic_blkhash_put_digests(c->hash, first, count, digests, err);
 }
 
 /* Items in flight: one per thread, or, where an endpoint's requests go
@@ -753,6 +910,10 @@ static unsigned copy_slots(const struct ic_copy *c, const struct ic_copy_options
         remote = (unsigned)(by_memory ? by_memory : 1);
     if (remote > want)
         want = remote;
+    /* a memory limit: as many items as its buffers allow, at least one */
+    uint64_t per_item = opt->request_size * (c->compare ? 2 : 1);
+    if (opt->buffer_limit && want > opt->buffer_limit / per_item)
+        want = opt->buffer_limit / per_item ? (unsigned)(opt->buffer_limit / per_item) : 1;
     return want < IC_JOB_MAX_CONCURRENCY ? want : IC_JOB_MAX_CONCURRENCY;
 }
 
@@ -792,6 +953,8 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     if (ic_image_tune(src, opt->connections, opt->requests_in_flight, err) < 0 ||
         ic_image_tune(dst, opt->connections, opt->requests_in_flight, err) < 0)
         return -1;
+    ic_image_set_retries(src, opt->retries, opt->retry_delay_ms);
+    ic_image_set_retries(dst, opt->retries, opt->retry_delay_ms);
     struct ic_copy *c = calloc(1, sizeof *c);
     if (!c)
         return ic_error_nomem(err);
@@ -802,6 +965,11 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     c->zero_limit = ic_image_zero_limit(dst);
     c->zero_allocates = ic_image_zero_allocates(dst);
     ic_image_written(dst); /* no longer known to read as zeros */
+    c->compare = opt->compare_block_size;
+    if (take_spans(c, err) < 0) {
+        free(c);
+        return -1;
+    }
     c->aio_reads = ic_image_aio_reads(src);
     c->aio_writes = ic_image_aio_writes(dst);
     /* neighbouring runs may share one read: data runs whose host bytes
@@ -826,6 +994,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         free(c->zeros);
         free(c->parked[0]);
         free(c->parked[1]);
+        free(c->spans);
         free(c);
         return ic_error_nomem(err);
     }
@@ -838,13 +1007,9 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
     atomic_init(&c->offload_refused, 0);
-    if (opt->checksum) {
-        if (ic_blkhash_new(opt->checksum, opt->checksum_block_size ? opt->checksum_block_size
-                                                                   : IC_BLKHASH_DEFAULT_BLOCK,
-                           ic_image_size(src), &c->hash, err) < 0) {
-            free_copy(c);
-            return -1;
-        }
+    if (opt->checksum && start_hash(c, err) < 0) {
+        free_copy(c);
+        return -1;
     }
     c->ordered_place = ic_image_places_in_order(dst);
     c->dst_overlay = ic_image_has_backing_file(dst);
@@ -854,15 +1019,15 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
      * an NBD export's zero extents).  Not an overlay: zeros its backing
      * file gives (past its end) would change with that file, so they are
      * written, as qemu-img -B does. */
-    if (!c->opt.target_is_zero && !c->dst_overlay && c->opt.sparse_threshold &&
+    if (!c->opt.target_is_zero && !c->dst_overlay && c->opt.sparse_threshold && !c->compare &&
         ic_known_zeros_init(&c->dst_zeros, dst, ic_image_size(src)) < 0) {
         free_copy(c);
         return ic_error_nomem(err);
     }
 
     struct ic_job_params params = {.concurrency = slots, .queue_depth = queue_depth,
-                                   .total = ic_image_size(src), .pool = opt->pool,
-                                   .threads = opt->concurrency};
+                                   .total = c->bytes_changed, .pool = opt->pool,
+                                   .threads = opt->concurrency < slots ? opt->concurrency : slots};
     if (ic_job_start(&copy_ops, c, &params, &c->job, err) < 0) {
         free_copy(c);
         return -1;
@@ -887,6 +1052,9 @@ void ic_copy_progress(struct ic_copy *c, struct ic_copy_stats *out)
     out->write_requests = atomic_load(&c->write_requests);
     out->zero_requests = atomic_load(&c->zero_requests);
     out->extents = atomic_load(&c->extents);
+    out->bytes_changed = c->bytes_changed;
+    out->bytes_compared = atomic_load(&c->bytes_compared);
+    out->bytes_equal = atomic_load(&c->bytes_equal);
     ic_job_progress(c->job, &out->done, &out->total);
 }
 
@@ -907,7 +1075,7 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
             ic_error_os(&failure, ECANCELED, NULL, "copy cancelled");
         if (err)
             *err = failure;
-    } else if (c->hash) {
+    } else if (c->hash && !c->shard_hash) {
         uint8_t digest[IC_DIGEST_MAX];
         char hex[IC_CHECKSUM_HEX_MAX];
         struct ic_error e = {0};

@@ -67,6 +67,14 @@ struct ic_copy {
     int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
     int may_merge;      /* neighbouring runs may share a read; holes */
     uint64_t merge_gap; /* up to this long are read through (0: none; the planner's) */
+    int merge_known;    /* merge_gap decided (after the first block status) */
+    /* what to copy: the changed ranges (sorted, merged, whole units of the
+     * destination's writes), or, has_spans 0, the whole source */
+    struct ic_range *spans;
+    size_t nspans;
+    int has_spans;
+    uint64_t bytes_changed;
+    uint64_t compare; /* compare mode: the block; 0: off */
 
     /* turns: steps that follow guest order across items (copy.c); an
      * item whose turn has not come parks (by turn seq % turn_slots) and
@@ -82,12 +90,14 @@ struct ic_copy {
     uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
 
     struct ic_blkhash *hash; /* the source's checksum, if asked for */
+    int shard_hash;          /* of one range's blocks only: no whole checksum */
 
     atomic_int offload_refused;
     atomic_uint_fast64_t bytes_read, bytes_written, bytes_zeroed, bytes_skipped;
     atomic_uint_fast64_t bytes_already_zero; /* skipped: the destination read zeros */
     atomic_uint_fast64_t read_requests, write_requests, zero_requests;
     atomic_uint_fast64_t extents;
+    atomic_uint_fast64_t bytes_compared, bytes_equal;
 };
 
 /* planner.c: the job's planner */

@@ -15,6 +15,8 @@ const struct ic_field ic_copy_option_fields[] = {
     FIELD(struct ic_copy_options, flush, IC_FIELD_FLAG),
     FIELD(struct ic_copy_options, connections, IC_FIELD_UNSIGNED),
     FIELD(struct ic_copy_options, requests_in_flight, IC_FIELD_UNSIGNED),
+    FIELD(struct ic_copy_options, retries, IC_FIELD_UNSIGNED),
+    FIELD(struct ic_copy_options, retry_delay_ms, IC_FIELD_U64),
     {NULL, IC_FIELD_U64, 0, NULL},
 };
 
@@ -57,6 +59,9 @@ const struct ic_field ic_copy_stats_fields[] = {
     FIELD(struct ic_copy_stats, write_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, zero_requests, IC_FIELD_U64),
     FIELD(struct ic_copy_stats, extents, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_changed, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_compared, IC_FIELD_U64),
+    FIELD(struct ic_copy_stats, bytes_equal, IC_FIELD_U64),
     {NULL, IC_FIELD_U64, 0, NULL},
 };
 

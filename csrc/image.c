@@ -161,7 +161,7 @@ static void node_role(unsigned flags, const struct ic_image *above, unsigned *pe
         *shared = CR | WU | ((above->lock_shared & W) ? W | RS : 0);
     } else if (flags & IC_OPEN_RDWR) {
         *perm = CR | W;
-        *shared = CR | WU;
+        *shared = CR | WU | ((flags & IC_OPEN_SHARE_WRITE) ? W : 0);
     } else {
         *perm = CR;
         *shared = (flags & IC_OPEN_SOURCE) ? CR | WU : IC_PERM_ALL;

@@ -21,6 +21,10 @@ enum {
     IC_EXT_PRESENT = 1u << 2,      /* allocated at `depth` of the chain     */
     IC_EXT_OFFSET_VALID = 1u << 3, /* host_offset means something           */
     IC_EXT_COMPRESSED = 1u << 4,
+    /* a dirty map's (ic_image_dirty_status): a persistent bitmap marks the
+     * range changed since it was started; the other flags then say nothing
+     * (ic_extents_mark_dirty sets it on an extent map's extents) */
+    IC_EXT_DIRTY = 1u << 5,
 };
 
 struct ic_extent {
@@ -72,6 +76,10 @@ enum {
      * without --backing-chain): for describing it only, as what it does
      * not hold then reads as zeros; read-only */
     IC_OPEN_NO_BACKING = 1u << 8,
+    /* A raw destination others write too, each its own ranges (range
+     * shards of one disk in several processes): shared as qemu's
+     * share-rw=on shares it; a format's file is never shared so */
+    IC_OPEN_SHARE_WRITE = 1u << 9,
 };
 
 struct ic_image;
@@ -241,6 +249,9 @@ uint64_t ic_image_preferred_size(const struct ic_image *img);
  * image's protocol) uses; nothing for local files. */
 int ic_image_tune(struct ic_image *img, unsigned connections, unsigned requests,
                   struct ic_error *err);
+/* How often a remote endpoint's dropped connection is made again (its
+ * unanswered requests sent again), the first after delay_ms, doubling. */
+void ic_image_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms);
 
 /* A cancelled copy's endpoints: requests in flight fail at once instead of
  * being waited for (a remote endpoint's connections are shut down); the
@@ -289,6 +300,42 @@ struct ic_bitmap {
  * None once the image has been written (imgcopy keeps no bitmap up to
  * date, and marks them invalid as qemu's readers expect). */
 size_t ic_image_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+
+/* Dirty maps: where persistent bitmap `bitmap` of the image's own layer
+ * (never its backing chain's) marks guest bytes changed since it was
+ * started.  Extents of a dirty map carry IC_EXT_DIRTY (changed) or no flag
+ * (clean), depth 0, no host offset; a bitmap marks whole granules, so
+ * dirty ranges start and end on its granularity (or where the range asked
+ * for starts or ends, or at the image's end).
+ *
+ * The errors, whatever the image's driver (a qcow2 image's bitmaps
+ * extension, an NBD export's qemu:dirty-bitmap:NAME contexts):
+ *   IC_ERR_VALUE   the format keeps no bitmaps, or none of that name (the
+ *                  message lists those there are);
+ *   IC_ERR_FORMAT  the bitmap is one qemu refuses: in use (a program had
+ *                  it open for writing and did not close it), with qemu's
+ *                  "Bitmap 'NAME' is inconsistent and cannot be used";
+ *                  a corrupt bitmap table;
+ *   IC_ERR_OS      its bits could not be read.
+ * A disabled bitmap (not IC_BITMAP_AUTO) is read as any other. */
+
+/* Contiguous extents appended to `out` from exactly `start`, none past
+ * `end` (start < end <= the image's size), as many as the driver finds
+ * cheaply (a bitmap cluster or a reply): at least one.  Neighbours it
+ * appends differ in flags; the caller asks again from where they end. */
+int ic_image_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start,
+                          uint64_t end, struct ic_extent_list *out, struct ic_error *err);
+/* The dirty map of [start, start + length): extents appended to `out`
+ * tiling the range, neighbours merged (an empty range appends none). */
+int ic_image_dirty_map(struct ic_image *img, const char *bitmap, uint64_t start,
+                       uint64_t length, struct ic_extent_list *out, struct ic_error *err);
+/* An extent map (`ext`, `n` extents tiling a range) with a dirty map laid
+ * over it: each extent cut where `dirty` (sorted, not overlapping) changes
+ * between dirty and clean, IC_EXT_DIRTY set on the pieces inside its dirty
+ * extents (host offsets follow the cuts); neighbours merged as qemu-img
+ * map merges them.  Pure. */
+int ic_extents_mark_dirty(const struct ic_extent *ext, size_t n, const struct ic_extent *dirty,
+                          size_t ndirty, struct ic_extent_list *out, struct ic_error *err);
 
 /* What qemu-img info reports of an image beyond its sizes, as its format's
  * driver parsed it (info never parses a header a second time). */
@@ -339,12 +386,24 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
                           uint64_t tail_end, const char *const *names, size_t nnames,
                           struct ic_error *err);
 
+/* A dirty map's output, merging neighbours by IC_EXT_DIRTY alone (what
+ * nbdinfo --map=qemu:dirty-bitmap:NAME tells, in qemu-img map's shapes):
+ * JSON, one entry per range, `{ "start": S, "length": L, "dirty": B}`
+ * (an empty list prints a zero-length clean entry at `start`); human,
+ * the dirty ranges only, as qemu-img map prints data ranges, under
+ * "Offset  Length  File" naming `file`.  malloc'ed, NUL terminated. */
+char *ic_format_dirty_json(const struct ic_extent *ext, size_t n, uint64_t start,
+                           struct ic_error *err);
+char *ic_format_dirty_human(const struct ic_extent *ext, size_t n, const char *file,
+                            struct ic_error *err);
+
 /* Bytes of a list of extents by flag. */
 struct ic_extent_totals {
     uint64_t data;
     uint64_t zero;
     uint64_t present;
     uint64_t compressed;
+    uint64_t dirty;
 };
 void ic_extent_totals(const struct ic_extent *ext, size_t n, struct ic_extent_totals *out);
 
@@ -374,6 +433,17 @@ const struct ic_request *ic_request_log_sorted(struct ic_request_log *log, size_
 /* qemu-img's limit of -S too */
 #define IC_MAX_SPARSE_THRESHOLD (16u << 20)
 
+struct ic_copy;
+
+/* A byte range (offset, length) */
+struct ic_range {
+    uint64_t offset, length;
+};
+/* Sort ranges and merge those that overlap or touch, dropping empty ones,
+ * in place (*n becomes their number); -1 with a value error naming the
+ * first that reaches past `size`. */
+int ic_ranges_normalize(struct ic_range *r, size_t *n, uint64_t size, struct ic_error *err);
+
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
@@ -387,6 +457,8 @@ struct ic_copy_options {
     /* remote endpoints (NBD) */
     unsigned connections;        /* 0: as the server allows (multi-conn: 4) */
     unsigned requests_in_flight; /* per connection (0: the default, 64)     */
+    unsigned retries;            /* a dropped connection made again, times */
+    uint64_t retry_delay_ms;     /* before the first retry; doubling        */
     struct ic_request_log *log; /* optional: record every request here     */
     /* Checksum the source from what the copy reads (blkhash, checksum.c):
      * the algorithm (NULL: none) and block size (0: 64 KiB); the hex
@@ -397,7 +469,32 @@ struct ic_copy_options {
     /* optional: run on this pool (job.h), shared with other jobs, under its
      * budget of bytes in flight; NULL: threads of the copy's own */
     struct ic_pool *pool;
+    /* Copy only these ranges of the source (a warm migration's changes):
+     * every other destination byte is left as it is.  Any order, overlaps
+     * allowed; ic_copy_start() sorts and merges a copy of them and refuses
+     * one past the source's end.  has_changed 0: the whole source. */
+    const struct ic_range *changed;
+    size_t nchanged;
+    int has_changed;
+    /* Read the destination too and write only the blocks of this size
+     * (guest-aligned) where it differs from the source; 0: off. */
+    uint64_t compare_block_size;
+    /* The checksum's block digests, told as they are known (blkhash.h's
+     * sink: a journal records them, a range shard returns them). */
+    void (*block_sink)(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests);
+    void *block_sink_ctx;
+    /* A checksum with `changed` ranges: the digests of every block outside
+     * them, handed in through ic_copy_put_digests() by this callback (a
+     * resumed copy's recorded blocks); without it, `changed` must be one
+     * range of whole blocks (or reaching the end), a shard, whose digests
+     * the sink collects and whose copy makes no whole checksum. */
+    int (*preset_digests)(void *ctx, struct ic_copy *c, struct ic_error *err);
+    void *preset_ctx;
+    /* Bytes of buffers the copy's items may hold at most (a fleet's share
+     * of its memory limit): fewer items in flight; 0: as it needs. */
+    uint64_t buffer_limit;
 };
+
 
 /* The defaults (options.c), and whether options are valid: ic_copy_start()
  * checks them before it touches the destination. */
@@ -433,6 +530,9 @@ struct ic_copy_stats {
     uint64_t write_requests;
     uint64_t zero_requests;
     uint64_t extents;  /* source extents (data/zero runs) */
+    uint64_t bytes_changed;  /* what was to be copied: the source, or its changed ranges */
+    uint64_t bytes_compared; /* compare mode: destination bytes read and compared */
+    uint64_t bytes_equal;    /* of them, in blocks equal to the source's (not written) */
     uint64_t done;     /* destination bytes dealt with so far */
     uint64_t total;
     char checksum[IC_CHECKSUM_HEX_MAX]; /* ic_copy_finish(): "" unless asked for */
@@ -446,6 +546,10 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
                   struct ic_copy **out, struct ic_error *err);
 /* The job, to wait for, watch and cancel with job.h's calls. */
 struct ic_job *ic_copy_job(struct ic_copy *c);
+/* For preset_digests: blocks [first, first+count) known (NULL digests:
+ * full zero blocks) */
+int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
+                        const uint8_t *digests, struct ic_error *err);
 /* The options it runs with (ic_copy_options_effective), `log` and
  * `checksum` as asked. */
 void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out);

@@ -14,6 +14,9 @@
 #define MAX_REQUEST_SIZE (1u << 30)
 #define MAX_CONNECTIONS 16u
 #define MAX_REQUESTS_IN_FLIGHT 1024u
+#define MAX_COMPARE_BLOCK (64u << 20)
+#define MAX_RETRIES 1000u
+#define MAX_RETRY_DELAY_MS 3600000u
 /* nbdcopy's default: enough to hide a round trip of a few ms */
 #define DEFAULT_REQUESTS_IN_FLIGHT 64u
 
@@ -31,6 +34,7 @@ void ic_copy_options_init(struct ic_copy_options *o)
         .target_is_zero = IC_AUTO,
         .flush = 1,
         .requests_in_flight = DEFAULT_REQUESTS_IN_FLIGHT,
+        .retry_delay_ms = 1000,
     };
 }
 
@@ -53,6 +57,17 @@ int ic_copy_options_check(const struct ic_copy_options *o, struct ic_error *err)
                                    "16 MiB");
     if (o->target_is_zero != 0 && o->target_is_zero != 1 && o->target_is_zero != IC_AUTO)
         return ic_error_value(err, "target_is_zero must be true, false or auto");
+    if (o->compare_block_size && (o->compare_block_size % 512 ||
+                                  o->compare_block_size > MAX_COMPARE_BLOCK))
+        return ic_error_value(err, "compare_block_size must be a multiple of 512 from 512 "
+                                   "bytes to 64 MiB");
+    if (o->retries > MAX_RETRIES)
+        return ic_error_value(err, "retries must be from 0 to %u", MAX_RETRIES);
+    if (o->retry_delay_ms > MAX_RETRY_DELAY_MS)
+        return ic_error_value(err, "retry_delay must be from 0 to %u seconds",
+                              MAX_RETRY_DELAY_MS / 1000);
+    if (o->nchanged && !o->changed)
+        return ic_error_value(err, "%zu changed ranges without their list", o->nchanged);
     return 0;
 }
 
@@ -102,8 +117,17 @@ int ic_copy_options_effective(const struct ic_copy_options *asked,
         o.offload = 0;
     if (f->dst_discards)
         o.flush = 0;
+    /* comparing, the destination's content decides what is written: it
+     * is read, never assumed, and the data never copied by the kernel */
+    if (o.compare_block_size) {
+        o.target_is_zero = 0;
+        o.offload = 0;
+    }
     at_least_preferred(&o, f->dst_preferred);
     whole_units(&o, f->dst_write_align, f->dst_places_in_order);
+    /* compared blocks tile the requests, none straddling two items */
+    if (o.compare_block_size)
+        o.request_size = round_up(o.request_size, o.compare_block_size);
     /* blocks tile the requests, so that none straddles two work items and
      * the output never depends on the request size */
     o.request_size = round_up(o.request_size, ic_sparse_granularity(o.sparse_threshold));

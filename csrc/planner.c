@@ -39,7 +39,8 @@ static int plan_extent(struct ic_copy *c, uint64_t start, uint64_t end, int kind
     int skipped = kind == RUN_BACKING || (kind == RUN_ZERO && !allocated &&
                                           c->opt.target_is_zero);
     /* a skipped range costs nothing, however long: one item */
-    uint64_t step = kind == RUN_DATA || written_zeros ? c->opt.request_size
+    /* compare mode reads the destination's bytes of a zero run too */
+    uint64_t step = kind == RUN_DATA || written_zeros || c->compare ? c->opt.request_size
                     : skipped                         ? UINT64_MAX
                                                       : c->zero_limit;
     for (uint64_t pos = start; pos < end;) {
@@ -198,31 +199,34 @@ static int add_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
     return 0;
 }
 
-int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
+/* Plan [start, end) of the source: its runs, each ended at `end`.  0, or
+ * -1 with err; 1 when the job stopped. */
+static int plan_span(struct ic_job *job, struct ic_copy *c, struct aligner *al, uint64_t start,
+                     uint64_t end, struct ic_error *err)
 {
-    struct ic_copy *c = ctx;
-    uint64_t size = ic_image_size(c->src);
-    uint64_t run_start = 0, pos = 0;
+    uint64_t run_start = start, pos = start;
     int run_kind_now = -1;
-    struct aligner al = {.c = c, .align = c->write_align, .size = size, .merge = {.c = c}};
     /* neighbours of one kind are one extent: the cache may answer a long
      * extent in pieces, and zero runs at extent edges are judged by it.
      * An overlay's runs also end where its backing file ends, as qemu-img
      * -B cuts them there. */
     uint64_t cut = c->dst_overlay ? c->backing_end : UINT64_MAX;
     uint64_t host_next = UINT64_MAX; /* where a data run's host bytes continue */
-    while (pos < size) {
+    while (pos < end) {
         if (ic_job_stopped(job))
-            return 0;
+            return 1;
         struct ic_extent e;
-        if (ic_image_block_status(c->src, pos, size - pos, &e, err) < 0)
+        if (ic_image_block_status(c->src, pos, end - pos, &e, err) < 0)
             return -1;
-        if (pos == 0 && c->may_merge) {
+        if (!c->merge_known && c->may_merge) {
             /* what a round trip costs is known once one was made */
             uint64_t cost = ic_image_request_cost(c->src);
             c->merge_gap = cost < c->opt.request_size / 2 ? cost : c->opt.request_size / 2;
         }
+        c->merge_known = 1;
         uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
+        if (len > end - pos)
+            len = end - pos;
         int kind = run_kind(c, &e, pos);
         /* qemu's data extents also end where the host bytes stop being
          * contiguous (another cluster run, another layer, a compressed
@@ -231,18 +235,35 @@ int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
                          (!(e.flags & IC_EXT_OFFSET_VALID) || e.host_offset != host_next);
         int at_cut = pos == cut;
         if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
-            if (add_run(&al, run_start, pos, run_kind_now) < 0 ||
-                ((at_cut || host_break) && flush_data(&al) < 0))
-                return 0; /* the job stopped: nothing more is taken */
+            if (add_run(al, run_start, pos, run_kind_now) < 0 ||
+                ((at_cut || host_break) && flush_data(al) < 0))
+                return 1; /* the job stopped: nothing more is taken */
             run_start = pos;
         }
         host_next = (e.flags & IC_EXT_OFFSET_VALID) ? e.host_offset + len : UINT64_MAX;
         run_kind_now = kind;
         pos += len;
     }
-    if (run_kind_now >= 0 && add_run(&al, run_start, size, run_kind_now) == 0 &&
-        flush_data(&al) == 0)
-        flush_group(&al.merge, &al.seq);
+    /* nothing is read or written across the span's end: what lies between
+     * spans is not to be touched */
+    if (run_kind_now >= 0 && (add_run(al, run_start, end, run_kind_now) < 0 ||
+                              flush_data(al) < 0 || flush_group(&al->merge, &al->seq) < 0))
+        return 1;
     return 0;
 }
 
+int ic_copy_plan(struct ic_job *job, void *ctx, struct ic_error *err)
+{
+    struct ic_copy *c = ctx;
+    uint64_t size = ic_image_size(c->src);
+    struct aligner al = {.c = c, .align = c->write_align, .size = size, .merge = {.c = c}};
+    if (!c->has_spans)
+        return plan_span(job, c, &al, 0, size, err) < 0 ? -1 : 0;
+    for (size_t i = 0; i < c->nspans; i++) {
+        int r = plan_span(job, c, &al, c->spans[i].offset,
+                          c->spans[i].offset + c->spans[i].length, err);
+        if (r)
+            return r < 0 ? -1 : 0;
+    }
+    return 0;
+}

@@ -9,11 +9,13 @@ try:
     from .checksum import ChecksumMismatch, checksum, checksum_algorithms
     from .extents import Extent, ExtentMap
     from .features import features
-    from .image import Bitmap, Image, map, open
+    from .image import Bitmap, Image, dirty_map, map, open
     from .info import ImageInfo, info
     from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
     from .plan import CopyPlan, Request, plan
     from .measure import MeasureResult, measure
+    from .shards import combine_checksums
+    from .fleet import Cancelled, CopyJob, copy_many
 except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a traceback
     from . import _program  # (again, if the Ctrl-C came while it was imported)
     _program.interrupted_while_starting()
@@ -21,7 +23,8 @@ except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a trace
 
 __all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
            "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
-           "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
+           "convert", "dirty_map", "map", "open", "plan", "ImageInfo", "info", "__version__",
            "MeasureResult", "measure", "CompareResult", "compare",
            "checksum", "checksum_algorithms", "ChecksumMismatch",
-           "CheckResult", "check", "compression_libraries", "features"]
+           "CheckResult", "check", "compression_libraries", "features", "combine_checksums",
+           "CopyJob", "copy_many", "Cancelled"]

@@ -16,6 +16,7 @@ EXTENT_ZERO: int
 EXTENT_PRESENT: int
 EXTENT_OFFSET_VALID: int
 EXTENT_COMPRESSED: int
+EXTENT_DIRTY: int
 SNAPSHOT_SIZE: int
 REQUEST_SIZE: int
 REQ_WRITE: int
@@ -66,10 +67,19 @@ class CopyCounters(TypedDict):
     write_requests: int
     zero_requests: int
     extents: int
+    bytes_changed: int
+    bytes_compared: int
+    bytes_equal: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class _CopyChecksum(TypedDict, total=False):
     checksum: str  # the source's blkhash, when copy() was asked for it
+    # block_digests=True (a shard): its blocks' digests, the first's index
+    block_digests: bytes
+    first_block: int
+    # set by the Python side for a shard's report
+    offset: int
+    length: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
@@ -84,6 +94,8 @@ class CopyOptionDefaults(TypedDict):
     flush: bool
     connections: int
     requests_in_flight: int
+    retries: int
+    retry_delay_ms: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyReport(CopyCounters, _CopyChecksum):
@@ -110,7 +122,7 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ..., no_backing: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ..., share_write: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
         name extent files outside its directory; ``no_backing``: the image
@@ -124,6 +136,11 @@ class Image:
         """The extent at ``offset``, packed (struct ic_extent)."""
     def map(self, start: int, end: int) -> bytes:
         """The extents of [start, end), packed (struct ic_extent array)."""
+    def dirty_map(self, bitmap: Union[str, bytes], start: int, end: int) -> bytes:
+        """The dirty map of [start, end) of persistent bitmap ``bitmap``,
+        packed: extents flagged EXTENT_DIRTY or not at all, neighbours
+        merged; ValueError for no such bitmap, ImageFormatError for one
+        qemu refuses (in use)."""
     def read(self, offset: int, length: int) -> bytes: ...
     def write(self, offset: int, data: bytes) -> None: ...
     def zero(self, offset: int, length: int, flags: int = ...) -> None: ...
@@ -169,27 +186,50 @@ def library_versions() -> Dict[str, Optional[str]]:
 def compression_libraries() -> Dict[str, Optional[str]]:
     """The library each qcow2 compression type ("zlib", "zstd") uses in this
     build, with its version, or None where the build has none."""
+@final
+class Pool:
+    """Worker threads and a budget of bytes in flight copies share."""
+    def __new__(cls, threads: int, budget: int = ...) -> Pool: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def budget(self) -> int: ...
+
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
          offload: bool = ..., flush: bool = ..., connections: int = ...,
-         requests_in_flight: int = ..., checksum: Optional[str] = ...,
-         checksum_block_size: int = ...) -> CopyReport:
+         requests_in_flight: int = ..., retries: int = ..., retry_delay_ms: int = ...,
+         checksum: Optional[str] = ...,
+         checksum_block_size: int = ..., changed: Optional[bytes] = ...,
+         compare_block_size: int = ..., block_digests: bool = ...,
+         pool: Optional[Pool] = ..., buffer_limit: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
-    ``checksum``: also the source's blkhash with this algorithm."""
+    ``checksum``: also the source's blkhash with this algorithm;
+    ``changed``: only these ranges (packed native uint64 offset, length
+    pairs); ``compare_block_size``: write only the blocks of this size
+    where the destination differs (0: off)."""
 def check_copy_options(*, sparse_threshold: int = ..., request_size: int = ...,
                        concurrency: int = ..., out_of_order: bool = ...,
                        target_is_zero: Optional[bool] = ..., offload: bool = ...,
                        flush: bool = ..., connections: int = ...,
-                       requests_in_flight: int = ...) -> None:
+                       requests_in_flight: int = ..., retries: int = ...,
+                       retry_delay_ms: int = ...) -> None:
     """ValueError unless copy() takes these options."""
 def copy_option_defaults() -> CopyOptionDefaults: ...
 def format_map(packed: bytes, start: int, tail_end: int,
                names: Optional[Union[str, bytes]] = ...) -> str:
     """qemu-img map's output: JSON, or human with ``names`` (the file of
     each depth of the chain, NUL-separated)."""
-def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
-    """(data, zero, present, compressed) bytes of packed extents."""
+def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int, int]:
+    """(data, zero, present, compressed, dirty) bytes of packed extents."""
+def mark_dirty(packed: bytes, dirty: bytes, /) -> bytes:
+    """The packed extents cut where the packed dirty map ``dirty`` changes,
+    EXTENT_DIRTY set inside its dirty extents, merged as qemu-img map
+    merges."""
+def format_dirty_map(packed: bytes, start: int, file: Optional[Union[str, bytes]] = ...) -> str:
+    """A dirty map's output, neighbours merged by EXTENT_DIRTY alone: JSON
+    (start, length, dirty), or human naming ``file`` (dirty ranges only)."""
 
 # ---- compare (csrc/py/compare.c) ------------------------------------------
 

@@ -22,9 +22,11 @@ class ChecksumMismatch(Error):
     hash to the source's checksum.  ``source`` and ``destination`` are the
     two hex digests, ``algorithm`` the digest that made them."""
 
-    def __init__(self, filename: str, algorithm: str, source: str, destination: str) -> None:
+    def __init__(self, filename: str, algorithm: str, source: str, destination: str,
+                 detail: str = "") -> None:
         super().__init__(f"{filename}: checksum mismatch after the copy: the source's "
-                         f"{algorithm} blkhash is {source}, the destination's is {destination}")
+                         f"{algorithm} blkhash is {source}, the destination's is {destination}"
+                         + (f" ({detail})" if detail else ""))
         self.filename = filename
         self.algorithm = algorithm
         self.source = source

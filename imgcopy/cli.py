@@ -7,15 +7,16 @@ import sys
 import threading
 from typing import Any, List, Optional
 
-from . import (cli_check, cli_checksum, cli_compare, cli_convert, cli_info, cli_map,
-               cli_measure)
+from . import (cli_check, cli_checksum, cli_compare, cli_convert, cli_convert_many, cli_info,
+               cli_map, cli_measure)
 from .cli_common import cli_spelling, describe  # noqa: F401 (cli_spelling: the flags' spelling)
 from .errors import Error
 from .features import VersionAction
 
 # one module per command, each with register(subparsers) and run(args);
 # in `imgcopy --help`'s order
-COMMANDS = (cli_map, cli_info, cli_check, cli_convert, cli_measure, cli_compare, cli_checksum)
+COMMANDS = (cli_map, cli_info, cli_check, cli_convert, cli_convert_many, cli_measure, cli_compare,
+            cli_checksum)
 
 
 class _Parser(argparse.ArgumentParser):

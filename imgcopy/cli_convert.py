@@ -9,6 +9,7 @@ import sys
 import threading
 from typing import Any, List, Optional
 
+from .changes import COMPARE
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE
 from .cli_common import parse_size, source_arguments, write
 from .convert import DEST_FORMATS, convert
@@ -83,9 +84,46 @@ def register(subparsers: Any) -> None:
     c.add_argument("--stats", choices=("json",), default=None,
                    help="print what the copy did")
     _checksum_arguments(c)
+    c.add_argument("--retries", type=int, default=0, metavar="N",
+                   help="make a dropped NBD connection again up to N times, sending again "
+                        "what it left unanswered (default 0: a drop fails the copy)")
+    c.add_argument("--retry-delay", type=float, default=1.0, metavar="SECONDS",
+                   help="before the first new connection; doubling (default 1)")
+    c.add_argument("--changed", default=None, metavar="FILE|compare",
+                   help="copy only what changed: the ranges in FILE (JSON "
+                        "[[offset, length], ...], as CBT tools print them), or 'compare': "
+                        "the blocks where the destination differs from the source")
+    c.add_argument("--bitmap", default=None, metavar="NAME",
+                   help="copy only what the source's dirty bitmap NAME marks changed (a qcow2 "
+                        "persistent bitmap, an NBD export's qemu:dirty-bitmap:NAME)")
+    c.add_argument("--compare-block-size", type=parse_size, default=None, metavar="SIZE",
+                   help="the block --changed=compare compares and writes (default 64k)")
+    c.add_argument("--offset", type=parse_size, default=None, metavar="N",
+                   help="a range shard: copy only from this byte of the source (with -n, "
+                        "into an existing destination; other shards do the rest)")
+    c.add_argument("--length", type=parse_size, default=None, metavar="L",
+                   help="the shard's length")
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=run, parser=c)
+
+
+def _changed(spec: Optional[str]) -> Any:
+    """--changed: "compare", or the ranges a JSON file lists."""
+    if spec is None or spec == COMPARE:
+        return spec
+    try:
+        with open(spec, "rb") as f:
+            ranges = json.load(f)
+    except OSError as e:
+        raise OSError(e.errno, f"--changed: {e.strerror}", spec) from None
+    except ValueError as e:
+        raise ValueError(f"--changed {spec}: not JSON: {e}") from None
+    if not isinstance(ranges, list) or not all(
+            isinstance(r, list) and len(r) == 2 and all(type(v) is int for v in r)
+            for r in ranges):
+        raise ValueError(f"--changed {spec}: expected [[offset, length], ...] of integers")
+    return ranges
 
 
 def _checksum_arguments(c: argparse.ArgumentParser) -> None:
@@ -176,7 +214,8 @@ def _copy_options(args: argparse.Namespace) -> CopyOptions:
         target_is_zero=True if args.target_is_zero else None,
         direct=(args.src_cache == "none", args.dst_cache == "none"),
         flush=args.flush and args.dst_cache != "unsafe", offload=args.offload,
-        connections=args.connections, requests_in_flight=args.requests_in_flight)
+        connections=args.connections, requests_in_flight=args.requests_in_flight,
+        retries=args.retries, retry_delay=args.retry_delay)
 
 
 def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
@@ -198,4 +237,6 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         create=args.create, force=args.force, force_share=args.force_share,
         options=_copy_options(args), create_options=_create_options(args), progress=bar,
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
-        verify=args.verify)
+        verify=args.verify, changed=_changed(args.changed),
+        compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
+        bitmap=args.bitmap)

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
+from ._sharing import SHARING
 from .image import PathArg, source_member
 from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
@@ -26,6 +27,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             direct: Optional[Union[bool, Tuple[bool, bool]]] = None,
             flush: Optional[bool] = None, offload: Optional[bool] = None,
             connections: Optional[int] = None, requests_in_flight: Optional[int] = None,
+            retries: Optional[int] = None, retry_delay: Optional[float] = None,
             progress: Progress = None, cluster_size: Optional[Size] = None,
             compat: Optional[str] = None, preallocation: Optional[str] = None,
             compress: Optional[bool] = None, compression_type: Optional[str] = None,
@@ -34,7 +36,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             backing_format: Optional[str] = None,
             checksum: Union[bool, str, None] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
-            verify: bool = False) -> CopyResult:
+            verify: bool = False, changed: Any = None,
+            compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
+            length: Optional[int] = None, bitmap: Optional[str] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -77,7 +81,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     shorthand for it: ``sparse_threshold`` (-S), ``concurrency`` (-m),
     ``request_size``, ``out_of_order`` (-W), ``target_is_zero``, ``direct``
     (-T none / -t none), ``flush`` (False: -t unsafe), ``offload`` (-C),
-    ``connections`` and ``requests_in_flight`` (NBD endpoints).
+    ``connections`` and ``requests_in_flight`` (NBD endpoints), ``retries``
+    and ``retry_delay`` (NBD connections made again when they drop).
     Keywords given (not None) replace the fields of ``options``; sizes take
     ints or strings such as "64k", "4M".
       ``progress``: True shows a bar (tqdm when installed, else text on
@@ -109,6 +114,36 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     unless an algorithm is given. A Ctrl-C that comes after the copy was
     committed returns the result without ``dst_checksum``.
 
+    Warm copies (the changes since an earlier copy, into the destination it
+    made: ``create=False``): ``changed``: copy only these ranges of the
+    source, each as a copy does (read; zero runs judged at the sparse
+    threshold; written, zeroed or skipped), every other destination byte
+    left as it is: ``(offset, length)`` pairs in any order, overlapping or
+    not (VMware CBT's changed areas), or an ``ExtentMap`` (of
+    ``dirty_map()``, its dirty extents; of ``map()``, all of it). A range
+    past the source's end is a ``ValueError``. ``bitmap``: NAME, the
+    changed ranges are the source's dirty bitmap NAME (a qcow2 persistent
+    bitmap; an NBD export's ``qemu:dirty-bitmap:NAME``: qemu-nbd -B NAME),
+    refused as qemu refuses it (missing: the message lists those there
+    are; in use; corrupt). ``changed="compare"``: no
+    change tracking at all: the destination is read too and only the
+    blocks of ``compare_block_size`` [64k] that differ are written.
+    ``CopyResult.bytes_changed`` says what was to be copied,
+    ``bytes_compared`` and ``bytes_equal`` what compare mode read and
+    left alone. A new qcow2 overlay (``backing_file`` the previous copy)
+    with ``changed`` holds only the changed clusters: ovirt-imageio's
+    incremental backup. ``checksum``/``verify`` hash the whole source and
+    destination apart from the copy.
+
+    Range shards: ``offset``, ``length``: copy only [offset, offset+length)
+    of the source into an existing destination (``create=False``), every
+    other byte untouched, flushed on its own; shards in other processes or
+    hosts into the same raw file, block device or NBD export make one disk
+    (a qcow2 destination is refused: one writer allocates its clusters).
+    With ``checksum``, a shard of whole blkhash blocks returns their
+    digests (``CopyResult.block_digests``): ``combine_checksums()`` makes
+    the disk's checksum from every shard's; ``verify`` reads the range back.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
@@ -125,6 +160,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     callback's exception, which cancel the copy.
 
     An unknown keyword raises TypeError naming the nearest valid one."""
+    sharing = SHARING.get()
     steps = CopySteps(
         src, dst, src_format=src_format, src_member=source_member("convert", member, src_member),
         src_external_files=src_external_files, dst_format=dst_format, create=create,
@@ -133,7 +169,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              request_size=request_size, out_of_order=out_of_order,
                              target_is_zero=target_is_zero, direct=direct, flush=flush,
                              offload=offload, connections=connections,
-                             requests_in_flight=requests_in_flight),
+                             requests_in_flight=requests_in_flight, retries=retries,
+                             retry_delay=retry_delay),
         create_options=create_options,
         layout_keywords=dict(cluster_size=cluster_size, compat=compat,
                              preallocation=preallocation, compress=compress,
@@ -141,5 +178,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              compression_level=compression_level,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
-        verify=verify)
+        verify=verify, changed=changed, compare_block_size=compare_block_size,
+        offset=offset, length=length, pool=sharing.pool, buffer_limit=sharing.buffer_limit, bitmap=bitmap)
     return steps.execute()

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
+from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
 from .image import Image, PathArg, _check_format
@@ -43,6 +44,19 @@ class CopyResult:
     # of bytes_skipped: zeros the destination read already (its block
     # status said so), so no zero request was sent
     bytes_already_zero: int = 0
+    # what was to be copied: the source's size, or its changed ranges';
+    # changed="compare": the destination bytes read and compared, and of
+    # them those in blocks equal to the source's (left alone)
+    bytes_changed: int = 0
+    bytes_compared: int = 0
+    bytes_equal: int = 0
+    # a range shard (offset=, length=): its range, and with a checksum the
+    # digests of its blkhash blocks, in order (combine_checksums())
+    offset: Optional[int] = None
+    length: Optional[int] = None
+    block_digests: Optional[bytes] = field(default=None, repr=False)
+    # imgcopy.distributed.convert(): the shards the disk was cut into
+    shards: Optional[List[Tuple[int, int]]] = None
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
     # checksum=: the source's blkhash (hex), from what the copy read;
     # verify=True: the destination's, read back after the copy
@@ -52,7 +66,8 @@ class CopyResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["options"]
-        for name in ("checksum", "dst_checksum"):  # only when asked for
+        d.pop("block_digests", None)  # bytes: no JSON
+        for name in ("checksum", "dst_checksum", "offset", "length", "shards"):  # when asked for
             if d[name] is None:
                 del d[name]
         return d
@@ -111,7 +126,11 @@ class CopySteps:
                  layout_keywords: Optional[Dict[str, Any]] = None,
                  progress: Progress = None, checksum: Union[bool, str, None] = None,
                  checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
-                 verify: bool = False, request_log: bool = False) -> None:
+                 verify: bool = False, request_log: bool = False,
+                 changed: Any = None, compare_block_size: Optional[Size] = None,
+                 offset: Optional[int] = None, length: Optional[int] = None,
+                 pool: Any = None, buffer_limit: int = 0,
+                 bitmap: Optional[str] = None) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -125,6 +144,13 @@ class CopySteps:
         self._checksum, self._checksum_block_size = checksum, checksum_block_size
         self.verify_after = verify
         self.request_log = request_log
+        self._changed, self._compare_block_size = changed, compare_block_size
+        self.offset, self.length = offset, length
+        # a fleet's: the shared pool, and this copy's share of its memory
+        self.pool, self.buffer_limit = pool, buffer_limit
+        self.bitmap = bitmap
+        self.changed: Optional[bytes] = None  # packed ranges (validate)
+        self.compare_block = 0
         # what the steps find and make
         self.algorithm: Optional[str] = None
         self.block_size = 0
@@ -167,6 +193,16 @@ class CopySteps:
             if self.block_size == 0:  # the C core's "default"
                 raise ValueError("checksum block size must be even, from 2 bytes, not 0")
             _core.checksum_check(self.algorithm, self.block_size)
+        self.compare_block = compare_block(self._changed, self._compare_block_size)
+        if self.bitmap is not None:
+            if not isinstance(self.bitmap, str):
+                raise TypeError(f"bitmap must be a str, not {type(self.bitmap).__name__}")
+            if self._changed is not None or self.offset is not None:
+                raise ValueError("bitmap says what changed: not with changed= or a shard")
+        if self.offset is not None or self.length is not None:
+            self._shard_range()
+        if self._changed is not None and not self.compare_block:
+            self.changed, _ = pack_ranges(self._changed)
         dst_format = self.dst_format
         if dst_format is not None and dst_format not in DEST_FORMATS:
             raise ValueError(f"unknown destination format {dst_format!r} "
@@ -196,6 +232,24 @@ class CopySteps:
             _check_existing_layout(create_options)
         self.dst_format, self.create_options = dst_format, create_options
 
+    def _shard_range(self) -> None:
+        """offset=/length=: a range shard, copied as one changed range."""
+        if self._changed is not None:
+            raise ValueError("offset/length (a shard) and changed do not go together")
+        if self.create:
+            raise ValueError("a shard writes into an existing destination (create=False): "
+                             "make it first, its size the source's")
+        if self.dst_format == "qcow2":
+            raise ValueError("a qcow2 destination takes no shards: its clusters are allocated "
+                             "by one writer; copy it whole")
+        offset = 0 if self.offset is None else self.offset
+        if self.length is None:
+            raise ValueError("a shard needs its length")
+        if offset < 0 or self.length <= 0:
+            raise ValueError(f"shard {offset}+{self.length}: offset from 0, length above 0")
+        self.offset = offset
+        self._changed = [(offset, self.length)]
+
     def open_source(self) -> Image:
         """The source, read as a copy reads it (its errors name src_format,
         src_member, src_external_files)."""
@@ -208,6 +262,10 @@ class CopySteps:
             raise exc.renamed({"format": "src_format", "member": "src_member",
                                "external_files": "src_external_files"})
         self.source_size = self.source.size
+        if self.bitmap is not None:
+            # what changed: the dirty ranges of the source's own bitmap
+            # (refused as qemu refuses it: missing, in use, corrupt)
+            self.changed, _ = pack_ranges(self.source.dirty_map(self.bitmap))
         return self.source
 
     def open_destination(self) -> _core.Image:
@@ -226,8 +284,10 @@ class CopySteps:
                                         direct=options.destination_direct,
                                         writeback=options.flush, atomic=True, **laid_out)
             return self.core
+        # a shard's destination is written by the other shards too
         core = _core.Image(self.dst, self.dst_format, writable=True,
-                           direct=options.destination_direct)
+                           direct=options.destination_direct,
+                           share_write=self.offset is not None)
         self.core = core
         dst_size = core.size
         if dst_size < source.size:
@@ -264,12 +324,23 @@ class CopySteps:
         takes it); the options it ran with replace the ones asked for."""
         source, core = self._open_source(), self._open_destination()
         logged: Dict[str, Any] = {"offload": False, "flush": False} if self.request_log else {}
+        # a copy of the changes reads only them: the checksum of the whole
+        # source is made apart (verify); a shard's checksum is its blocks'
+        shard = self.offset is not None
+        in_copy = self.algorithm if self.changed is None or shard else None
         self.report = _core.copy(source._img, core, progress=_progress_adapter(bar),
-                                 checksum=self.algorithm,
-                                 checksum_block_size=self.block_size, log=self.request_log,
+                                 checksum=in_copy, checksum_block_size=self.block_size,
+                                 log=self.request_log, changed=self.changed,
+                                 compare_block_size=self.compare_block,
+                                 block_digests=shard and in_copy is not None,
+                                 pool=self.pool, buffer_limit=self.buffer_limit,
                                  **self.options.engine_options(**logged))
+        if self.offset is not None and self.length is not None:  # a shard
+            self.report["offset"], self.report["length"] = self.offset, self.length
         self.options = self.options.ran_with(self.report["options"])
         self.cache = source.cache_stats()
+        if self.algorithm is not None and in_copy is None and not shard:
+            self.report["checksum"] = image_checksum(source, self.algorithm, self.block_size)
 
     def commit(self) -> None:
         """The destination finished (flushed unless told not to)."""
@@ -279,12 +350,43 @@ class CopySteps:
         """With verify=True, the committed destination read back: its
         checksum in ``result.dst_checksum``, ChecksumMismatch unless it is
         the source's."""
-        if self.verify_after:
+        if self.verify_after and result.offset is not None:
+            result.dst_checksum = self._verify_shard(result)
+        elif self.verify_after:
             if self.algorithm is None or result.checksum is None:  # cannot be: verify hashes
                 raise RuntimeError("verify=True: the copy made no checksum")
             result.dst_checksum = _verify(self.dst, self.dst_format or "raw", result.checksum,
                                           self.algorithm, self.block_size, self.source_size)
         return result
+
+    def _verify_shard(self, result: CopyResult) -> str:
+        """A shard's range of the destination read back: its block digests
+        must be the shard's (their hash, in hex, is returned)."""
+        import hashlib
+
+        if self.algorithm is None or result.block_digests is None or result.offset is None:
+            raise RuntimeError("verify=True: the shard made no block digests")
+        with Image(self.dst, self.dst_format or "raw") as img:
+            sink = null_destination(img.size)
+            try:
+                ranges, _ = pack_ranges([(result.offset, result.length)])
+                report = _core.copy(img._img, sink, checksum=self.algorithm,
+                                    checksum_block_size=self.block_size, changed=ranges,
+                                    block_digests=True, flush=False)
+            finally:
+                sink.close()
+        got = report["block_digests"]
+        if got != result.block_digests:
+            dsize = len(hashlib.new(self.algorithm).digest())
+            bad = next(k for k in range(0, len(got), dsize)
+                       if got[k:k + dsize] != result.block_digests[k:k + dsize]) // dsize
+            block = self.block_size or DEFAULT_BLOCK_SIZE
+            raise ChecksumMismatch(self.dst_name, self.algorithm,
+                                   hashlib.new(self.algorithm, result.block_digests).hexdigest(),
+                                   hashlib.new(self.algorithm, got).hexdigest(),
+                                   f"the shard's block at offset {result.offset + bad * block} "
+                                   "differs")
+        return hashlib.new(self.algorithm, got).hexdigest()
 
     def _open_source(self) -> Image:
         if self.source is None:
@@ -366,6 +468,9 @@ def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
                 elapsed=elapsed, cache_hits=cache["hits"], cache_misses=cache["misses"],
                 lseek_calls=cache["lseek_calls"],
                 bytes_already_zero=report["bytes_already_zero"], options=options,
-                checksum=report.get("checksum"))
+                checksum=report.get("checksum"), bytes_changed=report["bytes_changed"],
+                bytes_compared=report["bytes_compared"], bytes_equal=report["bytes_equal"],
+                offset=report.get("offset"), length=report.get("length"),
+                block_digests=report.get("block_digests"))
         except KeyboardInterrupt:
             continue

@@ -69,6 +69,13 @@ class CopyOptions:
     (multi-conn), else 1 (a server without multi-conn always gets 1).
     ``requests_in_flight`` [nbdcopy's --requests, 64]: NBD requests in
     flight per connection (0: the default).
+    ``retries`` [--retries, 0]: an NBD connection that drops (the server
+    killed, restarted, the network gone) is made again up to this many
+    times, every request it left unanswered sent again (writes and zeroes
+    are idempotent; reads and block status asked again); an error the
+    server answers (EIO, ENOSPC) is never retried.  0: a drop fails the copy.
+    ``retry_delay`` [1.0]: seconds before the first new connection, doubling
+    after each that fails (at most a minute).
 
     Sizes take ints or strings such as ``"64k"`` and are stored as ints.
     An invalid option raises ValueError (TypeError for a wrong type) here,
@@ -84,6 +91,10 @@ class CopyOptions:
     offload: bool = _DEFAULTS["offload"]
     connections: Optional[int] = None
     requests_in_flight: int = _DEFAULTS["requests_in_flight"]
+    retries: int = _DEFAULTS["retries"]
+    # the C core's retry_delay_ms, in seconds here
+    retry_delay: float = field(default=_DEFAULTS["retry_delay_ms"] / 1000,
+                               metadata={"engine": "retry_delay_ms", "scale": 1000})
 
     def __post_init__(self) -> None:
         normal = {
@@ -110,8 +121,15 @@ class CopyOptions:
     def engine_options(self, **resolved: Any) -> Dict[str, Any]:
         """The keywords of ``_core.copy()``: the fields the engine takes,
         with ``resolved`` (e.g. ``target_is_zero=True``) in place of them."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)
-               if not f.metadata.get("at_open")}
+        out = {}
+        for f in fields(self):
+            if f.metadata.get("at_open"):
+                continue
+            value = getattr(self, f.name)
+            if "engine" in f.metadata:  # the core's unit and name
+                out[f.metadata["engine"]] = _scaled(f.name, value, f.metadata["scale"])
+            else:
+                out[f.name] = value
         out["connections"] = out["connections"] or 0  # the C core's "as the server allows"
         out.update(resolved)
         return out
@@ -125,12 +143,23 @@ class CopyOptions:
         Not checked again: the values are the engine's own."""
         out = copy.copy(self)
         for f in fields(self):
-            if f.name in used and not f.metadata.get("at_open"):
+            if "engine" in f.metadata and f.metadata["engine"] in used:
+                object.__setattr__(out, f.name, used[f.metadata["engine"]] / f.metadata["scale"])
+            elif f.name in used and not f.metadata.get("at_open"):
                 value = used[f.name]
                 if f.name == "connections" and not value:
                     value = self.connections  # 0: as each server allows
                 object.__setattr__(out, f.name, value)
         return out
+
+
+def _scaled(name: str, value: Any, scale: int) -> int:
+    """A number of seconds (an int or a float) in the core's unit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0:
+        raise ValueError(f"{name} must be a number of seconds from 0, not {value!r}")
+    return round(value * scale)
 
 
 def _direct(value: Any) -> Union[bool, Tuple[bool, bool]]:

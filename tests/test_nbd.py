@@ -326,17 +326,20 @@ def test_server_gone_mid_copy_is_an_error_not_a_hang(source):
 
 
 def _sigint_to_exit(argv, env, cwd):
-    """Run `imgcopy convert -p ARGV`, SIGINT it once its bar shows and
-    requests are in flight; (seconds from SIGINT to exit, status, stderr)."""
-    proc = subprocess.Popen(imgcopy_cmd() + ["convert", "-p"] + argv, stdout=subprocess.DEVNULL,
+    """Run `imgcopy convert -p ARGV`, SIGINT it once its progress shows (on
+    stdout, as qemu-img's when stdout is no terminal) and requests are in
+    flight; (seconds from SIGINT to exit, status, stderr)."""
+    proc = subprocess.Popen(imgcopy_cmd() + ["convert", "-p"] + argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, cwd=cwd)
     try:
         seen, deadline = b"", time.monotonic() + 20
         while b"%" not in seen and time.monotonic() < deadline:
-            if select.select([proc.stderr], [], [], 1)[0]:
-                chunk = os.read(proc.stderr.fileno(), 4096)
-                assert chunk, "exited (%s) before it copied: %r" % (proc.wait(), seen)
+            if select.select([proc.stdout], [], [], 1)[0]:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                assert chunk, "exited (%s) before it copied: %r" % (proc.wait(),
+                                                                      proc.stderr.read())
                 seen += chunk
+        assert b"%" in seen, "no progress within 20 s"
         time.sleep(0.3)  # well into the copy: the server holds many requests
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -344,11 +347,12 @@ def _sigint_to_exit(argv, env, cwd):
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pytest.fail("imgcopy did not stop within 20 s of SIGINT")
-        return time.monotonic() - t0, proc.returncode, (seen + proc.stderr.read()).decode()
+        return time.monotonic() - t0, proc.returncode, proc.stderr.read().decode()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdout.close()
         proc.stderr.close()
 
 

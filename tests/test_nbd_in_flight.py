@@ -156,3 +156,25 @@ def test_remote_to_remote_in_order_writes(tmp_path):
     assert res.write_requests == len(writes)
     assert max_overlap(writes, "Write") >= 2
     assert os.path.getsize(src) == 8 * MiB
+
+
+@needs_nbdkit
+def test_block_status_asked_ahead_when_answers_are_short(tmp_path):
+    """A server that answers block status 1 MiB at a time (nbdkit's
+    blocksize filter, maxlen): after the first short answer, regions
+    further on are asked at the same time, so the walk does not pay a
+    round trip per answer in turn; no range is asked twice over."""
+    src = runs_file(tmp_path / "src.raw", 64 * MiB, 96 * KiB, 160 * KiB, seed=7)
+    with nbdkit("file", str(src), "maxlen=1M", "delay-extents=10ms",
+                filters=["blocksize", "delay"], extra=["-r"]) as srv:
+        got = imgcopy.map(srv.uri, format="raw")
+        asked = srv.requests("Extents")
+        out = tmp_path / "out.raw"
+        imgcopy.convert(srv.uri, out, src_format="raw")
+    want = imgcopy.map(src)
+    assert [(e.start, e.length, e.data) for e in got] == \
+        [(e.start, e.length, e.data) for e in want]
+    assert_same_content(src, out, "raw", "raw")
+    assert max_overlap(asked, "Extents") >= 4
+    # one question per MiB, and a few where a region's first answer starts
+    assert len(asked) <= 64 + 16

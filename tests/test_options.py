@@ -139,11 +139,14 @@ def test_objects_are_frozen_normalised_and_comparable():
 def test_defaults_are_the_c_cores():
     defaults = _core.copy_option_defaults()
     o = CopyOptions()
+    assert o.engine_options() == {**defaults, "target_is_zero": None}
     for name, value in defaults.items():
-        # None: decided by the server (connections: 0)
-        expected = None if name == "connections" else value
-        assert getattr(o, name) == expected, name
-    assert {f.name for f in dataclasses.fields(CopyOptions)} == set(defaults) | {"direct"}
+        # None: decided by the server (connections: 0); seconds for the core's ms
+        expected = (None if name == "connections" else value / 1000
+                    if name == "retry_delay_ms" else value)
+        assert getattr(o, name.replace("_ms", "")) == expected, name
+    assert {f.name for f in dataclasses.fields(CopyOptions)} == \
+        {n.replace("_ms", "") for n in defaults} | {"direct"}
 
 
 # invalid options: (keywords, exception)

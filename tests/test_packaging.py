@@ -468,6 +468,26 @@ def test_test_extra_matches_what_the_tests_import():
     assert not unused, f"the test extra lists {sorted(unused)}, which no test imports"
 
 
+# modules of the package that are an extra of their own (what they import)
+OTHER_EXTRAS = {"distributed.py": "distributed"}
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="needs packages_distributions()")
+def test_other_extras_are_what_their_modules_import():
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    for name, extra_name in OTHER_EXTRAS.items():
+        path = os.path.join(REPO, "imgcopy", name)
+        extra = _extra(extra_name)
+        used = set()
+        for module in _imports(open(path).read(), path):
+            dists = _distributions(module, providers)
+            assert dists & extra, f"imgcopy/{name} imports {module!r}, not in the {extra_name} extra"
+            used |= dists & extra
+        assert used == extra, (extra_name, used, extra)
+
+
 @pytest.mark.skipif(sys.version_info < (3, 10), reason="needs packages_distributions()")
 def test_notebook_extra_runs_the_notebooks():
     """The `notebook` extra is what running the notebooks takes: what
@@ -485,6 +505,8 @@ def test_notebook_extra_runs_the_notebooks():
         code = "\n".join(line for line in code.splitlines() if not line.startswith(("%", "!")))
         needed.update({m: path for m in _imports(code, path)})
     for path in glob.glob(os.path.join(REPO, "imgcopy", "*.py")):
+        if os.path.basename(path) in OTHER_EXTRAS:
+            continue
         needed.update({m: path for m in _imports(open(path).read(), path)})
 
     extra = _extra("notebook")

@@ -22,7 +22,7 @@
 
 /* ---- opening ------------------------------------------------------------ */
 
-static void stop_conn(struct nbd_state *st, struct nbd_conn *c)
+void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c)
 {
     if (c->thread_started) {
         pthread_mutex_lock(&st->lock);
@@ -37,6 +37,8 @@ static void stop_conn(struct nbd_state *st, struct nbd_conn *c)
     }
     if (c->wake_fd >= 0)
         close(c->wake_fd);
+    for (size_t i = 0; i < sizeof c->contexts / sizeof *c->contexts; i++)
+        free(c->contexts[i]);
 }
 
 static void nbd_close_image(struct ic_image *img)
@@ -45,7 +47,9 @@ static void nbd_close_image(struct ic_image *img)
     if (!st)
         return;
     for (unsigned i = 0; i < st->nconns; i++)
-        stop_conn(st, &st->conns[i]);
+        nbd_stop_conn(st, &st->conns[i]);
+    nbd_status_free(st);
+    nbd_dirty_close(st);
     pthread_mutex_destroy(&st->lock);
     pthread_cond_destroy(&st->changed);
     free(st->zeros);
@@ -53,7 +57,15 @@ static void nbd_close_image(struct ic_image *img)
     img->drv_state = NULL;
 }
 
+static const char *const data_contexts[] = {"base:allocation", "qemu:allocation-depth", NULL};
+
 static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error *err)
+{
+    return nbd_connect(img, c, data_contexts, err);
+}
+
+int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
+                struct ic_error *err)
 {
     struct nbd_state *st = nbd_state_of(img);
     const struct nbd_lib *lib = st->lib;
@@ -63,9 +75,14 @@ static int connect_one(struct ic_image *img, struct nbd_conn *c, struct ic_error
         return ic_error_os(err, errno, img->path, "eventfd");
     if (!(c->h = lib->create()))
         return nbd_handle_error(img, lib, "nbd_create", err);
-    if (lib->add_meta_context(c->h, "base:allocation") < 0 ||
-        lib->add_meta_context(c->h, "qemu:allocation-depth") < 0)
-        return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
+    size_t n = 0;
+    for (const char *const *name = contexts; *name; name++) {
+        if (lib->add_meta_context(c->h, *name) < 0)
+            return nbd_handle_error(img, lib, "nbd_add_meta_context", err);
+        /* kept: a reconnection asks for them again */
+        if (n + 1 < sizeof c->contexts / sizeof *c->contexts && !(c->contexts[n++] = strdup(*name)))
+            return ic_error_nomem(err);
+    }
     /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
      * may be read, as qemu-img and nbdcopy read them */
     if (lib->set_uri_allow_local_file(c->h, 1) < 0)
@@ -103,7 +120,10 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     atomic_init(&st->held, 0);
     for (unsigned i = 0; i < NBD_MAX_CONNECTIONS; i++)
         st->conns[i].wake_fd = -1;
+    st->dirty.wake_fd = -1;
     img->drv_state = st;
+    st->uri = img->path;
+    st->retry_delay_ms = 1000;
     st->nconns = 1;
     if (connect_one(img, &st->conns[0], err) < 0)
         return -1;
@@ -162,6 +182,16 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     return 0;
 }
 
+/* A copy's patience with a server that drops: connections made again */
+static void nbd_set_retries(struct ic_image *img, unsigned retries, uint64_t delay_ms)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    pthread_mutex_lock(&st->lock);
+    st->retries = retries;
+    st->retry_delay_ms = delay_ms;
+    pthread_mutex_unlock(&st->lock);
+}
+
 /* Cancelled: every connection is shut down instead of drained (see
  * nbd_shut_down); requests not yet queued fail at once. */
 static void nbd_abort(struct ic_image *img)
@@ -172,6 +202,8 @@ static void nbd_abort(struct ic_image *img)
     for (unsigned i = 0; i < st->nconns; i++)
         if (st->conns[i].thread_started)
             nbd_wake(&st->conns[i]);
+    if (st->dirty.thread_started)
+        nbd_wake(&st->dirty);
     pthread_cond_broadcast(&st->changed); /* writers waiting for room */
     pthread_mutex_unlock(&st->lock);
 }
@@ -312,102 +344,6 @@ static int nbd_finish(struct ic_image *img, int sync, struct ic_error *err)
     return sync ? nbd_flush(img, err) : nbd_drain(img, err);
 }
 
-/* ---- block status ------------------------------------------------------- */
-
-/* As qemu reports a protocol's extents: the host offset is the guest's */
-static int push(struct ic_extent_list *out, uint64_t start, uint64_t len, unsigned flags,
-                uint32_t depth, struct ic_error *err)
-{
-    struct ic_extent e = {.start = start, .length = len, .flags = flags | IC_EXT_OFFSET_VALID,
-                          .host_offset = start, .depth = depth};
-    return ic_extent_list_push(out, &e) < 0 ? ic_error_nomem(err) : 0;
-}
-
-/* qemu:allocation-depth says where in the server's backing chain a range
- * is allocated (n: the n-th image, 0: nowhere).  Without it, everything is
- * the export's own, as for a file. */
-static unsigned chain_flags(int known, uint32_t depth)
-{
-    return !known || depth > 0 ? IC_EXT_PRESENT : 0;
-}
-
-/* A range allocated nowhere has the depth of the chain's last image, as
- * qemu-img map of the image says; the export does not tell its chain's
- * length, so the deepest allocation seen stands for it. */
-static uint32_t chain_depth(struct nbd_state *st, int known, uint32_t depth)
-{
-    if (!known)
-        return 0;
-    if (depth > 0) {
-        uint32_t seen = atomic_load(&st->deepest);
-        while (depth > seen && !atomic_compare_exchange_weak(&st->deepest, &seen, depth))
-            ;
-        return depth - 1;
-    }
-    uint32_t deepest = atomic_load(&st->deepest);
-    return deepest > 0 ? deepest - 1 : 0;
-}
-
-/* base:allocation (hole, zero) and qemu:allocation-depth (0: unallocated,
- * n: in the n-th image of the chain) merged into extents from `start` */
-static int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
-                            struct ic_extent_list *out, struct ic_error *err)
-{
-    (void)want;
-    struct nbd_state *st = nbd_state_of(img);
-    if (!st->has_alloc && !st->has_depth)
-        return push(out, start, end - start, IC_EXT_DATA | IC_EXT_PRESENT, 0, err);
-    uint64_t len = end - start < NBD_MAX_STATUS ? end - start : NBD_MAX_STATUS;
-    struct nbd_request r = {.op = OP_STATUS, .off = start, .len = len};
-    int e = nbd_run_waited(st, &r, NULL);
-    int ret = 0;
-    if (e || (!r.nalloc && !r.ndepth)) {
-        /* a nbd_failed answer degrades to "data", as nbdcopy does */
-        ret = push(out, start, len, IC_EXT_DATA | IC_EXT_PRESENT, 0, err);
-    } else {
-        uint64_t pos = start, limit = start + len;
-        size_t ia = 0, id = 0;
-        uint64_t a_end = start, d_end = start;
-        uint32_t a_flags = 0, depth = 1;
-        while (pos < limit && ret == 0) {
-            if (r.nalloc && pos >= a_end) {
-                if (ia >= r.nalloc)
-                    break;
-                a_end = pos + r.alloc[ia];
-                a_flags = r.alloc[ia + 1];
-                ia += 2;
-            }
-            if (r.ndepth && pos >= d_end) {
-                if (id >= r.ndepth)
-                    break;
-                d_end = pos + r.depth[id];
-                depth = r.depth[id + 1];
-                id += 2;
-            }
-            uint64_t next = limit;
-            if (r.nalloc && a_end < next)
-                next = a_end;
-            if (r.ndepth && d_end < next)
-                next = d_end;
-            if (next <= pos)
-                break; /* a zero-length entry: a broken answer, stop here */
-            unsigned flags = 0;
-            if (!r.nalloc || !(a_flags & NBD_STATE_HOLE))
-                flags |= IC_EXT_DATA;
-            if (r.nalloc && (a_flags & NBD_STATE_ZERO))
-                flags |= IC_EXT_ZERO;
-            ret = push(out, pos, next - pos, flags | chain_flags(r.ndepth != 0, depth),
-                       chain_depth(st, r.ndepth != 0, depth), err);
-            pos = next;
-        }
-        if (ret == 0 && pos == start) /* nothing usable */
-            ret = push(out, start, len, IC_EXT_DATA | IC_EXT_PRESENT, 0, err);
-    }
-    free(r.alloc);
-    free(r.depth);
-    return ret;
-}
-
 static uint64_t nbd_preferred_size(const struct ic_image *img)
 {
     const struct nbd_state *st = img->drv_state;
@@ -431,15 +367,42 @@ static uint64_t nbd_write_alignment(const struct ic_image *img)
  * costs its share of the server's concurrency (taken as 16, nbdkit's
  * threads), during which the link (taken as 1 GiB/s, a fast network's or
  * a local socket's order) carries this many bytes.  A hole shorter than
- * that is cheaper read through than asked around: at 5 ms, 320 KiB; on a
- * local socket (~0.1 ms), a few KiB, nothing worth merging. */
+ * that is cheaper read through than asked around: at 5 ms, 320 KiB.  A
+ * round trip under NBD_LOCAL_RTT is a local socket's (~0.1 ms, more on a
+ * busy machine): there no hole is worth reading. */
+#define NBD_LOCAL_RTT 1000000ull /* ns */
 #define NBD_ASSUMED_BANDWIDTH 1073741824ull /* bytes per second */
 #define NBD_ASSUMED_CONCURRENCY 16u
+
+/* Round trips measured before a cost is told: one can be slowed by
+ * anything (a busy machine, a cold server), the shortest of a few not */
+#define NBD_RTT_SAMPLES 4u
 
 static uint64_t nbd_request_cost(const struct ic_image *img)
 {
     struct nbd_state *st = img->drv_state;
+    /* tiny questions of the export until it has answered a few */
+    for (unsigned probe = 0; probe < NBD_RTT_SAMPLES &&
+                             atomic_load(&st->rtt_samples) < NBD_RTT_SAMPLES; probe++) {
+        uint64_t len = st->min_block > 4096 ? st->min_block : 4096;
+        if (len > img->size)
+            len = img->size;
+        struct nbd_request r = {.op = st->has_alloc || st->has_depth ? OP_STATUS : OP_READ,
+                                .off = 0, .len = len, .flags = 0};
+        uint8_t *buf = r.op == OP_READ ? malloc((size_t)len ? (size_t)len : 1) : NULL;
+        if (r.op == OP_READ && !buf)
+            break;
+        r.buf = buf;
+        int e = len ? nbd_run_waited(st, &r, NULL) : -1;
+        free(buf);
+        free(r.alloc);
+        free(r.depth);
+        if (e)
+            break;
+    }
     uint64_t rtt = atomic_load(&st->min_rtt); /* ns */
+    if (rtt < NBD_LOCAL_RTT)
+        return 0;
     return rtt * (NBD_ASSUMED_BANDWIDTH / NBD_ASSUMED_CONCURRENCY) / 1000000000ull;
 }
 
@@ -464,12 +427,13 @@ const struct ic_driver ic_protocol_nbd = {
     .zero_allocates = 1, /* WRITE_ZEROES with NO_HOLE, else written zeros */
     .flush = nbd_flush,
     .finish = nbd_finish,
-    .block_status = nbd_block_status,
+    .block_status = nbd_block_status, /* nbd_status.c */
     .random_access_status = 1,
     .write_alignment = nbd_write_alignment,
     .zero_limit = nbd_zero_limit,
     .preferred_size = nbd_preferred_size,
     .tune = nbd_tune,
+    .set_retries = nbd_set_retries,
     .abort = nbd_abort,
     .aio_pread = nbd_aio_pread,
     .aio_pwrite = nbd_aio_pwrite,

@@ -35,6 +35,25 @@ int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char
                        msg ? msg : "libnbd nbd_failed");
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* A small request's round trip is the cost of a request (a large read's
+ * also carries its bytes): the shortest seen is kept. */
+static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
+{
+    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
+        return;
+    uint64_t seen = atomic_load(&st->min_rtt);
+    while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
+        ;
+    atomic_fetch_add(&st->rtt_samples, 1);
+}
+
 /* ---- the I/O thread of a connection ------------------------------------ */
 
 /* An unwaited request is over (st->lock held): it frees its room.  One
@@ -94,14 +113,45 @@ static void tell_all(struct nbd_request *list)
  * libnbd's order, and when a server dies every connection does; the
  * failure kept must be the first of them (first_failure), not whichever
  * libnbd reported first.  An asynchronous read is told at once. */
+/* Whether a failed request is to be sent again: its connection dropped
+ * (a server's answer is final) and it is to be made again (I/O thread). */
+static int resend(struct nbd_conn *c, int error)
+{
+    struct nbd_state *st = c->st;
+    if (!error || !st->retries || c->gave_up)
+        return 0;
+    /* libnbd fails what a dead connection held with ENOTCONN, before the
+     * handle says it is dead; ESHUTDOWN is a server going away */
+    return error == ENOTCONN || error == ECONNRESET || error == EPIPE || error == ESHUTDOWN ||
+           error == ECONNABORTED || st->lib->aio_is_dead(c->h) || st->lib->aio_is_closed(c->h);
+}
+
 static void complete(struct nbd_request *r, int error)
 {
     struct nbd_state *st = r->st;
     struct nbd_request *told = NULL;
     pthread_mutex_lock(&st->lock);
+    if (r->conn && !st->aborted && resend(r->conn, error)) {
+        /* kept for the connection made again (a partial answer dropped) */
+        struct nbd_conn *c = r->conn;
+        free(r->alloc);
+        free(r->depth);
+        r->alloc = r->depth = NULL;
+        r->nalloc = r->ndepth = 0;
+        r->refused = 0;
+        r->next = NULL;
+        if (c->retry_tail)
+            c->retry_tail->next = r;
+        else
+            c->retry_head = r;
+        c->retry_tail = r;
+        pthread_mutex_unlock(&st->lock);
+        return;
+    }
     if (r->waited) {
         r->error = error;
         r->done = 1;
+        note_rtt(st, r, now_ns() - r->t0);
     } else if (r->op == OP_READ) {
         r->error = error;
         told = r;
@@ -170,7 +220,10 @@ static void settle(struct nbd_conn *c, int exiting)
 {
     struct nbd_state *st = c->st;
     const struct nbd_lib *lib = st->lib;
-    int died = !exiting && (lib->aio_is_dead(c->h) || lib->aio_is_closed(c->h));
+    /* with retries, a dead connection comes back: it neither settles nor
+     * takes the others down */
+    int died = !exiting && !(st->retries && !c->gave_up) &&
+               (lib->aio_is_dead(c->h) || lib->aio_is_closed(c->h));
     int settles = (died || exiting) && !c->settled; /* only this thread sets it */
     if (!atomic_load(&st->held) && !settles)
         return;
@@ -204,9 +257,13 @@ static int on_extents(void *user_data, const char *context, uint64_t offset,
     (void)offset;
     (void)error;
     struct nbd_request *r = user_data;
+    /* a dirty bitmap's answers come on a connection of their own: the
+     * allocation arrays hold them */
     uint32_t **into = strcmp(context, "base:allocation") == 0 ? &r->alloc
                       : strcmp(context, "qemu:allocation-depth") == 0 ? &r->depth
-                                                                     : NULL;
+                      : strncmp(context, NBD_DIRTY_PREFIX, strlen(NBD_DIRTY_PREFIX)) == 0
+                          ? &r->alloc
+                          : NULL;
     size_t *n = into == &r->alloc ? &r->nalloc : &r->ndepth;
     if (!into || *into || !count)
         return 0; /* another context, or a second answer: ignored */
@@ -261,6 +318,84 @@ void nbd_shut_down(struct nbd_conn *c)
     c->shut = 1;
 }
 
+/* Wait `ms` for nothing but an abort: -1 when aborted */
+static int pause_unless_aborted(struct nbd_conn *c, uint64_t ms)
+{
+    struct nbd_state *st = c->st;
+    uint64_t until = now_ns() + ms * 1000000u;
+    for (;;) {
+        pthread_mutex_lock(&st->lock);
+        int aborted = st->aborted;
+        pthread_mutex_unlock(&st->lock);
+        uint64_t now = now_ns();
+        if (aborted)
+            return -1;
+        if (now >= until)
+            return 0;
+        struct pollfd fd = {.fd = c->wake_fd, .events = POLLIN};
+        uint64_t left = (until - now) / 1000000u + 1;
+        if (poll(&fd, 1, left > 1000 ? 1000 : (int)left) > 0) {
+            uint64_t n;
+            (void)!read(c->wake_fd, &n, sizeof n);
+        }
+    }
+}
+
+/* The connection dropped: make it again (its meta contexts asked for as
+ * before), up to st->retries times with a doubling pause; then the
+ * requests it left unanswered go out again, first.  -1: it gave up. */
+static int reconnect(struct nbd_conn *c)
+{
+    struct nbd_state *st = c->st;
+    const struct nbd_lib *lib = st->lib;
+    uint64_t delay = st->retry_delay_ms;
+    for (unsigned attempt = 0; attempt < st->retries; attempt++) {
+        if (pause_unless_aborted(c, delay) < 0)
+            return -1;
+        delay = delay * 2 < 60000 ? delay * 2 : 60000;
+        struct nbd_handle *h = lib->create();
+        int ok = h != NULL && lib->set_uri_allow_local_file(h, 1) >= 0;
+        for (size_t i = 0; ok && i < sizeof c->contexts / sizeof *c->contexts && c->contexts[i];
+             i++)
+            ok = lib->add_meta_context(h, c->contexts[i]) >= 0;
+        if (ok && lib->connect_uri(h, st->uri) >= 0) {
+            lib->close(c->h);
+            c->h = h;
+            c->shut = 0;
+            c->reconnects++;
+            pthread_mutex_lock(&st->lock);
+            if (c->retry_head) { /* the unanswered first, in their order */
+                c->retry_tail->next = c->head;
+                if (!c->head)
+                    c->tail = c->retry_tail;
+                c->head = c->retry_head;
+                c->retry_head = c->retry_tail = NULL;
+            }
+            pthread_mutex_unlock(&st->lock);
+            return 0;
+        }
+        if (h)
+            lib->close(h);
+    }
+    return -1;
+}
+
+/* Gave up: what waits to be sent again fails (on the dead handle) */
+static void give_up(struct nbd_conn *c)
+{
+    struct nbd_state *st = c->st;
+    pthread_mutex_lock(&st->lock);
+    c->gave_up = 1;
+    if (c->retry_head) {
+        c->retry_tail->next = c->head;
+        if (!c->head)
+            c->tail = c->retry_tail;
+        c->head = c->retry_head;
+        c->retry_head = c->retry_tail = NULL;
+    }
+    pthread_mutex_unlock(&st->lock);
+}
+
 /* Only this thread calls libnbd on its handle (completions run here too),
  * so the handle's lock and st->lock are never taken in both orders. */
 void *nbd_conn_thread(void *arg)
@@ -298,6 +433,16 @@ void *nbd_conn_thread(void *arg)
         }
         settle(c, 0);
         alive = !lib->aio_is_dead(c->h) && !lib->aio_is_closed(c->h);
+        if (!alive && st->retries && !c->gave_up) {
+            pthread_mutex_lock(&st->lock);
+            int owed = (c->retry_head || c->head) && !st->aborted;
+            pthread_mutex_unlock(&st->lock);
+            if (owed) {
+                if (reconnect(c) < 0)
+                    give_up(c);
+                continue;
+            }
+        }
         if (stop && (!alive || lib->aio_in_flight(c->h) == 0))
             break;
         /* the connection died while requests wait in the queue: fail them
@@ -357,33 +502,18 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
     nbd_wake(c);
 }
 
-static uint64_t now_ns(void)
+/* Send `r`, whose reply someone waits for (nbd_wait): 0, or ECANCELED
+ * when the image was aborted (nothing was sent). */
+int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-/* A small request's round trip is the cost of a request (a large read's
- * also carries its bytes): the shortest seen is kept. */
-static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
-{
-    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
-        return;
-    uint64_t seen = atomic_load(&st->min_rtt);
-    while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
-        ;
-}
-
-/* Run `r` and wait for its reply: 0, or its errno */
-int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
-{
-    uint64_t t0 = now_ns();
+    r->t0 = now_ns();
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);
     if (st->aborted) {
         pthread_mutex_unlock(&st->lock);
+        r->done = 1;
+        r->error = ECANCELED;
         return ECANCELED;
     }
     if (on) {
@@ -397,11 +527,25 @@ int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn 
     } else {
         enqueue_locked(st, r);
     }
+    pthread_mutex_unlock(&st->lock);
+    return 0;
+}
+
+/* Wait for the reply of a request nbd_submit_waited() sent: 0, or its errno */
+int nbd_wait(struct nbd_state *st, struct nbd_request *r)
+{
+    pthread_mutex_lock(&st->lock);
     while (!r->done)
         pthread_cond_wait(&st->changed, &st->lock);
     pthread_mutex_unlock(&st->lock);
-    note_rtt(st, r, now_ns() - t0);
     return r->error;
+}
+
+/* Run `r` and wait for its reply: 0, or its errno */
+int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
+{
+    int e = nbd_submit_waited(st, r, on);
+    return e ? e : nbd_wait(st, r);
 }
 
 /* The first failure of a write or zero nobody waited for, as an error */

@@ -37,6 +37,9 @@ static void load(void)
         SYMBOL(aio_is_closed),
 #undef SYMBOL
         {"nbd_get_version", NULL, (void **)&get_version, 0}, /* 1.4 and later */
+        {"nbd_set_opt_mode", NULL, (void **)&lib.set_opt_mode, 0},
+        {"nbd_opt_list_meta_context", NULL, (void **)&lib.opt_list_meta_context, 0},
+        {"nbd_opt_abort", NULL, (void **)&lib.opt_abort, 0},
     };
     ic_runtime_lib_load(&libnbd, symbols, sizeof symbols / sizeof symbols[0], NULL);
 }

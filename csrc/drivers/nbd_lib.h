@@ -20,6 +20,12 @@ typedef struct {
 } nbd_completion_callback;
 
 typedef struct {
+    int (*callback)(void *user_data, const char *name);
+    void *user_data;
+    void (*free)(void *user_data);
+} nbd_context_callback;
+
+typedef struct {
     int (*callback)(void *user_data, const char *metacontext, uint64_t offset,
                     uint32_t *entries, size_t nr_entries, int *error);
     void *user_data;
@@ -75,6 +81,11 @@ struct nbd_lib {
     int64_t (*aio_in_flight)(struct nbd_handle *h);
     int (*aio_is_dead)(struct nbd_handle *h);
     int (*aio_is_closed)(struct nbd_handle *h);
+    /* option negotiation (libnbd 1.6): listing an export's meta contexts;
+     * NULL where the library lacks them */
+    int (*set_opt_mode)(struct nbd_handle *h, _Bool enable);
+    int (*opt_list_meta_context)(struct nbd_handle *h, nbd_context_callback context);
+    int (*opt_abort)(struct nbd_handle *h);
 };
 
 /* libnbd's functions, loaded on first use; NULL with `err` set (naming the

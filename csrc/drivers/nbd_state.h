@@ -15,6 +15,8 @@
 /* Bytes of writes in flight before a writer waits (nbdcopy: 64 requests) */
 #define NBD_BYTES_IN_FLIGHT (64u << 20)
 #define NBD_MAX_CONNECTIONS 16
+#define NBD_DIRTY_PREFIX "qemu:dirty-bitmap:"
+#define NBD_STATE_DIRTY 1u /* qemu:dirty-bitmap: changed */
 /* A request's length field is 32 bits; zero requests stay aligned */
 #define NBD_MAX_ZERO (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
 #define NBD_MAX_STATUS (UINT32_MAX & ~(uint64_t)((1u << 20) - 1))
@@ -47,6 +49,7 @@ struct nbd_request {
     int refused;  /* libnbd refused it: it never went out (a dead connection) */
     struct nbd_conn *conn; /* the connection it went to */
     int waited; /* the caller waits: it frees the request */
+    uint64_t t0; /* sent (CLOCK_MONOTONIC ns): its round trip is measured */
     struct nbd_aio *aio; /* asynchronous: told at completion, then freed */
     int done;
     int error;
@@ -54,6 +57,22 @@ struct nbd_request {
     uint32_t *alloc, *depth;
     size_t nalloc, ndepth;
     struct nbd_request *next;
+};
+
+/* Block status asked ahead (nbd_status.c): lanes, each walking a region
+ * of the disk one answer after another, several regions at once */
+#define STATUS_LANES 8
+struct status_lane {
+    uint64_t next, end;           /* what the lane has still to ask */
+    struct nbd_request query;     /* the question in flight (sent) */
+    int sent;
+    struct ic_extent_list answer; /* answers in, contiguous from `from` */
+    uint64_t from, to;
+};
+struct nbd_status_ahead {
+    /* used by block status only, which the extent cache serialises */
+    struct status_lane lanes[STATUS_LANES];
+    uint64_t region; /* a lane's share (0: answers come whole: none) */
 };
 
 struct nbd_conn {
@@ -69,6 +88,13 @@ struct nbd_conn {
     /* unwaited requests that failed, held until published (settle) */
     struct nbd_request *failures;
     int settled; /* dead, or its thread gone */
+    /* reconnecting (st->retries): the meta contexts it asks for, the
+     * requests the dead connection left unanswered (sent again once it is
+     * back), and whether it gave up */
+    char *contexts[4];
+    struct nbd_request *retry_head, *retry_tail;
+    int gave_up;
+    unsigned reconnects;
 };
 
 struct nbd_state {
@@ -101,6 +127,18 @@ struct nbd_state {
     /* the shortest round trip seen of a small request (ns; 0: none yet):
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
+    atomic_uint rtt_samples;
+    /* a dropped connection is made again this many times (0: never), the
+     * first after retry_delay_ms, doubling; its unanswered requests are
+     * sent again (a server's own error answer is never retried) */
+    unsigned retries;
+    uint64_t retry_delay_ms;
+    const char *uri; /* the image's path: what is connected again */
+    struct nbd_status_ahead ahead;
+    /* a dirty bitmap's connection (nbd_dirty.c): its meta context is
+     * asked for when connecting, so a bitmap has a connection of its own */
+    struct nbd_conn dirty;
+    char *dirty_name;
 };
 
 static inline struct nbd_state *nbd_state_of(struct ic_image *img)
@@ -117,9 +155,26 @@ void nbd_shut_down(struct nbd_conn *c);
 void *nbd_conn_thread(void *arg);
 void nbd_wake(struct nbd_conn *c);
 int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
+int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
+int nbd_wait(struct nbd_state *st, struct nbd_request *r);
 int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
+/* nbd.c */
+int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
+                struct ic_error *err);
+void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c);
+/* nbd_dirty.c */
+int nbd_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start, uint64_t end,
+                     struct ic_extent_list *out, struct ic_error *err);
+int nbd_bitmap_names(struct ic_image *img, char ***names, size_t *count, struct ic_error *err);
+void nbd_dirty_close(struct nbd_state *st);
+/* nbd_status.c */
+int nbd_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
+                     struct ic_extent_list *out, struct ic_error *err);
+/* after every connection stopped */
+void nbd_status_free(struct nbd_state *st);
+/* nbd_conn.c */
 int nbd_aio_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,
                   ic_aio_done_fn *done, void *ctx, struct ic_error *err);
 int nbd_aio_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off,

@@ -23,6 +23,7 @@ static inline PyObject *Py_NewRef(PyObject *obj)
 
 typedef struct {
     PyTypeObject *image_type;
+    PyTypeObject *pool_type;
     PyObject *error;                 /* imgcopy.errors.Error */
     PyObject *image_format_error;    /* imgcopy.errors.ImageFormatError */
     PyObject *os_error_factory;      /* imgcopy.errors.os_error */
@@ -96,6 +97,13 @@ typedef struct {
     int finished;      /* finish() succeeded: a new image is complete */
 } ImageObject;
 extern PyType_Spec image_type_spec;
+
+struct ic_pool;
+typedef struct {
+    PyObject_HEAD
+    struct ic_pool *pool;
+} PoolObject;
+extern PyType_Spec pool_type_spec;
 struct ic_image *image_usable(ImageObject *self);
 /* A call in flight on the image (close() waits for it) */
 void image_enter(ImageObject *self);

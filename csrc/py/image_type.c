@@ -49,21 +49,22 @@ static int run_on_image(ImageObject *self, struct glue_call *call)
 static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
-                             "source", "member", "external_files", "no_backing", NULL};
+                             "source", "member", "external_files", "no_backing", "share_write",
+                             NULL};
     struct path_arg path = {0};
     int writable = 0, direct = 0, force = 0, force_share = 0, source = 0, external = 0;
-    int no_backing = 0;
+    int no_backing = 0, share_write = 0;
     struct glue_call call = {.op = GLUE_OPEN};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzpp:Image", kwlist, path_converter,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzppp:Image", kwlist, path_converter,
                                      &path, &call.format, &writable, &direct, &force,
                                      &force_share, &source, &call.member, &external,
-                                     &no_backing))
+                                     &no_backing, &share_write))
         return -1;
     call.path = path.path;
     call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
                  (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
                  (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0) |
-                 (no_backing ? IC_OPEN_NO_BACKING : 0);
+                 (no_backing ? IC_OPEN_NO_BACKING : 0) | (share_write ? IC_OPEN_SHARE_WRITE : 0);
     core_state *st = type_state(Py_TYPE(self));
     int ret = -1;
     if (self->img)
@@ -184,6 +185,34 @@ static PyObject *image_map(ImageObject *self, PyObject *args, PyObject *kwds)
                         ? NULL
                         : packed_bytes(call.list.items, call.list.count, sizeof *call.list.items);
     ic_extent_list_free(&call.list);
+    return res;
+}
+
+/* dirty_map(bitmap, start, end): the packed dirty map of [start, end) of
+ * the persistent bitmap named `bitmap` (as bitmaps() names it: the file
+ * system's encoding, undecodable bytes escaped) */
+static PyObject *image_dirty_map(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"bitmap", "start", "end", NULL};
+    PyObject *name = NULL;
+    struct u64_arg start = {"dirty_map", "start", 0}, end = {"dirty_map", "end", 0};
+    struct glue_call call = {.op = GLUE_DIRTY_MAP};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&O&:dirty_map", kwlist,
+                                     PyUnicode_FSConverter, &name, u64_converter, &start,
+                                     u64_converter, &end))
+        return NULL;
+    PyObject *res = NULL;
+    if (end.value < start.value) {
+        PyErr_SetString(PyExc_ValueError, "dirty_map(): end is before start");
+    } else {
+        call.name = PyBytes_AS_STRING(name);
+        call.offset = start.value;
+        call.length = end.value - start.value;
+        if (run_on_image(self, &call) == 0)
+            res = packed_bytes(call.list.items, call.list.count, sizeof *call.list.items);
+    }
+    ic_extent_list_free(&call.list);
+    Py_DECREF(name);
     return res;
 }
 
@@ -434,6 +463,7 @@ static PyMethodDef image_methods[] = {
     {"finish", KEYWORDS(image_finish), NULL},
     {"block_status", KEYWORDS(image_block_status), NULL},
     {"map", KEYWORDS(image_map), NULL},
+    {"dirty_map", KEYWORDS(image_dirty_map), NULL},
     {"read", KEYWORDS(image_read), NULL},
     {"write", KEYWORDS(image_write), NULL},
     {"zero", KEYWORDS(image_zero), NULL},

@@ -2,6 +2,7 @@
  * arguments (options are keywords), runs the core's calls with the GIL
  * released (calls.h) and turns struct ic_error into Python exceptions;
  * its state (exception classes, the Image type) is the module's. */
+#include "blkhash.h"
 #include "glue.h"
 
 #if PY_VERSION_HEX < 0x030A0000
@@ -176,34 +177,110 @@ static PyObject *copy_report(const struct ic_copy_stats *stats, struct ic_reques
     return report;
 }
 
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt);
+
 static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
-                             "checksum_block_size", NULL};
+                             "checksum_block_size", "changed", "compare_block_size",
+                             "block_digests", "pool", "buffer_limit", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *progress = Py_None, *report = NULL;
-    int log = 0;
+    PyObject *progress = Py_None, *changed = Py_None, *pool = Py_None;
+    struct u64_arg buffer_limit = {"copy", "buffer_limit", 0};
+    int log = 0, want_digests = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
+    struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&:copy", kwlist,
-                                                     st->image_type, &src, st->image_type,
-                                                     &dst, &progress, &log, &opt.checksum,
-                                                     u64_converter, &checksum_block);
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&pOO&:copy",
+                                                     kwlist, st->image_type, &src,
+                                                     st->image_type, &dst, &progress, &log,
+                                                     &opt.checksum, u64_converter,
+                                                     &checksum_block, &changed, u64_converter,
+                                                     &compare_block, &want_digests, &pool,
+                                                     u64_converter, &buffer_limit);
     opt.checksum_block_size = checksum_block.value;
+    opt.compare_block_size = compare_block.value;
+    opt.buffer_limit = buffer_limit.value;
     Py_XDECREF(rest);
     if (!parsed)
         return NULL;
+    if (pool != Py_None && !PyObject_TypeCheck(pool, st->pool_type))
+        return PyErr_Format(PyExc_TypeError, "copy() argument 'pool' must be a Pool, not %s",
+                            Py_TYPE(pool)->tp_name);
+    if (pool != Py_None)
+        opt.pool = ((PoolObject *)pool)->pool; /* the caller's reference keeps it */
+    /* changed: packed (offset, length) pairs of native uint64, or None */
+    Py_buffer ranges = {0};
+    if (changed != Py_None) {
+        if (PyObject_GetBuffer(changed, &ranges, PyBUF_SIMPLE) < 0)
+            return NULL;
+        if (ranges.len % (Py_ssize_t)sizeof(struct ic_range)) {
+            PyBuffer_Release(&ranges);
+            return PyErr_Format(PyExc_ValueError, "copy() changed ranges must be packed "
+                                "(offset, length) pairs of 64-bit integers");
+        }
+        opt.changed = ranges.buf;
+        opt.nchanged = (size_t)ranges.len / sizeof(struct ic_range);
+        opt.has_changed = 1;
+    }
+    /* a shard's block digests: its one range's blocks, gathered */
+    struct ic_block_digests digests = {0};
+    if (want_digests) {
+        uint64_t block = opt.checksum_block_size ? opt.checksum_block_size
+                                                 : IC_BLKHASH_DEFAULT_BLOCK;
+        struct ic_error err = {0};
+        if (!opt.checksum || opt.nchanged != 1 || opt.changed[0].length == 0) {
+            PyErr_SetString(PyExc_ValueError, "copy() block_digests needs a checksum and one "
+                            "changed range (a shard)");
+        } else {
+            uint64_t first = opt.changed[0].offset / block;
+            uint64_t end = (opt.changed[0].offset + opt.changed[0].length + block - 1) / block;
+            if (ic_block_digests_init(&digests, opt.checksum, block, first, end - first,
+                                      &err) < 0)
+                raise_error(st, &err);
+            else {
+                opt.block_sink = ic_block_digests_sink;
+                opt.block_sink_ctx = &digests;
+            }
+        }
+    }
+    PyObject *copied = PyErr_Occurred() ? NULL : copy_images(st, src, dst, progress, log, &opt);
+    if (copied && want_digests) {
+        PyObject *packed = digests.missing == 0
+            ? PyBytes_FromStringAndSize((const char *)digests.digests,
+                                        (Py_ssize_t)(digests.count * digests.dsize))
+            : PyErr_Format(PyExc_RuntimeError, "the shard's copy left %llu blocks unhashed",
+                           (unsigned long long)digests.missing);
+        PyObject *first = packed ? PyLong_FromUnsignedLongLong(digests.first) : NULL;
+        if (!first || PyDict_SetItemString(copied, "block_digests", packed) < 0 ||
+            PyDict_SetItemString(copied, "first_block", first) < 0)
+            Py_CLEAR(copied);
+        Py_XDECREF(packed);
+        Py_XDECREF(first);
+    }
+    ic_block_digests_free(&digests);
+    if (changed != Py_None)
+        PyBuffer_Release(&ranges);
+    return copied;
+}
+
+/* copy() once its arguments are parsed */
+static PyObject *copy_images(core_state *st, ImageObject *src, ImageObject *dst,
+                             PyObject *progress, int log, struct ic_copy_options *opt)
+{
+    PyObject *report = NULL;
     if (progress != Py_None && !PyCallable_Check(progress))
         return PyErr_Format(PyExc_TypeError, "copy() argument 'progress' must be callable");
-    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = &opt, .img = image_usable(src)};
+    struct glue_call copy = {.op = GLUE_COPY_START, .copy_options = opt, .img = image_usable(src)};
     if (!copy.img || !(copy.dst = image_usable(dst)))
         return NULL;
     if (src == dst)
         return PyErr_Format(PyExc_ValueError, "source and destination are the same image");
-    if (log && !(opt.log = ic_request_log_new()))
+    if (log && !(opt->log = ic_request_log_new()))
         return PyErr_NoMemory();
     image_enter(src);
     image_enter(dst);
@@ -221,11 +298,11 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
         if (!python_error && ret == 0 &&
             glue_report(progress, copy.stats.done, copy.stats.total) == 0 &&
             PyErr_CheckSignals() == 0)
-            report = copy_report(&copy.stats, opt.log, &used);
+            report = copy_report(&copy.stats, opt->log, &used);
     }
     image_leave(src);
     image_leave(dst);
-    ic_request_log_free(opt.log);
+    ic_request_log_free(opt->log);
     return report;
 }
 
@@ -256,6 +333,53 @@ static PyObject *mod_format_map(PyObject *m, PyObject *args, PyObject *kwds)
     return text;
 }
 
+/* format_dirty_map(packed, start, file=None): a dirty map's output, JSON
+ * without `file`, else human naming it */
+static PyObject *mod_format_dirty_map(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"packed", "start", "file", NULL};
+    struct packed_arg extents = {0};
+    struct u64_arg start = {"format_dirty_map", "start", 0};
+    PyObject *file = NULL;
+    struct glue_call call = {.op = GLUE_FORMAT_DIRTY};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&|O&:format_dirty_map", kwlist,
+                                     packed_converter, &extents, u64_converter, &start,
+                                     PyUnicode_FSConverter, &file))
+        return NULL;
+    call.extents = extents.extents;
+    call.extent_count = extents.count;
+    call.offset = start.value;
+    call.name = file ? PyBytes_AS_STRING(file) : NULL;
+    PyObject *text = glue_run(module_state(m), &call) < 0 ? NULL
+                                                          : PyUnicode_DecodeFSDefault(call.text);
+    free(call.text);
+    Py_XDECREF(file);
+    PyBuffer_Release(&extents.buf);
+    return text;
+}
+
+/* mark_dirty(packed, dirty): the extents of `packed` cut where the dirty
+ * map `dirty` changes, IC_EXT_DIRTY set inside its dirty extents */
+static PyObject *mod_mark_dirty(PyObject *m, PyObject *args)
+{
+    struct packed_arg extents = {0}, dirty = {0};
+    if (!PyArg_ParseTuple(args, "O&O&:mark_dirty", packed_converter, &extents, packed_converter,
+                          &dirty))
+        return NULL;
+    struct ic_extent_list out = {0};
+    struct ic_error err = {0};
+    PyObject *res = NULL;
+    if (ic_extents_mark_dirty(extents.extents, extents.count, dirty.extents, dirty.count, &out,
+                              &err) < 0)
+        raise_error(module_state(m), &err);
+    else
+        res = packed_bytes(out.items, out.count, sizeof *out.items);
+    ic_extent_list_free(&out);
+    PyBuffer_Release(&extents.buf);
+    PyBuffer_Release(&dirty.buf);
+    return res;
+}
+
 static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
 {
     (void)m;
@@ -265,8 +389,9 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
         return NULL;
     ic_extent_totals(extents.extents, extents.count, &t);
     PyBuffer_Release(&extents.buf);
-    return Py_BuildValue("(KKKK)", (unsigned long long)t.data, (unsigned long long)t.zero,
-                         (unsigned long long)t.present, (unsigned long long)t.compressed);
+    return Py_BuildValue("(KKKKK)", (unsigned long long)t.data, (unsigned long long)t.zero,
+                         (unsigned long long)t.present, (unsigned long long)t.compressed,
+                         (unsigned long long)t.dirty);
 }
 
 /* checksum.c */
@@ -286,6 +411,8 @@ static PyMethodDef module_methods[] = {
     {"compression_libraries", mod_compression_libraries, METH_NOARGS, NULL},
     {"library_versions", mod_library_versions, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
+    {"format_dirty_map", KEYWORDS(mod_format_dirty_map), NULL},
+    {"mark_dirty", mod_mark_dirty, METH_VARARGS, NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},
     {"checksum", KEYWORDS(mod_checksum), NULL},
@@ -312,6 +439,7 @@ static int core_clear(PyObject *m)
 {
     core_state *st = module_state(m);
     Py_CLEAR(st->image_type);
+    Py_CLEAR(st->pool_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->image_format_error);
     Py_CLEAR(st->os_error_factory);
@@ -341,7 +469,8 @@ static int core_exec(PyObject *m)
         !(st->error = attribute_of("imgcopy.errors", "Error")) ||
         !(st->image_format_error = attribute_of("imgcopy.errors", "ImageFormatError")) ||
         !(st->os_error_factory = attribute_of("imgcopy.errors", "os_error")) ||
-        !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_type_spec, NULL)))
+        !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_type_spec, NULL)) ||
+        !(st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &pool_type_spec, NULL)))
         return -1;
     static const struct {
         const char *name;
@@ -355,6 +484,7 @@ static int core_exec(PyObject *m)
         {"EXTENT_PRESENT", IC_EXT_PRESENT},
         {"EXTENT_OFFSET_VALID", IC_EXT_OFFSET_VALID},
         {"EXTENT_COMPRESSED", IC_EXT_COMPRESSED},
+        {"EXTENT_DIRTY", IC_EXT_DIRTY},
         {"SNAPSHOT_SIZE", (long)sizeof(struct ic_snapshot)},
         {"REQUEST_SIZE", (long)sizeof(struct ic_request)},
         {"REQ_WRITE", IC_REQ_WRITE},
@@ -367,6 +497,7 @@ static int core_exec(PyObject *m)
         if (PyModule_AddIntConstant(m, constants[i].name, constants[i].value) < 0)
             return -1;
     if (PyModule_AddObjectRef(m, "Image", (PyObject *)st->image_type) < 0 ||
+        PyModule_AddObjectRef(m, "Pool", (PyObject *)st->pool_type) < 0 ||
         PyModule_AddObjectRef(m, "Error", st->error) < 0 ||
         PyModule_AddObjectRef(m, "ImageFormatError", st->image_format_error) < 0)
         return -1;

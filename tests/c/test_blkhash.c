@@ -317,6 +317,94 @@ static void random_case(int round)
     free(buf);
 }
 
+/* ---- block digests out (the sink) and in (put_digests, start_at) ------- */
+
+struct collected {
+    uint8_t *digests; /* per block */
+    unsigned char *seen;
+    size_t dsize;
+    const uint8_t *zero; /* Z */
+};
+
+static void collect(void *ctx, uint64_t first, uint64_t count, const uint8_t *digests)
+{
+    struct collected *c = ctx;
+    for (uint64_t i = 0; i < count; i++) {
+        memcpy(c->digests + (first + i) * c->dsize, digests ? digests + i * c->dsize : c->zero,
+               c->dsize);
+        c->seen[first + i]++;
+    }
+}
+
+static void digests_round(int round)
+{
+    uint64_t bs = 4096 << (round % 4), size = 1 + rnd() % (3u << 20);
+    uint64_t nblocks = (size + bs - 1) / bs;
+    uint8_t *buf = calloc(1, size);
+    CHECK(buf, "calloc");
+    for (uint64_t pos = 0; pos < size; pos += 1 + rnd() % (2 * bs))
+        buf[pos] = (uint8_t)(1 + rnd() % 255);
+    char want[2 * IC_DIGEST_MAX + 1], got[2 * IC_DIGEST_MAX + 1];
+    reference("sha256", bs, buf, size, want);
+    struct ic_error err = {0};
+    struct ic_blkhash *h;
+    uint8_t out[IC_DIGEST_MAX];
+    CHECK(ic_blkhash_new("sha256", bs, size, &h, &err) == 0, "%s", err.msg);
+    struct collected all = {calloc(nblocks, 32), calloc(nblocks, 1), 32,
+                            ic_blkhash_zero_digest(h)};
+    CHECK(all.digests && all.seen, "calloc");
+    ic_blkhash_set_sink(h, collect, &all);
+    /* zeros fed as zero ranges where a whole block is zero */
+    for (uint64_t b = 0; b < nblocks; b++) {
+        uint64_t off = b * bs, len = size - off < bs ? size - off : bs;
+        int zero = 1;
+        for (uint64_t k = 0; k < len && zero; k++)
+            zero = buf[off + k] == 0;
+        CHECK((zero ? ic_blkhash_zero(h, off, len, &err)
+                    : ic_blkhash_update(h, off, buf + off, len, &err)) == 0, "%s", err.msg);
+    }
+    CHECK(ic_blkhash_final(h, out, got, &err) == 0 && !strcmp(got, want), "round %d: sink run",
+          round);
+    for (uint64_t b = 0; b < nblocks; b++)
+        CHECK(all.seen[b] == 1, "round %d: block %llu told %u times", round,
+              (unsigned long long)b, all.seen[b]);
+    ic_blkhash_free(h);
+
+    /* a resume: the first blocks' digests handed in, the rest fed */
+    uint64_t split = nblocks ? rnd() % nblocks : 0;
+    CHECK(ic_blkhash_new("sha256", bs, size, &h, &err) == 0, "%s", err.msg);
+    CHECK(ic_blkhash_put_digests(h, 0, split, all.digests, &err) == 0, "%s", err.msg);
+    CHECK(ic_blkhash_update(h, split * bs, buf + split * bs, size - split * bs, &err) == 0,
+          "%s", err.msg);
+    CHECK(ic_blkhash_final(h, out, got, &err) == 0 && !strcmp(got, want),
+          "round %d: resumed at block %llu: %s", round, (unsigned long long)split, got);
+    ic_blkhash_free(h);
+    CHECK(ic_blkhash_new("sha256", bs, size, &h, &err) == 0, "%s", err.msg);
+    CHECK(ic_blkhash_put_digests(h, 0, nblocks + 1, all.digests, &err) < 0, "past the end");
+    ic_blkhash_free(h);
+
+    /* a shard: blocks from `split` on, their digests as the whole's */
+    struct collected part = {calloc(nblocks + 1, 32), calloc(nblocks + 1, 1), 32, NULL};
+    CHECK(ic_blkhash_new("sha256", bs, size, &h, &err) == 0, "%s", err.msg);
+    part.zero = ic_blkhash_zero_digest(h);
+    ic_blkhash_set_sink(h, collect, &part);
+    CHECK(ic_blkhash_start_at(h, split, &err) == 0, "%s", err.msg);
+    CHECK(ic_blkhash_update(h, split * bs, buf + split * bs, size - split * bs, &err) == 0,
+          "%s", err.msg);
+    for (uint64_t b = 0; b < nblocks; b++)
+        CHECK(b < split ? part.seen[b] == 0
+                        : part.seen[b] == 1 && !memcmp(part.digests + b * 32,
+                                                       all.digests + b * 32, 32),
+              "round %d: shard block %llu", round, (unsigned long long)b);
+    CHECK(ic_blkhash_start_at(h, 0, &err) < 0, "start_at after feeding");
+    ic_blkhash_free(h);
+    free(part.digests);
+    free(part.seen);
+    free(all.digests);
+    free(all.seen);
+    free(buf);
+}
+
 /* ---- misuse ------------------------------------------------------------ */
 
 static void misuse(void)
@@ -371,6 +459,8 @@ int main(void)
     misuse();
     for (int round = 0; round < 100; round++)
         random_case(round);
+    for (int round = 0; round < 40; round++)
+        digests_round(round);
     printf("test_blkhash: %lu checks passed\n", check_count);
     return 0;
 }
