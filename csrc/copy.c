@@ -801,9 +801,11 @@ static struct worker *new_worker(struct ic_copy *c, unsigned slot)
     w->sparse = (struct ic_sparse){.threshold = c->opt.sparse_threshold, .granularity = g,
                                    .scratch_size = scratch_size, .read = read_for_sparse,
                                    .ctx = w};
-    /* at most a data run and a hole per block (windows cut some), merged
-     * neighbours aside */
-    w->cap = (size_t)(c->opt.request_size / g) * 2 + 4;
+    /* at most a data run and a hole per block (windows cut some); an
+     * item of parts splits each part apart, and a part's edges may cut a
+     * block (parts of 512 B in turn zeros and data: a piece each, more
+     * than the request's blocks) */
+    w->cap = (size_t)(c->opt.request_size / g) * 2 + 4 + 2 * ITEM_PARTS;
     /* compare mode: a piece per equal block, or the cuts of a differing one */
     if (c->compare && c->opt.request_size / c->compare * 2 + 4 > w->cap)
         w->cap = (size_t)(c->opt.request_size / c->compare) * 2 + 4;
