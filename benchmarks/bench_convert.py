@@ -487,6 +487,8 @@ def print_profile(tools, prof: Dict, image: str) -> None:
 # the fragmented qcow2 (issue 25): scattered cluster reads from a cold cache
 
 FRAG = "frag-backward.qcow2"
+# both fragmented corpus images: clusters last to first, and even clusters then odd ones
+FRAGS = [FRAG, "frag-forward.qcow2"]
 FRAG_SCALE = 0.5          # the issue's 1/2 scale: 8,192 clusters of 64 KiB in reverse order
 FRAG_AIM = 0.9            # imgcopy's median / qemu-img -W -m 8's, cold
 
@@ -506,63 +508,80 @@ def frag_tools(python: str, baseline: Optional[str]) -> List[Tuple[str, str, Lis
 
 
 def run_frag(python: str, pin_env: Optional[Dict[str, str]], baseline: Optional[str],
-             scale: float, runs: int, caches: List[str], corpus: Optional[str] = None) -> Dict:
-    """frag-backward.qcow2 (make_corpus.py: every 64 KiB cluster written, last
-    to first) converted to a new raw file, `CMD && sync`, alternating, the
-    source's pages dropped (cold) or read (warm) before each run; the first
-    output of each command checked with qemu-img compare.  Prints a table per
-    cache state; returns the runs and medians."""
+             scale: float, runs: int, caches: List[str], corpus: Optional[str] = None,
+             images: Optional[List[str]] = None) -> Dict:
+    """The fragmented qcow2 images (make_corpus.py: every 64 KiB cluster
+    written, last to first, or even ones then odd ones; default both)
+    converted to a new raw file, `CMD && sync`, alternating, the source's
+    pages dropped (cold) or read (warm) before each run; the first output of
+    each command checked with qemu-img compare.  Prints a table per image
+    and cache state, with the load average before and after; returns the
+    runs and medians (medians[image][cache][tool])."""
+    images = images or FRAGS
     corpus = corpus or ("/tmp/imgcopy-corpus" if scale == 1.0 else "/tmp/imgcopy-corpus-s%g" % scale)
-    build_corpus(python, corpus, scale, [FRAG])
-    src = os.path.join(corpus, FRAG)
+    build_corpus(python, corpus, scale, images)
     dst_dir = os.path.join(corpus, "bench-dst")
     os.makedirs(dst_dir, exist_ok=True)
     dst = os.path.join(dst_dir, "frag-out.raw")
-    whole = [(0, os.path.getsize(src))]
     tools = frag_tools(python, baseline)
-    out: Dict = {"image": src, "scale": scale, "runs": [], "medians": {}, "checks": {}}
+    out: Dict = {"images": images, "scale": scale, "runs": [], "medians": {}, "checks": {},
+                 "loadavg": {}}
     try:
-        for cache in caches:
-            times: Dict[str, List[float]] = {k: [] for k, _, _ in tools}
-            log("%s at scale %g, %s source: %d rounds x %d tools" % (FRAG, scale, cache, runs,
-                                                                     len(tools)))
-            for rnd in range(runs):
-                for key, label, tmpl in tools[rnd % len(tools):] + tools[:rnd % len(tools)]:
-                    rm(dst)
-                    os.sync()
-                    if cache == "cold":
-                        evict(src)
-                    else:
-                        warm(src, whole)
-                    s, _, rc, err = timed(argv_for(tmpl, src, dst), dst_dir,
-                                          pin_env if is_imgcopy(key) else None)
-                    rec = {"cache": cache, "round": rnd, "tool": key,
-                           "seconds": s if rc == 0 else None, "rc": rc}
-                    if rc != 0:
-                        rec["stderr"] = err[-2000:]
-                        log("  FAILED %s (rc %d): %s" % (label, rc, err[-500:]))
-                    else:
-                        times[key].append(s)
-                        if key not in out["checks"]:
-                            r = subprocess.run(["qemu-img", "compare", "-f", "qcow2", "-F", "raw",
-                                                src, dst], capture_output=True, text=True)
-                            out["checks"][key] = rec["identical"] = (
-                                r.returncode == 0 and "identical" in r.stdout)
-                    out["runs"].append(rec)
-                    log("  round %d %-16s %s" % (rnd + 1, label, fmt_s(rec["seconds"])))
-            out["medians"][cache] = {k: med(v) for k, v in times.items()}
-            print_frag_table(src, scale, cache, tools, times, out["checks"], runs)
+        for image in images:
+            src = os.path.join(corpus, image)
+            whole = [(0, os.path.getsize(src))]
+            out["medians"][image] = {}
+            for cache in caches:
+                times: Dict[str, List[float]] = {k: [] for k, _, _ in tools}
+                load_start = open("/proc/loadavg").read().split()[:3]
+                log("%s at scale %g, %s source: %d rounds x %d tools" % (image, scale, cache, runs,
+                                                                         len(tools)))
+                for rnd in range(runs):
+                    for key, label, tmpl in tools[rnd % len(tools):] + tools[:rnd % len(tools)]:
+                        rm(dst)
+                        os.sync()
+                        if cache == "cold":
+                            evict(src)
+                        else:
+                            warm(src, whole)
+                        s, _, rc, err = timed(argv_for(tmpl, src, dst), dst_dir,
+                                              pin_env if is_imgcopy(key) else None)
+                        rec = {"image": image, "cache": cache, "round": rnd, "tool": key,
+                               "seconds": s if rc == 0 else None, "rc": rc}
+                        check_key = "%s:%s" % (image, key)
+                        if rc != 0:
+                            rec["stderr"] = err[-2000:]
+                            log("  FAILED %s (rc %d): %s" % (label, rc, err[-500:]))
+                        else:
+                            times[key].append(s)
+                            if check_key not in out["checks"]:
+                                r = subprocess.run(["qemu-img", "compare", "-f", "qcow2", "-F",
+                                                    "raw", src, dst], capture_output=True,
+                                                   text=True)
+                                out["checks"][check_key] = rec["identical"] = (
+                                    r.returncode == 0 and "identical" in r.stdout)
+                        out["runs"].append(rec)
+                        log("  round %d %-16s %s" % (rnd + 1, label, fmt_s(rec["seconds"])))
+                out["medians"][image][cache] = {k: med(v) for k, v in times.items()}
+                load = (load_start, open("/proc/loadavg").read().split()[:3])
+                out["loadavg"]["%s:%s" % (image, cache)] = load
+                print_frag_table(src, scale, cache, tools, times,
+                                 {k.split(":", 1)[1]: v for k, v in out["checks"].items()
+                                  if k.startswith(image + ":")}, runs, load)
     finally:
         rm(dst)
     return out
 
 
-def print_frag_table(src, scale, cache, tools, times, checks, runs) -> None:
+def print_frag_table(src, scale, cache, tools, times, checks, runs, load) -> None:
     ref = med(times.get("qemu-img-W-m8", []))
+    order = "in reverse order" if "backward" in src else "even ones, then odd ones"
     print()
-    print("== %s at scale %g (%s, %d clusters of 64 KiB in reverse order) -> new raw file; %s "
-          "source, %d rounds; `CMD && sync` ==" % (
-              FRAG, scale, human(os.path.getsize(src)), int(GiB * scale) // (64 * KiB), cache, runs))
+    print("== %s at scale %g (%s, %d clusters of 64 KiB, %s) -> new raw file; %s "
+          "source, %d rounds; `CMD && sync`; load average %s -> %s ==" % (
+              os.path.basename(src), scale, human(os.path.getsize(src)),
+              int(GiB * scale) // (64 * KiB), order, cache, runs, " ".join(load[0]),
+              " ".join(load[1])))
     print("%-18s %8s %8s %8s %12s  %s" % ("tool", "median", "min", "max", "/qemu -W -m8", "check"))
     for key, label, _ in tools:
         v = times[key]
@@ -637,14 +656,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="also run every tool once under strace -c -f and /usr/bin/time -v "
                     "(default image sparse-6g.raw)")
     ap.add_argument("--frag", action="store_true",
-                    help="only the fragmented qcow2 of issue 25: %s at scale %g (--scale) to raw, "
-                    "against qemu-img -W -m 8, cold and warm (--cache)" % (FRAG, FRAG_SCALE))
+                    help="only the fragmented qcow2 images of issue 25 (%s; --only picks one) at "
+                    "scale %g (--scale) to raw, against qemu-img -W -m 8, cold and warm (--cache)"
+                    % (", ".join(FRAGS), FRAG_SCALE))
     ap.add_argument("--json", help="write all raw timings here")
     a = ap.parse_args(argv)
 
     if a.frag and a.scale is None:
         a.scale = FRAG_SCALE
-    scale, runs, corpus, images, python = common_choices(ap, a, IMAGES, quick_runs=3)
+    scale, runs, corpus, images, python = common_choices(ap, a, FRAGS if a.frag else IMAGES,
+                                                         quick_runs=3)
     caches = [c.strip() for c in a.cache.split(",") if c.strip()]
     for c in caches:
         if c not in ("cold", "warm"):
@@ -685,7 +706,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             sys.exit("bench_convert: pinning imgcopy failed (%s)" % core_path)
 
     if a.frag:
-        res = run_frag(python, pin_env, a.baseline, scale, runs, caches, a.corpus)
+        res = run_frag(python, pin_env, a.baseline, scale, runs, caches, a.corpus, images)
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(res, f, indent=1)

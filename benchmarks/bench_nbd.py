@@ -110,7 +110,7 @@ import run_images  # noqa: E402
 from bench_convert import (BASELINE, REPO, add_common_arguments, argv_for, build_corpus,  # noqa: E402
                            common_choices, data_extents, fmt_ratio, fmt_s, human,
                            imgcopy_core, is_anchor, is_imgcopy, log, med, pin_imgcopy, rm,
-                           run_frag, warm)
+                           FRAG, run_frag, warm)
 from nbd_servers import THREADS, NbdkitServer, source_export, target_export  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -724,7 +724,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not a.no_frag:
         fscale = a.frag_scale or (0.0625 if a.quick else FRAG_SCALE)
         frag = run_frag(python, pin_env, a.baseline, fscale, runs, ["cold", "warm"],
-                        os.path.join(a.corpus, "s%g" % fscale) if a.corpus else None)
+                        os.path.join(a.corpus, "s%g" % fscale) if a.corpus else None, [FRAG])
         if not all(frag["checks"].values()) or any(r["rc"] != 0 for r in frag["runs"]):
             failed = True
     meta["loadavg_end"] = open("/proc/loadavg").read().split()[:3]

@@ -816,9 +816,11 @@ static struct worker *new_worker(struct ic_copy *c, unsigned slot)
     w->sparse = (struct ic_sparse){.threshold = c->opt.sparse_threshold, .granularity = g,
                                    .scratch_size = scratch_size, .read = read_for_sparse,
                                    .ctx = w};
-    /* at most a data run and a hole per block (windows cut some), merged
-     * neighbours aside */
-    w->cap = (size_t)(c->opt.request_size / g) * 2 + 4;
+    /* at most a data run and a hole per block (windows cut some); an
+     * item of parts splits each part apart, and a part's edges may cut a
+     * block (parts of 512 B in turn zeros and data: a piece each, more
+     * than the request's blocks) */
+    w->cap = (size_t)(c->opt.request_size / g) * 2 + 4 + 2 * ITEM_PARTS;
     /* compare mode: a piece per equal block, or the cuts of a differing one */
     if (c->compare && c->opt.request_size / c->compare * 2 + 4 > w->cap)
         w->cap = (size_t)(c->opt.request_size / c->compare) * 2 + 4;
@@ -1024,9 +1026,11 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     }
     c->aio_reads = ic_image_aio_reads(src);
     c->aio_writes = ic_image_aio_writes(dst);
-    /* holes a round trip is worth may be read through (the planner asks
-     * what one costs once it has made one), not into whole clusters, nor
-     * for an overlay, whose runs are cut by layer */
+    /* neighbouring runs may share one read: data runs whose host bytes
+     * break (a fragmented qcow2's clusters, read together by the format),
+     * and holes a round trip is worth (the planner asks what one costs
+     * once it has made one); not into whole clusters, nor for an overlay,
+     * whose runs are cut by layer */
     c->may_merge = c->write_align == 1 && !ic_image_has_backing_file(dst);
     unsigned slots = copy_slots(c, opt);
     size_t queue_depth = 4 * (size_t)slots;

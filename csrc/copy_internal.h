@@ -18,9 +18,11 @@ enum {
     RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
 };
 
-/* Runs one read may cover: a costly source's short holes are read
- * through rather than asked around (planner.c) */
-#define ITEM_PARTS 16
+/* Runs one read may cover (planner.c): data runs whose host bytes are not
+ * contiguous (a fragmented qcow2: 32 clusters of 64 KiB fill a 2 MiB
+ * request, which the format reads at once), and a costly source's short
+ * holes, read through rather than asked around */
+#define ITEM_PARTS 32
 
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */
@@ -64,8 +66,8 @@ struct ic_copy {
     struct worker **workers;  /* per slot: buffers, staged writes */
     unsigned nworkers;
     int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
-    int may_merge;      /* reads may go through holes: */
-    uint64_t merge_gap; /* holes up to this long are (0: none; the planner's) */
+    int may_merge;      /* neighbouring runs may share a read; holes */
+    uint64_t merge_gap; /* up to this long are read through (0: none; the planner's) */
     int merge_known;    /* merge_gap decided (after the first block status) */
     /* what to copy: the changed ranges (sorted, merged, whole units of the
      * destination's writes), or, has_spans 0, the whole source */

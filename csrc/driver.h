@@ -37,6 +37,19 @@ enum ic_driver_kind { IC_PROTOCOL, IC_FORMAT };
 /* The end of an asynchronous request: `err` NULL, or what went wrong. */
 typedef void ic_aio_done_fn(void *ctx, const struct ic_error *err);
 
+/* One range of a vectored read (pread_runs): `len` bytes at `off` into
+ * `buf`. */
+struct ic_read_run {
+    void *buf;
+    size_t len;
+    uint64_t off;
+};
+
+/* The most runs one pread_runs call carries: enough for a 4 MiB request of
+ * 64 KiB clusters, bounded so that drivers keep their bookkeeping on the
+ * stack. */
+#define IC_READ_RUNS_MAX 64
+
 struct ic_driver {
     const char *name;
     enum ic_driver_kind kind;
@@ -62,6 +75,13 @@ struct ic_driver {
     /* Thread-safe for concurrent calls; ranges are inside the image. */
     int (*pread)(struct ic_image *img, void *buf, size_t len, uint64_t off,
                  struct ic_error *err);
+    /* Protocols: read `n` (<= IC_READ_RUNS_MAX) ranges at once: a format's
+     * scattered host reads of one request (a fragmented qcow2's clusters),
+     * which the protocol keeps in flight together rather than waiting for
+     * each in turn.  All or nothing: -1 when any run fails.  Without it
+     * the image layer reads them one after another with pread. */
+    int (*pread_runs)(struct ic_image *img, const struct ic_read_run *runs, size_t n,
+                      struct ic_error *err);
     int (*pwrite)(struct ic_image *img, const void *buf, size_t len, uint64_t off,
                   struct ic_error *err);
     int (*zero)(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,

@@ -73,6 +73,31 @@ int ic_image_read_below(struct ic_image *img, void *buf, size_t len, uint64_t of
  * reading as zeros (as qemu reads a protocol past its end). */
 int ic_image_pread_padded(struct ic_image *file, void *buf, size_t len, uint64_t off,
                           struct ic_error *err);
+/* For format drivers: the host reads of one request, gathered and handed
+ * to the protocol together (driver.h: pread_runs) so that scattered
+ * clusters are read concurrently, not one after another.  Runs of another
+ * file, or more than IC_READ_RUNS_MAX, flush what is gathered first; a run
+ * continuing the last one (in the file and in memory) joins it.  Every
+ * buffer stays the caller's to fill until ic_read_batch_flush() returned,
+ * which the caller calls before using them; ranges are checked there (as
+ * ic_image_pread checks them).  _padded: what lies past the end of the
+ * file reads as zeros (as ic_image_pread_padded). */
+struct ic_read_batch {
+    struct ic_image *file;
+    size_t n;
+    struct ic_read_run runs[IC_READ_RUNS_MAX];
+};
+void ic_read_batch_init(struct ic_read_batch *b);
+int ic_read_batch_add(struct ic_read_batch *b, struct ic_image *file, void *buf, size_t len,
+                      uint64_t off, struct ic_error *err);
+int ic_read_batch_add_padded(struct ic_read_batch *b, struct ic_image *file, void *buf,
+                             size_t len, uint64_t off, struct ic_error *err);
+int ic_read_batch_flush(struct ic_read_batch *b, struct ic_error *err);
+/* The runs read at once (bounds checked), by the protocol's pread_runs or
+ * one after another; the batch's way to its protocol, and a protocol's
+ * (a tar member's) to the one below it. */
+int ic_image_pread_runs(struct ic_image *file, const struct ic_read_run *runs, size_t n,
+                        struct ic_error *err);
 /* For format drivers' describe: one of qemu-img info's "format-specific"
  * fields, appended (`number` for INT and BOOL, `text` for STRING). */
 void ic_image_info_add(struct ic_image_info *out, const char *key, enum ic_info_kind kind,

@@ -310,6 +310,65 @@ int ic_image_pread(struct ic_image *img, void *buf, size_t len, uint64_t offset,
     return img->drv->pread(img, buf, len, offset, err);
 }
 
+int ic_image_pread_runs(struct ic_image *file, const struct ic_read_run *runs, size_t n,
+                        struct ic_error *err)
+{
+    if (n > IC_READ_RUNS_MAX)
+        return ic_error_value(err, "%zu runs in one read (at most %d)", n, IC_READ_RUNS_MAX);
+    for (size_t i = 0; i < n; i++)
+        if (check_range(file, runs[i].off, runs[i].len, err) < 0)
+            return -1;
+    if (n > 1 && file->drv->pread_runs)
+        return file->drv->pread_runs(file, runs, n, err);
+    for (size_t i = 0; i < n; i++)
+        if (file->drv->pread(file, runs[i].buf, runs[i].len, runs[i].off, err) < 0)
+            return -1;
+    return 0;
+}
+
+void ic_read_batch_init(struct ic_read_batch *b)
+{
+    b->file = NULL;
+    b->n = 0;
+}
+
+int ic_read_batch_flush(struct ic_read_batch *b, struct ic_error *err)
+{
+    size_t n = b->n;
+    b->n = 0;
+    return n ? ic_image_pread_runs(b->file, b->runs, n, err) : 0;
+}
+
+int ic_read_batch_add(struct ic_read_batch *b, struct ic_image *file, void *buf, size_t len,
+                      uint64_t off, struct ic_error *err)
+{
+    if (len == 0)
+        return 0;
+    if (b->n > 0 && b->file != file && ic_read_batch_flush(b, err) < 0)
+        return -1;
+    b->file = file;
+    /* the continuation of the last run, in the file and in memory, is
+     * part of it: one request, not two */
+    struct ic_read_run *last = b->n ? &b->runs[b->n - 1] : NULL;
+    if (last && last->off + last->len == off && (uint8_t *)last->buf + last->len == buf) {
+        last->len += len;
+        return 0;
+    }
+    if (b->n == IC_READ_RUNS_MAX && ic_read_batch_flush(b, err) < 0)
+        return -1;
+    b->runs[b->n++] = (struct ic_read_run){.buf = buf, .len = len, .off = off};
+    return 0;
+}
+
+int ic_read_batch_add_padded(struct ic_read_batch *b, struct ic_image *file, void *buf,
+                             size_t len, uint64_t off, struct ic_error *err)
+{
+    uint64_t size = ic_image_size(file);
+    size_t in = off >= size ? 0 : (size - off < len ? (size_t)(size - off) : len);
+    memset((uint8_t *)buf + in, 0, len - in);
+    return ic_read_batch_add(b, file, buf, in, off, err);
+}
+
 int ic_image_aio_reads(const struct ic_image *img)
 {
     return img->drv->aio_pread != NULL;

@@ -70,11 +70,13 @@ static int run_kind(const struct ic_copy *c, const struct ic_extent *e, uint64_t
     return data ? RUN_DATA : RUN_ZERO;
 }
 
-/* A costly source's short holes are read through: whole runs, data and
- * the holes between them, gather into one read of at most request_size
- * (a hole no longer than the gap a round trip is worth, each data run
- * cut from the others as its own extent); what does not fit is planned
- * as it is. */
+/* Neighbouring runs share one read of at most request_size, each data run
+ * cut from the others as its own extent: data runs next to each other
+ * (their host bytes break: a fragmented qcow2's clusters, which the format
+ * then reads all at once rather than one per item), and, from a costly
+ * source, the holes between them no longer than the gap a round trip is
+ * worth, read through rather than asked around; what does not fit is
+ * planned as it is. */
 struct merger {
     struct ic_copy *c;
     uint64_t start;  /* of the group */
@@ -151,7 +153,7 @@ struct aligner {
 /* A run as it is, or into a read through holes */
 static int plan_run(struct aligner *a, uint64_t start, uint64_t end, int kind)
 {
-    if (!a->c->merge_gap)
+    if (!a->c->may_merge)
         return plan_extent(a->c, start, end, kind, &a->seq);
     return merge_run(&a->merge, start, end, kind, &a->seq);
 }

@@ -24,6 +24,7 @@ struct raw_state {
     int is_blockdev;
     uint64_t alloc_unit; /* st_blksize: the granularity of SEEK_DATA answers */
     atomic_int no_seek_hole;
+    atomic_int no_nowait; /* preadv2 refused RWF_NOWAIT here */
     atomic_uint zero_refused;
     /* IC_CREATE_ATOMIC: written under tmp_path until finish() renames it
      * over rename_to (`path`, through symlinks); the file it replaces stays

@@ -62,6 +62,11 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
     uint64_t csz = s->h.cluster_size;
     uint8_t *cbuf = NULL;
     uint64_t entries[512];
+    /* the request's data clusters, wherever they lie in the file, are read
+     * together once all are known (a fragmented image's clusters are in
+     * flight at once, not waited for in turn) */
+    struct ic_read_batch data;
+    ic_read_batch_init(&data);
     int ret = 0;
     while (len > 0 && ret == 0) {
         uint64_t gc = off / csz, got;
@@ -92,7 +97,11 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
             }
             switch (c.kind) {
             case CL_NORMAL:
-                ret = qcow2_read_meta(img, buf, n, c.host + in, "unreadable data cluster", err);
+                if (c.host + in > QCOW2_MAX_OFFSET || n > QCOW2_MAX_OFFSET - (c.host + in))
+                    ret = qcow2_corrupt(img, err, "unreadable data cluster", c.host + in);
+                else
+                    ret = ic_read_batch_add_padded(&data, s->file, buf, (size_t)n, c.host + in,
+                                                   err);
                 break;
             case CL_ZERO:
                 memset(buf, 0, (size_t)n);
@@ -115,6 +124,8 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
         }
     }
     free(cbuf);
+    if (ret == 0)
+        ret = ic_read_batch_flush(&data, err);
     return ret;
 }
 

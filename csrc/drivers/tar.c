@@ -63,6 +63,19 @@ static int member_pread(struct ic_image *img, void *buf, size_t len, uint64_t of
     return ic_image_pread(state(img)->tar, buf, len, state(img)->offset + off, err);
 }
 
+/* A member's runs are the archive's, shifted: a vmdk in an OVA reads its
+ * scattered grains as concurrently as the file would. */
+static int member_pread_runs(struct ic_image *img, const struct ic_read_run *runs, size_t n,
+                             struct ic_error *err)
+{
+    struct ic_read_run shifted[IC_READ_RUNS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        shifted[i] = runs[i];
+        shifted[i].off += state(img)->offset;
+    }
+    return ic_image_pread_runs(state(img)->tar, shifted, n, err);
+}
+
 /* The archive's extents over the member, shifted to the member's offsets
  * (host offsets too: the member is the file a format reads). */
 static int member_block_status(struct ic_image *img, uint64_t start, uint64_t end,
@@ -135,6 +148,7 @@ const struct ic_driver ic_protocol_tar_member = {
     .kind = IC_PROTOCOL,
     .close = member_close,
     .pread = member_pread,
+    .pread_runs = member_pread_runs,
     .block_status = member_block_status,
     .reads_as_hole = member_reads_as_hole,
     .lock = member_lock,

@@ -497,7 +497,8 @@ static void runs_end(struct runs *r)
 /* ---- reads -------------------------------------------------------------------- */
 
 static int read_partial(struct ic_image *img, uint8_t *buf, uint64_t len, uint64_t off,
-                        uint64_t block, uint64_t host, struct ic_error *err)
+                        uint64_t block, uint64_t host, struct ic_read_batch *data,
+                        struct ic_error *err)
 {
     struct vhdx_state *s = state_of(img);
     uint64_t bs = s->m.block_size, in = off - block * bs, a, b;
@@ -507,7 +508,7 @@ static int read_partial(struct ic_image *img, uint8_t *buf, uint64_t len, uint64
         return -1;
     while (r == 0 && runs_next(&runs, &a, &b, &present)) {
         uint8_t *p = buf + (a - in);
-        r = present ? ic_image_pread(s->file, p, (size_t)(b - a), host + a, err)
+        r = present ? ic_read_batch_add(data, s->file, p, (size_t)(b - a), host + a, err)
                     : ic_image_read_below(img, p, (size_t)(b - a), block * bs + a, err);
     }
     runs_end(&runs);
@@ -522,6 +523,10 @@ static int vhdx_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
     uint64_t bs = s->m.block_size;
     if (s->m.has_parent && check_linkage(img, err) < 0)
         return -1;
+    /* the present runs of the request, in blocks anywhere in the file, are
+     * read together once all are known */
+    struct ic_read_batch data;
+    ic_read_batch_init(&data);
     while (len > 0) {
         uint64_t block = off / bs, in = off % bs, host;
         uint64_t n = bs - in < len ? bs - in : len;
@@ -534,10 +539,10 @@ static int vhdx_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
             memset(buf, 0, (size_t)n);
             break;
         case K_DATA:
-            r = ic_image_pread(s->file, buf, (size_t)n, host + in, err);
+            r = ic_read_batch_add(&data, s->file, buf, (size_t)n, host + in, err);
             break;
         case K_PARTIAL:
-            r = read_partial(img, buf, n, off, block, host, err);
+            r = read_partial(img, buf, n, off, block, host, &data, err);
             break;
         }
         if (r < 0)
@@ -546,7 +551,7 @@ static int vhdx_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
         off += n;
         len -= (size_t)n;
     }
-    return 0;
+    return ic_read_batch_flush(&data, err);
 }
 
 /* ---- block status ------------------------------------------------------------- */

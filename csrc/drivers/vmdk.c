@@ -250,8 +250,10 @@ static int parent_valid(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+/* A sparse extent's share of a read: its data grains go into `data`, read
+ * when the whole request's are known (vmdk_pread). */
 static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t len, uint64_t off,
-                       struct ic_error *err)
+                       struct ic_read_batch *data, struct ic_error *err)
 {
     struct vmdk_state *s = vmdk_state_of(img);
     const struct vmdk_extent *e = &s->ext[xi];
@@ -289,8 +291,8 @@ static int read_sparse(struct ic_image *img, size_t xi, uint8_t *buf, uint64_t l
                 memset(buf, 0, (size_t)n);
                 break;
             case VMDK_DATA:
-                ret = ic_image_pread_padded(e->file, buf, (size_t)n,
-                                            (uint64_t)entries[i] * VMDK_SECTOR + in, err);
+                ret = ic_read_batch_add_padded(data, e->file, buf, (size_t)n,
+                                               (uint64_t)entries[i] * VMDK_SECTOR + in, err);
                 break;
             case VMDK_COMPRESSED: {
                 if (!grain_buf && !(grain_buf = malloc((size_t)e->grain))) {
@@ -320,20 +322,24 @@ static int vmdk_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off
 {
     struct vmdk_state *s = vmdk_state_of(img);
     uint8_t *buf = vbuf;
+    /* the request's grains, scattered in their files, are read together
+     * once all are known, not waited for one after another */
+    struct ic_read_batch data;
+    ic_read_batch_init(&data);
     while (len > 0) {
         size_t xi = find_extent(s, off);
         const struct vmdk_extent *e = &s->ext[xi];
         uint64_t n = e->end - off < len ? e->end - off : len;
-        int r = e->flat ? ic_image_pread_padded(e->file, buf, (size_t)n,
-                                                e->flat_offset + (off - e->start), err)
-                        : read_sparse(img, xi, buf, n, off, err);
+        int r = e->flat ? ic_read_batch_add_padded(&data, e->file, buf, (size_t)n,
+                                                   e->flat_offset + (off - e->start), err)
+                        : read_sparse(img, xi, buf, n, off, &data, err);
         if (r < 0)
             return -1;
         buf += n;
         off += n;
         len -= (size_t)n;
     }
-    return 0;
+    return ic_read_batch_flush(&data, err);
 }
 
 /* ---- block status ----------------------------------------------------- */

@@ -214,21 +214,24 @@ static int vpc_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
     if (s->footer.type == VPC_TYPE_FIXED)
         return ic_image_pread_padded(s->file, buf, len, off, err);
     uint64_t bs = s->dyn.block_size;
+    /* the blocks a request spans lie anywhere in the file: read together */
+    struct ic_read_batch data;
+    ic_read_batch_init(&data);
     while (len > 0) {
         uint64_t block = off / bs, in = off % bs;
         size_t n = bs - in < len ? (size_t)(bs - in) : len;
         uint32_t e = block < s->nblocks ? s->bat[block] : VPC_BAT_UNALLOCATED;
         if (e == VPC_BAT_UNALLOCATED)
             memset(buf, 0, n);
-        else if (ic_image_pread_padded(s->file, buf, n,
-                                       (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in,
-                                       err) < 0)
+        else if (ic_read_batch_add_padded(&data, s->file, buf, n,
+                                          (uint64_t)e * VPC_SECTOR + s->dyn.bitmap_size + in,
+                                          err) < 0)
             return -1;
         buf += n;
         off += n;
         len -= n;
     }
-    return 0;
+    return ic_read_batch_flush(&data, err);
 }
 
 /* ---- block status ----------------------------------------------------- */

@@ -184,6 +184,57 @@ static void copy_journalled(const char *src, const char *dir)
     unlink(jpath);
 }
 
+/* A qcow2 of 512-byte clusters written last to first, every other one
+ * zeros: each 4 KiB request is one item of 8 parts (their host bytes
+ * break), each part its own extent, so each a piece of its own, data and
+ * hole in turn: more pieces than blocks in the request (ASan saw the
+ * worker's pieces overrun). */
+static void copy_fragmented_small_clusters(const char *dir)
+{
+    enum { CLU = 512, NCLU = 256 };
+    struct ic_error err = {0};
+    char src[96], dst[96];
+    snprintf(src, sizeof src, "%s/frag512.qcow2", dir);
+    snprintf(dst, sizeof dst, "%s/frag512.raw", dir);
+    struct ic_create_options co = {.cluster_size = CLU};
+    struct ic_image *s, *d;
+    int fresh;
+    uint8_t *want = calloc(NCLU, CLU);
+    CHECK(want, "calloc");
+    must(ic_image_create(src, "qcow2", NCLU * CLU, 0, &co, &s, &fresh, &err), &err);
+    for (int i = NCLU - 1; i >= 0; i--) {
+        if (i % 2 == 0)
+            memset(want + (size_t)i * CLU, 0x41 + i % 26, CLU);
+        must(ic_image_pwrite(s, want + (size_t)i * CLU, CLU, (uint64_t)i * CLU, &err), &err);
+    }
+    must(ic_image_finish(s, 0, &err), &err);
+    ic_image_close(s);
+    for (unsigned threads = 1; threads <= 4; threads += 3) {
+        must(ic_image_open(src, "qcow2", 0, &s, &err), &err);
+        must(ic_image_create(dst, "raw", NCLU * CLU, 0, NULL, &d, &fresh, &err), &err);
+        struct ic_copy_options o = {.sparse_threshold = 4096, .request_size = 4096,
+                                    .concurrency = threads, .target_is_zero = fresh};
+        struct ic_copy *c;
+        must(ic_copy_start(s, d, &o, &c, &err), &err);
+        struct ic_copy_stats st;
+        must(ic_copy_finish(c, &st, &err), &err);
+        CHECK(st.bytes_written == NCLU / 2 * CLU, "fragmented: %llu bytes written",
+              (unsigned long long)st.bytes_written);
+        must(ic_image_finish(d, 0, &err), &err);
+        ic_image_close(d);
+        ic_image_close(s);
+        uint8_t *got = malloc((size_t)NCLU * CLU);
+        must(ic_image_open(dst, "raw", 0, &d, &err), &err);
+        must(ic_image_pread(d, got, (size_t)NCLU * CLU, 0, &err), &err);
+        ic_image_close(d);
+        CHECK(memcmp(got, want, (size_t)NCLU * CLU) == 0, "fragmented copy differs");
+        free(got);
+        unlink(dst);
+    }
+    unlink(src);
+    free(want);
+}
+
 static void copy(const char *src, const char *dst, const char *format, int compress,
                  unsigned threads, int out_of_order, uint64_t threshold, int flush)
 {
@@ -206,6 +257,7 @@ int main(void)
     }
     copy_on_shared_pool(src, dir);
     copy_journalled(src, dir);
+    copy_fragmented_small_clusters(dir);
     /* in-kernel copies, taken or refused (qcow2, null), in and out of
      * order: a refusal must hand the write turn on once, never hang */
     alarm(120);
