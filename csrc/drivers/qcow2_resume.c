@@ -140,7 +140,9 @@ static int walk(struct rebuild *r, struct qcow2_state *s)
             continue;
         if (e & L1E_RESERVED)
             ret = refuse(r, "an L1 entry has reserved bits set", e);
-        else if (!off || off % r->csz)
+        else if (!off)
+            ret = refuse(r, "an L1 entry names the header as an L2 table", e);
+        else if (off % r->csz)
             ret = refuse(r, "an L2 table is not cluster aligned", e);
         else if (!(e & QCOW2_OFLAG_COPIED))
             ret = refuse(r, "an L2 table is shared (its copied flag is clear)", off);
