@@ -312,6 +312,33 @@ def test_kill_at_random_moments(tmp_path, cfg, expected_files):
         resume_and_finish(path, cfg, steps, todo, expected, range(done))
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[3], CONFIGS[6]], ids=repr)
+def test_kill_the_resumed_writer_too(tmp_path, cfg, expected_files):
+    """A resumed copy killed in turn resumes again: the tables it loaded
+    go back in place, its own new ones are linked by its checkpoints."""
+    steps, expected = expected_files(cfg)
+    path = str(tmp_path / "twice.qcow2")
+    pid, r = fork_writer(sequential_writer(path, cfg, steps, stop_after=cfg.every + 1))
+    first = recorded_steps(kill_and_reap(pid, r, until=STOPPED))
+    stop = len(steps) - cfg.every
+
+    def resumed(fd):
+        img = _core.Image(path, "qcow2", writable=True, resume=True)
+        for i in range(first, len(steps)):
+            if (i - first) % cfg.every == 0:
+                img.checkpoint()
+                report(fd, CHECKPOINT, i)
+            apply_step(img, steps[i])
+            if i == stop:
+                report(fd, STOPPED, i)
+                time.sleep(600)
+
+    pid, r = fork_writer(resumed)
+    second = recorded_steps(kill_and_reap(pid, r, until=STOPPED))
+    assert first < second <= stop, (first, second)
+    resume_and_finish(path, cfg, steps, range(second, len(steps)), expected, range(second))
+
+
 def read_recorded(data):
     """The steps of the last whole report of a threaded writer."""
     recorded, pos = None, 0

@@ -594,27 +594,35 @@ static int pending(uint8_t flags)
     return (flags & (L2_CHANGED | L2_UNLINKED)) != 0;
 }
 
+/* A checkpoint takes at most this many bytes of tables at a time (a
+ * preallocated image's first one holds every table: 512 MiB for 1 TiB of
+ * 64 KiB clusters). */
+#define BATCH_BYTES (16u << 20)
+
 /* The tables changed since the last checkpoint took them, and those whose
- * L1 entry is not on disk yet: new ones get a cluster at the end of the
- * file now (in guest order, so that they are contiguous).  meta_lock
- * held. */
-static int take_tables(struct ic_image *img, struct table_batch *b, struct ic_error *err)
+ * L1 entry is not on disk yet, from L1 index `from` on, as many as a
+ * batch holds; *next: where the next batch starts (s->l1_len: none).  New
+ * ones get a cluster at the end of the file now (in guest order, so that
+ * they are contiguous).  meta_lock held. */
+static int take_tables(struct ic_image *img, uint64_t from, uint64_t *next,
+                       struct table_batch *b, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     struct l2_store *st = &s->l2;
-    uint64_t csz = s->h.cluster_size, n = 0;
-    for (uint64_t i = 0; i < s->l1_len; i++)
-        n += pending(st->dirty[i]);
+    uint64_t csz = s->h.cluster_size, n = 0, most = BATCH_BYTES / csz ? BATCH_BYTES / csz : 1, end = from;
+    while (end < s->l1_len && n < most)
+        n += pending(st->dirty[end++]);
+    *next = end;
     if (n == 0)
         return 0;
     b->index = malloc(n * sizeof *b->index);
     b->host = malloc(n * sizeof *b->host);
-    b->buf = n <= SIZE_MAX / csz ? malloc((size_t)(n * csz)) : NULL;
+    b->buf = malloc((size_t)(n * csz));
     if (!b->index || !b->host || !b->buf) {
         batch_free(b);
         return ic_error_nomem(err);
     }
-    for (uint64_t i = 0; i < s->l1_len; i++) {
+    for (uint64_t i = from; i < end; i++) {
         if (!pending(st->dirty[i]) || (s->l1[i] & QCOW2_OFFSET_MASK))
             continue;
         uint64_t host;
@@ -627,7 +635,7 @@ static int take_tables(struct ic_image *img, struct table_batch *b, struct ic_er
     }
     /* unlinked first, then the others; each in guest order */
     for (int pass = 0; pass < 2; pass++) {
-        for (uint64_t i = 0; i < s->l1_len; i++) {
+        for (uint64_t i = from; i < end; i++) {
             int unlinked = (st->dirty[i] & L2_UNLINKED) != 0;
             if (!pending(st->dirty[i]) || unlinked != (pass == 0))
                 continue;
@@ -699,8 +707,8 @@ static int write_l1_entries(struct ic_image *img, const struct table_batch *b,
     return ret;
 }
 
-/* The tables a checkpoint takes, written so that the image on disk is one
- * a resumed writer can open at every moment (with `sync`; without, in the
+/* The tables of one batch, written so that the image on disk is one a
+ * resumed writer can open at every moment (with `sync`; without, in the
  * same order, the file deciding when each write is durable):
  *   1. new tables, into clusters nothing on disk references;
  *   2. flush: the data of every write completed before the tables were
@@ -711,21 +719,23 @@ static int write_l1_entries(struct ic_image *img, const struct table_batch *b,
  *      intact: nothing freed is reused before finish()), and the L1
  *      entries of the new tables (each 0 or naming a table on disk);
  *   4. flush.
- * `locked`: the caller holds meta_lock throughout (finish); else it is
- * taken to take the tables and read the L1 entries only, and writes go on
- * meanwhile.  checkpoint_lock held. */
-static int write_tables(struct ic_image *img, int sync, int locked, struct ic_error *err)
+ * `data`: flush at 2. even without tables (the first batch: the data of
+ * the writes completed before the checkpoint).  `locked`: the caller
+ * holds meta_lock throughout (finish); else it is taken to take the
+ * tables only, and writes go on meanwhile.  checkpoint_lock held. */
+static int write_batch_of_tables(struct ic_image *img, uint64_t from, uint64_t *next, int sync,
+                                 int data, int locked, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
     struct table_batch b = {0};
     if (!locked)
         pthread_mutex_lock(&s->meta_lock);
-    int ret = take_tables(img, &b, err);
+    int ret = take_tables(img, from, next, &b, err);
     if (!locked)
         pthread_mutex_unlock(&s->meta_lock);
     if (ret == 0)
         ret = write_batch(img, &b, 0, b.nfresh, err);
-    if (ret == 0 && sync)
+    if (ret == 0 && sync && (b.n || data))
         ret = ic_image_flush(s->file, err);
     if (ret == 0)
         ret = write_batch(img, &b, b.nfresh, b.n, err);
@@ -745,6 +755,19 @@ static int write_tables(struct ic_image *img, int sync, int locked, struct ic_er
     if (!locked)
         pthread_mutex_unlock(&s->meta_lock);
     batch_free(&b);
+    return ret;
+}
+
+/* Every table a checkpoint takes, batch after batch (each one leaving the
+ * image on disk consistent). */
+static int write_tables(struct ic_image *img, int sync, int locked, struct ic_error *err)
+{
+    struct qcow2_state *s = state(img);
+    uint64_t from = 0;
+    int ret;
+    do
+        ret = write_batch_of_tables(img, from, &from, sync, from == 0, locked, err);
+    while (ret == 0 && from < s->l1_len);
     return ret;
 }
 
