@@ -91,6 +91,11 @@ struct ic_driver {
      * gets fully allocated zeros written as data */
     int zero_allocates;
     int (*flush)(struct ic_image *img, struct ic_error *err);
+    /* ic_image_checkpoint(): what flush does, and the metadata held in
+     * memory written so that reopening with IC_OPEN_RESUME after a crash
+     * at any later moment finds every write completed before the call;
+     * thread-safe against concurrent writes (default: flush) */
+    int (*checkpoint)(struct ic_image *img, struct ic_error *err);
     /* Append contiguous extents starting exactly at `start`, never past
      * `end`, covering `want` and, cheaply, more after it (up to
      * IC_WALK_EXTRA_EXTENTS; formats walking their tables count clusters,

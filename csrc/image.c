@@ -501,6 +501,9 @@ int ic_image_open_member(const char *path, const char *member, const char *forma
     if ((flags & IC_OPEN_NO_BACKING) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "an image opened without its backing file can only be "
                               "read");
+    if ((flags & IC_OPEN_RESUME) && !(flags & IC_OPEN_RDWR))
+        return ic_error_value(err, "resume carries on writing an image: it opens one for "
+                              "writing only");
     if ((flags & IC_OPEN_FORCE_SHARE) && (flags & IC_OPEN_RDWR))
         return ic_error_value(err, "force_share reads an image others may write: it cannot "
                               "open one for writing");

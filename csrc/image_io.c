@@ -461,6 +461,13 @@ int ic_image_flush(struct ic_image *img, struct ic_error *err)
     return img->file ? ic_image_flush(img->file, err) : 0;
 }
 
+int ic_image_checkpoint(struct ic_image *img, struct ic_error *err)
+{
+    if (img->drv->checkpoint)
+        return img->drv->checkpoint(img, err);
+    return ic_image_flush(img, err);
+}
+
 int ic_image_copy_range(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,
                         struct ic_error *err)
 {

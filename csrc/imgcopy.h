@@ -80,6 +80,16 @@ enum {
      * shards of one disk in several processes): shared as qemu's
      * share-rw=on shares it; a format's file is never shared so */
     IC_OPEN_SHARE_WRITE = 1u << 9,
+    /* With IC_OPEN_RDWR: carry on writing an image a crash interrupted (a
+     * resumed copy).  A qcow2 image imgcopy's writer left incomplete
+     * (marked dirty and corrupt, v3; without its magic, v2: then the
+     * format must be named, "qcow2", as no probe finds it) opens: its
+     * refcounts are rebuilt from what its L1 and L2 tables reference, what
+     * a crash left after the last referenced cluster is cut off, and
+     * ic_image_finish() then writes a complete image.  What every
+     * completed ic_image_checkpoint() made durable is there.  A complete
+     * image opens as without the flag; other formats ignore it. */
+    IC_OPEN_RESUME = 1u << 10,
 };
 
 struct ic_image;
@@ -211,6 +221,14 @@ enum {
 int ic_image_zero(struct ic_image *img, uint64_t offset, uint64_t length, unsigned flags,
                   struct ic_error *err);
 int ic_image_flush(struct ic_image *img, struct ic_error *err);
+/* A point a crash can be resumed from: every write that completed before
+ * the call began is durable when it returns, and stays readable after a
+ * crash at any later moment by opening the image with IC_OPEN_RESUME (a
+ * qcow2 image's metadata is written so that it is consistent at every
+ * step).  Writes still in flight meanwhile (other threads may go on
+ * writing) may or may not be there after a crash, even in part.  Formats
+ * keeping no metadata in memory: ic_image_flush(). */
+int ic_image_checkpoint(struct ic_image *img, struct ic_error *err);
 
 /* A write in three steps, so that a format can allocate host space in
  * guest order while the I/O stays parallel: stage (any thread: e.g.

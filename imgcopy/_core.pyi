@@ -122,11 +122,16 @@ class Image:
     def __init__(self, path: _Path, format: Optional[str] = ..., *, writable: bool = ...,
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
-                 external_files: bool = ..., no_backing: bool = ..., share_write: bool = ...) -> None:
+                 external_files: bool = ..., no_backing: bool = ..., share_write: bool = ...,
+                 resume: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
         name extent files outside its directory; ``no_backing``: the image
-        alone, to describe it (what it does not hold reads as zeros)."""
+        alone, to describe it (what it does not hold reads as zeros);
+        ``resume`` (with ``writable``): carry on writing a qcow2 image a
+        crash left incomplete (name the format: an incomplete compat 0.10
+        image has no magic), with every write a completed ``checkpoint()``
+        made durable; finish() then completes it."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""
@@ -145,6 +150,10 @@ class Image:
     def write(self, offset: int, data: bytes) -> None: ...
     def zero(self, offset: int, length: int, flags: int = ...) -> None: ...
     def flush(self) -> None: ...
+    def checkpoint(self) -> None:
+        """Make every write completed so far durable, so that after a crash
+        at any later moment the image opens with ``resume=True`` holding
+        them (writes of other threads may go on meanwhile)."""
     def cache_stats(self) -> CacheStats: ...
     def drop_cache(self) -> None: ...
     def chain(self) -> List[Tuple[str, str]]:

@@ -18,6 +18,7 @@ static struct qcow2_state *state_new(struct ic_image *img, struct ic_error *err)
     pthread_mutex_init(&s->meta_lock, NULL);
     pthread_mutex_init(&s->prealloc_lock, NULL);
     pthread_mutex_init(&s->dirty_lock, NULL);
+    pthread_mutex_init(&s->checkpoint_lock, NULL);
     s->file = img->file;
     img->drv_state = s;
     return s;
@@ -42,6 +43,7 @@ static void qcow2_close(struct ic_image *img)
     pthread_mutex_destroy(&s->meta_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
     pthread_mutex_destroy(&s->dirty_lock);
+    pthread_mutex_destroy(&s->checkpoint_lock);
     free(s);
     img->drv_state = NULL;
 }
@@ -87,7 +89,9 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
                                (unsigned long long)fsize);
     if (ic_image_pread(s->file, head, (size_t)nhead, 0, err) < 0)
         return -1;
-    if (qcow2_parse_header(head, nhead, &s->h, img->path, err) < 0)
+    int resume = (img->open_flags & IC_OPEN_RESUME) && (img->open_flags & IC_OPEN_RDWR);
+    if (qcow2_parse_header_as(head, nhead, resume ? QCOW2_PARSE_INCOMPLETE : 0, &s->h,
+                              img->path, err) < 0)
         return -1;
 
     /* the header cluster: extensions and the backing file name live there */
@@ -101,8 +105,15 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
         return -1;
     }
     free(cluster0);
-    if (qcow2_check_features(&s->h, (img->open_flags & IC_OPEN_FORCE) != 0,
-                             (img->open_flags & IC_OPEN_RDWR) != 0, img->path, err) < 0)
+    /* the marks of an image imgcopy's writer left incomplete are what a
+     * resumed writer expects (it rebuilds the refcounts, then finishes) */
+    uint64_t incompatible = s->h.incompatible;
+    if (resume && s->h.incomplete)
+        s->h.incompatible &= ~(uint64_t)(QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT);
+    int features = qcow2_check_features(&s->h, (img->open_flags & IC_OPEN_FORCE) != 0,
+                                        (img->open_flags & IC_OPEN_RDWR) != 0, img->path, err);
+    s->h.incompatible = incompatible;
+    if (features < 0)
         return -1;
 
     /* qemu sees whole 512-byte sectors of the virtual size */
@@ -187,6 +198,7 @@ const struct ic_driver ic_format_qcow2 = {
     .pwrite = qcow2_pwrite,
     .zero = qcow2_zero,
     .flush = qcow2_flush,
+    .checkpoint = qcow2_checkpoint,
     .block_status = qcow2_block_status,
     .random_access_status = 1,
     .stage = qcow2_stage,

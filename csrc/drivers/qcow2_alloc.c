@@ -92,6 +92,25 @@ int qcow2_alloc_load(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+int qcow2_alloc_adopt(struct ic_image *img, uint16_t *rc, uint64_t rc_len, uint64_t end,
+                      struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    struct qcow2_writer *w = s->w;
+    free(w->rc);
+    w->rc = rc;
+    w->rc_len = rc_len;
+    w->comp_cursor = 0;
+    w->ref_start = w->ref_clusters = 0;
+    /* what lies past `end` is no cluster of the image: new clusters there
+     * read as zeros, as a new image's do */
+    if (ic_image_truncate(s->file, end, err) < 0)
+        return -1;
+    w->host_end = end;
+    w->file_size = end;
+    return 0;
+}
+
 int qcow2_alloc_clusters(struct ic_image *img, uint64_t n, uint64_t *host, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);

@@ -1,6 +1,7 @@
 /* qcow2 writers: a new image laid out (header cluster, L1 table, then
  * whatever is appended), or an existing one opened for writing (its
- * refcounts loaded; its tables as they are touched). */
+ * refcounts loaded, or rebuilt when a crash left it incomplete:
+ * qcow2_resume.c; its tables as they are touched). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,10 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     const struct qcow2_header *h = &s->h;
-    if (h->backing_name[0])
+    /* an image imgcopy's writer left incomplete, written on as it was
+     * (an overlay too: the image layer opens its backing file) */
+    int resume = (img->open_flags & IC_OPEN_RESUME) && h->incomplete;
+    if (h->backing_name[0] && !resume)
         return ic_error_format(err, img->path, "writing into a qcow2 image with a backing "
                                "file is not supported yet");
     if (h->nb_snapshots)
@@ -135,5 +139,7 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
         return -1;
     if (qcow2_l1_hold_all(img, err) < 0)
         return -1;
+    if (resume)
+        return qcow2_resume_rebuild(img, err); /* marked incomplete already */
     return qcow2_alloc_load(img, err); /* marked incomplete at the first write */
 }

@@ -86,8 +86,17 @@ static int check_table(uint64_t off, uint64_t n, uint64_t entry, uint64_t max_n,
 int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
                        const char *path, struct ic_error *err)
 {
+    return qcow2_parse_header_as(buf, len, 0, h, path, err);
+}
+
+int qcow2_parse_header_as(const uint8_t *buf, size_t len, unsigned how,
+                          struct qcow2_header *h, const char *path, struct ic_error *err)
+{
     memset(h, 0, sizeof *h);
-    if (len < 4 || memcmp(buf, QCOW2_MAGIC, 4) != 0)
+    /* an incomplete v2 image of imgcopy's writer: no magic, version 2 */
+    int no_magic = (how & QCOW2_PARSE_INCOMPLETE) && len >= 8 &&
+                   memcmp(buf, "\0\0\0\0", 4) == 0 && qcow2_be32(buf + 4) == 2;
+    if (!no_magic && (len < 4 || memcmp(buf, QCOW2_MAGIC, 4) != 0))
         return ic_error_format(err, path, "not a qcow2 image (bad magic)");
     if (len < QCOW2_HEADER_V2_LEN)
         return ic_error_format(err, path, "not a qcow2 image (header truncated to %zu bytes)",
@@ -129,6 +138,8 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
         if (h->header_length > 104 && len > 104)
             h->compression_type = buf[104];
     }
+    uint64_t marks = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
+    h->incomplete = no_magic || (h->version >= 3 && (h->incompatible & marks) == marks);
     if (h->backing_file_offset > h->cluster_size)
         return bad(path, err, "backing_file_offset past the header cluster",
                    h->backing_file_offset);
@@ -138,7 +149,8 @@ int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
         return bad(path, err, "unknown crypt_method", h->crypt_method);
 
     /* the refcount table */
-    if (h->refcount_table_clusters == 0)
+    /* imgcopy writes the refcounts last: an incomplete image may have none */
+    if (h->refcount_table_clusters == 0 && !((how & QCOW2_PARSE_INCOMPLETE) && h->incomplete))
         return bad(path, err, "refcount_table_clusters is 0: no refcount table", 0);
     if (check_table(h->refcount_table_offset, h->refcount_table_clusters, h->cluster_size,
                     QCOW2_MAX_REFTABLE_BYTES / h->cluster_size, h->cluster_size,

@@ -86,6 +86,10 @@ struct qcow2_header {
     char backing_name[QCOW2_MAX_BACKING_NAME + 1]; /* "": no backing file */
     char backing_format[QCOW2_MAX_BACKING_FORMAT + 1];
     char incompatible_names[64][47]; /* from the feature name table */
+    /* marked as imgcopy's writer marks an image it has not finished: dirty
+     * and corrupt (v3), or (v2, parsed with QCOW2_PARSE_INCOMPLETE) no
+     * magic */
+    int incomplete;
     /* the bitmaps extension, when its auto-clear bit says it is valid */
     int has_bitmaps;
     uint32_t nb_bitmaps;
@@ -119,6 +123,12 @@ uint64_t qcow2_refcount_entry(const uint8_t *block, uint64_t idx, unsigned bits)
  * bytes of the file (at most QCOW2_HEADER_READ). */
 int qcow2_parse_header(const uint8_t *buf, size_t len, struct qcow2_header *h,
                        const char *path, struct ic_error *err);
+/* The same, and with QCOW2_PARSE_INCOMPLETE what imgcopy's writer leaves
+ * while it writes (to resume writing it): a v2 header without its magic,
+ * an incomplete header without refcount table (h->incomplete says so). */
+enum { QCOW2_PARSE_INCOMPLETE = 1u << 0 };
+int qcow2_parse_header_as(const uint8_t *buf, size_t len, unsigned how,
+                          struct qcow2_header *h, const char *path, struct ic_error *err);
 /* The header extensions and the backing file name.  `cluster0` holds the
  * first cluster (zero-padded past the end of file). */
 int qcow2_parse_extensions(const uint8_t *cluster0, size_t len, struct qcow2_header *h,

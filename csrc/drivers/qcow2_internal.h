@@ -7,8 +7,9 @@
  *   qcow2_tables.c  the snapshot table and bitmap directory
  *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
- *   qcow2_write.c   staged writes, zeros, finishing
+ *   qcow2_write.c   staged writes, zeros, checkpoints, finishing
  *   qcow2_create.c  new images, and writers of existing ones
+ *   qcow2_resume.c  writers of images a crash left incomplete
  *   qcow2_check.c   qemu-img check: refcounts recomputed and compared
  *   qcow2.c         the state's life (open, create, close), the driver table */
 #ifndef IMGCOPY_QCOW2_INTERNAL_H
@@ -37,12 +38,19 @@ struct l2_slot {
     uint64_t used;     /* LRU tick */
 };
 
+/* What the store knows of a table it holds, by L1 index: */
+enum {
+    L2_DIRTY = 1u << 0,    /* changed since finish() last wrote it: pinned */
+    L2_CHANGED = 1u << 1,  /* changed since a checkpoint last took it */
+    L2_UNLINKED = 1u << 2, /* its place is not in the L1 table on disk yet */
+};
+
 /* Tables by L1 index.  Clean ones (as on disk) are evicted least recently
  * used first; dirty ones (changed since finish() last wrote them) stay
  * until it writes them. */
 struct l2_store {
     uint64_t **tables; /* per L1 index: entries in host byte order, or NULL */
-    uint8_t *dirty;    /* per L1 index */
+    uint8_t *dirty;    /* per L1 index: L2_* flags (0: clean) */
     struct l2_slot *slots;
     unsigned nslots;
     uint64_t tick;
@@ -78,6 +86,9 @@ struct qcow2_state {
 
     /* guards the L1 and L2 tables and the writer's allocation state */
     pthread_mutex_t meta_lock;
+    /* one checkpoint or finish at a time (taken before meta_lock): only
+     * they change the L1 table */
+    pthread_mutex_t checkpoint_lock;
     struct l2_store l2;
 
     /* qemu asks the host file about holes under data clusters only when
@@ -193,7 +204,8 @@ int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, u
 int qcow2_l2_has_table(struct qcow2_state *s, uint64_t l1_index);
 /* With meta_lock held: */
 /* The table of guest cluster gc, to change: loaded or made, and kept
- * until finish() writes it. */
+ * until finish() writes it; flagged changed for the next checkpoint (the
+ * caller changes it before it lets go of meta_lock). */
 uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error *err);
 /* The entries of table i when it has changes to write, else NULL. */
 const uint64_t *qcow2_l2_dirty(const struct qcow2_state *s, uint64_t l1_index);
@@ -214,6 +226,11 @@ void qcow2_release_cluster(struct qcow2_state *s, uint64_t host);
 void qcow2_release_compressed(struct qcow2_state *s, uint64_t entry);
 /* Refcount table and blocks for every host cluster, written. */
 int qcow2_write_refcounts(struct ic_image *img, struct ic_error *err);
+/* The writer's refcounts become `rc` (for `rc_len` clusters, malloc'ed:
+ * owned from now on, even on failure), and the host file is cut (or
+ * grown) to `end`, a cluster boundary past every cluster in use. */
+int qcow2_alloc_adopt(struct ic_image *img, uint16_t *rc, uint64_t rc_len, uint64_t end,
+                      struct ic_error *err);
 void qcow2_alloc_free(struct qcow2_writer *w);
 /* qemu's test for metadata preallocation: how many of the first
  * `end_cluster` host clusters have a refcount, counting up to `threshold`;
@@ -250,6 +267,7 @@ int qcow2_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off
 int qcow2_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                struct ic_error *err);
 int qcow2_flush(struct ic_image *img, struct ic_error *err);
+int qcow2_checkpoint(struct ic_image *img, struct ic_error *err);
 int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 uint64_t qcow2_write_alignment(const struct ic_image *img);
 /* With meta_lock held: the clusters under guest [off, end) get host
@@ -267,5 +285,11 @@ int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_err
  * header to fill) or of an opened one. */
 int qcow2_create_new(struct ic_image *img, int *fresh, struct ic_error *err);
 int qcow2_open_writer(struct ic_image *img, struct ic_error *err);
+
+/* qcow2_resume.c: the writer of an image imgcopy's writer left incomplete
+ * (IC_OPEN_RESUME): its refcounts made from the clusters its header, L1
+ * and L2 tables reference (every entry checked), its host file cut after
+ * the last of them.  The writer's state is allocated, its L1 held whole. */
+int qcow2_resume_rebuild(struct ic_image *img, struct ic_error *err);
 
 #endif

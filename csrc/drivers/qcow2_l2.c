@@ -192,8 +192,10 @@ uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error
                        (unsigned long long)gc);
         return NULL;
     }
-    if (st->dirty[i])
+    if (st->dirty[i]) {
+        st->dirty[i] |= L2_CHANGED;
         return st->tables[i];
+    }
     struct l2_slot *slot = slot_of(st, i);
     if (slot) {
         /* out of the LRU, pinned */
@@ -216,7 +218,7 @@ uint64_t *qcow2_l2_for_update(struct ic_image *img, uint64_t gc, struct ic_error
         ic_error_nomem(err);
         return NULL;
     }
-    st->dirty[i] = 1;
+    st->dirty[i] = L2_DIRTY | L2_CHANGED;
     return st->tables[i];
 }
 

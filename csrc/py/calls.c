@@ -55,6 +55,8 @@ int glue_call_run(struct glue_call *c, struct ic_error *err)
         return ic_image_zero(c->img, c->offset, c->length, c->flags, err);
     case GLUE_FLUSH:
         return ic_image_flush(c->img, err);
+    case GLUE_CHECKPOINT:
+        return ic_image_checkpoint(c->img, err);
     case GLUE_FINISH:
         return ic_image_finish(c->img, (int)c->flags, err);
     case GLUE_COPY_START:

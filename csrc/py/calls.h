@@ -18,6 +18,7 @@ enum glue_op {
     GLUE_WRITE,
     GLUE_ZERO,
     GLUE_FLUSH,
+    GLUE_CHECKPOINT,
     GLUE_FINISH,
     GLUE_COPY_START,
     GLUE_COPY_FINISH,

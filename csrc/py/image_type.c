@@ -50,21 +50,22 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
                              "source", "member", "external_files", "no_backing", "share_write",
-                             NULL};
+                             "resume", NULL};
     struct path_arg path = {0};
     int writable = 0, direct = 0, force = 0, force_share = 0, source = 0, external = 0;
-    int no_backing = 0, share_write = 0;
+    int no_backing = 0, share_write = 0, resume = 0;
     struct glue_call call = {.op = GLUE_OPEN};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzppp:Image", kwlist, path_converter,
-                                     &path, &call.format, &writable, &direct, &force,
-                                     &force_share, &source, &call.member, &external,
-                                     &no_backing, &share_write))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzpppp:Image", kwlist,
+                                     path_converter, &path, &call.format, &writable, &direct,
+                                     &force, &force_share, &source, &call.member, &external,
+                                     &no_backing, &share_write, &resume))
         return -1;
     call.path = path.path;
     call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
                  (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
                  (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0) |
-                 (no_backing ? IC_OPEN_NO_BACKING : 0) | (share_write ? IC_OPEN_SHARE_WRITE : 0);
+                 (no_backing ? IC_OPEN_NO_BACKING : 0) | (share_write ? IC_OPEN_SHARE_WRITE : 0) |
+                 (resume ? IC_OPEN_RESUME : 0);
     core_state *st = type_state(Py_TYPE(self));
     int ret = -1;
     if (self->img)
@@ -268,6 +269,15 @@ static PyObject *image_flush(ImageObject *self, PyObject *unused)
     return run_on_image(self, &call) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
+/* ic_image_checkpoint(): what was written so far survives a crash (open
+ * with resume=True to carry on) */
+static PyObject *image_checkpoint(ImageObject *self, PyObject *unused)
+{
+    (void)unused;
+    struct glue_call call = {.op = GLUE_CHECKPOINT};
+    return run_on_image(self, &call) < 0 ? NULL : Py_NewRef(Py_None);
+}
+
 static PyObject *image_cache_stats(ImageObject *self, PyObject *unused)
 {
     (void)unused;
@@ -468,6 +478,7 @@ static PyMethodDef image_methods[] = {
     {"write", KEYWORDS(image_write), NULL},
     {"zero", KEYWORDS(image_zero), NULL},
     {"flush", (PyCFunction)image_flush, METH_NOARGS, NULL},
+    {"checkpoint", (PyCFunction)image_checkpoint, METH_NOARGS, NULL},
     {"cache_stats", (PyCFunction)image_cache_stats, METH_NOARGS, NULL},
     {"drop_cache", (PyCFunction)image_drop_cache, METH_NOARGS, NULL},
     {"reads_file", (PyCFunction)image_reads_file, METH_O, NULL},

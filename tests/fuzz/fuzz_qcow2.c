@@ -12,6 +12,13 @@
  * error is fine; crashing, leaking, hanging or allocating without bound
  * is not (run with -rss_limit_mb and -timeout).
  *
+ * An input marked incomplete (as imgcopy's writer leaves an image a crash
+ * interrupted: seeds/qcow2/resume-*) is also resumed, on a copy,
+ * resumed.qcow2 (IC_OPEN_RDWR | IC_OPEN_RESUME rebuilds the refcounts
+ * from the tables and cuts the file): refused with an error, or read,
+ * written, checkpointed, finished, and then it must open as a complete
+ * image that ic_image_check finds clean and that reads what was written.
+ *
  * At start-up the harness makes a private directory under $TMPDIR (or
  * /tmp) and opens the input there by its absolute path, so that relative
  * backing file names resolve in that directory and nowhere else (the
@@ -22,6 +29,7 @@
  *   base.qcow2   a second copy of the input, so that a chain
  *                input -> base.qcow2 -> ... is hostile at every level
  *   base.raw     a fixed 1 MiB raw file, partly data, partly holes
+ *   resumed.qcow2  a copy of the input, resumed and finished
  * Inputs are written sparse (4 KiB blocks of zeros become holes) so that
  * the metadata-preallocation detector and host-file block status run.
  * The directory is removed at exit; a crash, a timeout or an OOM exits
@@ -32,8 +40,8 @@
 #include "drivers/qcow2_format.h"
 #include "probe.h"
 
-enum { INPUT, BASE_QCOW2, BASE_RAW };
-static const char *const names[] = {"input.qcow2", "base.qcow2", "base.raw"};
+enum { INPUT, BASE_QCOW2, BASE_RAW, RESUMED };
+static const char *const names[] = {"input.qcow2", "base.qcow2", "base.raw", "resumed.qcow2"};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -61,6 +69,7 @@ static void parse_only(const uint8_t *data, size_t size)
     if (!h)
         return;
     size_t n = size < QCOW2_HEADER_READ ? size : QCOW2_HEADER_READ;
+    (void)qcow2_parse_header_as(data, n, QCOW2_PARSE_INCOMPLETE, h, "input", &err);
     if (qcow2_parse_header(data, n, h, "input", &err) == 0) {
         uint8_t *c0 = calloc(1, h->cluster_size);
         if (c0) {
@@ -164,6 +173,87 @@ static void exercise_dirty(struct ic_image *img, const struct ic_bitmap *bitmaps
     dirty_range(img, "imgcopy-fuzz", 0, head_end);
 }
 
+/* An input marked incomplete as imgcopy's writer marks it, as a partial
+ * image to resume writing (IC_OPEN_RESUME, on a copy: the resumed writer
+ * cuts and writes it): refused with an error, or opened (its refcounts
+ * rebuilt from its tables), read, written, checkpointed and finished,
+ * after which it must open as a complete image that the check finds
+ * clean (no corruption, no leak) and that reads what was written. */
+static void exercise_resume(const uint8_t *data, size_t size)
+{
+    /* an image marked complete opens as without the flag: the writer of
+     * existing images, which trusts their refcounts (not what this is
+     * about) */
+    struct qcow2_header h;
+    struct ic_error perr;
+    size_t head = size < QCOW2_HEADER_READ ? size : QCOW2_HEADER_READ;
+    if (qcow2_parse_header_as(data, head, QCOW2_PARSE_INCOMPLETE, &h, "input", &perr) < 0 ||
+        !h.incomplete)
+        return;
+    const char *path = fuzz_path(RESUMED);
+    put_file(path, data, size);
+    struct ic_image *img = NULL;
+    struct ic_error err;
+    if (ic_image_open(path, "qcow2", IC_OPEN_RDWR | IC_OPEN_RESUME, &img, &err) < 0) {
+        if (verbose)
+            fprintf(stderr, "  resume: %s\n", err.msg);
+        if (err.kind != IC_ERR_FORMAT && err.kind != IC_ERR_OS && err.kind != IC_ERR_NOMEM &&
+            err.kind != IC_ERR_VALUE) {
+            fprintf(stderr, "resume: refused with error kind %d: %s\n", err.kind, err.msg);
+            abort();
+        }
+        return;
+    }
+    fuzz_exercise(img, data, size);
+    uint64_t vsize = ic_image_size(img), r = mix(data, size, 7);
+    static uint8_t pattern[65536], back[65536];
+    uint64_t off = 0, len = 0;
+    int ret = 0;
+    if (vsize) {
+        off = r % vsize;
+        len = 1 + (r >> 32) % sizeof pattern;
+        if (len > vsize - off)
+            len = vsize - off;
+        memset(pattern, 0x5a ^ (int)(r & 0xff), (size_t)len);
+        ret = ic_image_pwrite(img, pattern, (size_t)len, off, &err);
+        if (ret == 0)
+            ret = ic_image_checkpoint(img, &err);
+        if (ret == 0 && len > 8)
+            ret = ic_image_zero(img, off + len / 2, len / 4, IC_ZERO_MAY_UNMAP, &err);
+        if (ret == 0 && len > 8)
+            memset(pattern + len / 2, 0, (size_t)(len / 4));
+    }
+    if (ret == 0)
+        ret = ic_image_finish(img, 1, &err);
+    if (verbose)
+        fprintf(stderr, "  resume: opened, wrote %llu+%llu, finished: %s\n",
+                (unsigned long long)off, (unsigned long long)len, ret < 0 ? err.msg : "ok");
+    ic_image_close(img);
+    if (ret < 0)
+        return; /* the writer met what its open let pass (a table it loads) */
+    if (ic_image_open(path, "qcow2", 0, &img, &err) < 0) {
+        fprintf(stderr, "resumed and finished, the image does not open: %s\n", err.msg);
+        abort();
+    }
+    struct ic_check_result cr;
+    if (ic_image_check(img, &cr, &err) < 0 || cr.corruptions || cr.leaks || cr.check_errors) {
+        fprintf(stderr, "resumed and finished, the image is not clean: %llu corruptions, "
+                "%llu leaks, %llu errors\n%.*s\n", (unsigned long long)cr.corruptions,
+                (unsigned long long)cr.leaks, (unsigned long long)cr.check_errors,
+                (int)(cr.messages_len < 4000 ? cr.messages_len : 4000),
+                cr.messages ? cr.messages : "");
+        abort();
+    }
+    ic_check_result_free(&cr);
+    if (len && ic_image_pread(img, back, (size_t)len, off, &err) == 0 &&
+        memcmp(back, pattern, (size_t)len) != 0) {
+        fprintf(stderr, "resumed and finished, %llu+%llu does not read what was written\n",
+                (unsigned long long)off, (unsigned long long)len);
+        abort();
+    }
+    ic_image_close(img);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     parse_only(data, size);
@@ -175,6 +265,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     unsigned flags = (r & 1) ? IC_OPEN_FORCE : 0;
     struct ic_image *img = NULL;
     struct ic_error err;
+    exercise_resume(data, size);
     if (ic_image_open(fuzz_path(INPUT), "qcow2", flags, &img, &err) < 0) {
         if (verbose)
             fprintf(stderr, "  open: %s\n", err.msg);

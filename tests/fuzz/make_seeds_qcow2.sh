@@ -121,6 +121,13 @@ qemu-io -f qcow2 -c "write -P 0xc1 0 4k" -c abort v3-dirty.qcow2 >/dev/null 2>&1
 qemu-img create -q -f raw data.raw 256K
 img -o cluster_size=4096,data_file=data.raw v3-datafile.qcow2 256K
 
+# images imgcopy's writer left incomplete (a crash after a checkpoint), for
+# the resume path: made by imgcopy itself (PYTHON: one that imports it)
+${PYTHON:-python3} "$HERE/make_seeds_qcow2_resume.py" "$TMP" || {
+    echo "make_seeds.sh: the resume seeds need imgcopy built (make build; PYTHON=.venv/bin/python)" >&2
+    exit 1
+}
+
 rm -f base.raw base.qcow2 data.raw
 mkdir -p "$OUT"
 rm -f "$OUT"/*.qcow2
