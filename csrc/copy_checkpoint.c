@@ -301,8 +301,9 @@ int ic_checkpoint_run(struct ic_checkpoint *k, struct ic_error *err)
     int ret = 0;
     if (nsnap == 0 && ntold == 0)
         goto out; /* nothing finished since the last one */
-    /* durable before it is named: the destination first */
-    ret = ic_image_flush(k->dst, err);
+    /* durable before it is named: the destination first (a qcow2 one with
+     * its tables, in an order a crash leaves resumable) */
+    ret = ic_image_checkpoint(k->dst, err);
     if (ret == 0 && k->dsize) {
         ret = record_blocks(k, snap, nsnap, told, ntold, &left, &nleft, &rec, &nrec, err);
     } else if (ret == 0 && nsnap) {

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 NULL_TARGET = "null:"
 # how a partial qcow2 is opened again (its metadata as the last checkpoint left it)
-_RESUME: Dict[str, Any] = {}
+_RESUME: Dict[str, Any] = {"resume": True}
 # the formats the C core writes, and "null", the null target's name
 DEST_FORMATS = _core.writable_formats() + ("null",)
 
