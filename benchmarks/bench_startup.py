@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What starting imgcopy costs: ``import imgcopy``, ``imgcopy --version`` and
+each command on a tiny image (so the start, not the work, is what is timed),
+against the bare interpreter (``python -c pass``), medians of many runs.
+
+    .venv/bin/python benchmarks/bench_startup.py                 # 40 rounds
+    .venv/bin/python benchmarks/bench_startup.py --before DIR    # and DIR's imgcopy, alternating
+    .venv/bin/python benchmarks/bench_startup.py --runs 10 --cases version,info
+
+"after" is the imgcopy this interpreter imports; ``--before DIR`` puts DIR
+(a checkout or an unpacked tree whose imgcopy/ has its _core built, e.g.
+``git archive BASE imgcopy | tar -x -C DIR`` plus the built .so) first on
+PYTHONPATH for the "before" column.  Every round runs every (case, tree) once,
+in an order that rotates, so a loaded machine hits both alike.  Reported per
+case: the median wall time and the median CPU time (user + sys, from
+wait4()) of the process, each also net of the bare interpreter's median;
+and, from one ``-X importtime`` run, how many of imgcopy's modules and which
+heavy standard modules the case imports.  Each tree's package is compiled
+first (``compileall``): runs read bytecode as an installed package's do, even
+under PYTHONDONTWRITEBYTECODE."""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HEAVY = ("argparse", "dataclasses", "inspect", "typing", "json", "re", "ast", "difflib",
+         "struct", "signal", "threading", "enum")
+
+
+def cases(d: str) -> dict:
+    raw, qcow2 = os.path.join(d, "a.raw"), os.path.join(d, "a.qcow2")
+    out = os.path.join(d, "out.raw")
+    m = ["-m", "imgcopy"]
+    return {
+        "bare": ["-c", "pass"],
+        "import": ["-c", "import imgcopy"],
+        "version": m + ["--version"],
+        "help": m + ["--help"],
+        "info": m + ["info", qcow2],
+        "map": m + ["map", qcow2],
+        "convert": m + ["convert", "-O", "raw", qcow2, out],
+        "checksum": m + ["checksum", raw],
+        "compare": m + ["compare", raw, qcow2],
+        "check": m + ["check", qcow2],
+        "measure": m + ["measure", "-O", "qcow2", raw],
+    }
+
+
+def make_images(d: str) -> None:
+    raw = os.path.join(d, "a.raw")
+    with open(raw, "wb") as f:
+        f.truncate(4 << 20)
+        for off in (0, 1 << 20, 3 << 20):
+            f.seek(off)
+            f.write(bytes(range(1, 256)) * 257)
+    subprocess.run([sys.executable, "-m", "imgcopy", "convert", "-O", "qcow2", raw,
+                    os.path.join(d, "a.qcow2")], check=True)
+
+
+def run_once(argv: list, env: dict, cwd: str) -> tuple:
+    """(wall seconds, cpu seconds, exit status) of one run."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, p.returncode
+
+
+def imports(argv: list, env: dict, cwd: str) -> list:
+    p = subprocess.run(argv[:1] + ["-X", "importtime"] + argv[1:], env=env, cwd=cwd,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return [line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines()
+            if line.startswith("import time:") and "|" in line and "self [us]" not in line]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--before", metavar="DIR", help="a tree with imgcopy/ (built) to compare with")
+    ap.add_argument("--cases", help="comma-separated, of: " + ", ".join(cases("")))
+    args = ap.parse_args()
+
+    work = tempfile.mkdtemp(prefix="imgcopy-startup-")
+    make_images(work)
+    table = cases(work)
+    names = ["bare"] + [c for c in (args.cases.split(",") if args.cases else table) if c != "bare"]
+    trees = {"after": dict(os.environ)}
+    if args.before:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.before)] +
+                                            [p for p in [env.get("PYTHONPATH")] if p])
+        trees = {"before": env, "after": dict(os.environ)}
+    for env in trees.values():  # bytecode, as pip leaves an installed package
+        where = subprocess.run([sys.executable, "-c", "import imgcopy; print(imgcopy.__path__[0])"],
+                               env=env, cwd=work, check=True, capture_output=True, text=True)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", where.stdout.strip()],
+                       check=True)
+    jobs = [(c, t) for c in names for t in trees]
+    times: dict = {j: [] for j in jobs}
+    for c, t in jobs:  # warm-up, and the exit status each must have
+        w = run_once([sys.executable] + table[c], trees[t], work)
+        if w[2] not in (0, 63):  # check of a raw image: qemu-img's 63
+            print(f"{c} ({t}) exits {w[2]}", file=sys.stderr)
+            return 1
+    for r in range(args.runs):
+        k = r % len(jobs)
+        for c, t in jobs[k:] + jobs[:k]:
+            times[(c, t)].append(run_once([sys.executable] + table[c], trees[t], work))
+
+    def med(c: str, t: str, i: int) -> float:
+        return statistics.median(x[i] for x in times[(c, t)]) * 1000
+
+    print(f"{sys.executable}, {args.runs} rounds, medians in ms (net: minus `python -c pass`)")
+    head = f"{'case':<10}"
+    for t in trees:
+        head += f" {t + ' wall':>12} {'net':>6} {'cpu':>6} {'net':>6}"
+    print(head + "   imports: imgcopy modules (" + "/".join(trees) + "), heavy stdlib (after)")
+    for c in names:
+        line = f"{c:<10}"
+        for t in trees:
+            wall, cpu = med(c, t, 0), med(c, t, 1)
+            line += (f" {wall:>12.1f} {wall - med('bare', t, 0):>6.1f}"
+                     f" {cpu:>6.1f} {cpu - med('bare', t, 1):>6.1f}")
+        counts = []
+        for t in trees:
+            mods = imports([sys.executable] + table[c], trees[t], work)
+            counts.append(str(sum(m == "imgcopy" or m.startswith("imgcopy.") for m in mods)))
+        heavy = [h for h in HEAVY if h in mods]
+        print(f"{line}   {'/'.join(counts):>5}  {' '.join(heavy)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
