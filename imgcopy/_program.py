@@ -4,7 +4,6 @@ answers it, ends the command with ``imgcopy: interrupted`` and exit status
 130, as one that comes later does, instead of a traceback.  The package
 imports this first; it uses nothing but sys and os (loaded with the
 interpreter), so it is there when the package's other imports fail."""
-from __future__ import annotations
 
 import os
 import sys

@@ -79,9 +79,11 @@ def test_sigint_during_an_import(long_source, hooked_env, how, module):
 
 
 def test_a_program_that_imports_imgcopy_gets_its_keyboardinterrupt(hooked_env):
-    """Only the command exits: another program sees the KeyboardInterrupt."""
+    """Only the command exits: another program sees the KeyboardInterrupt
+    (here while the package imports a name the program asks for: the
+    package imports its modules as their names are first used)."""
     code = ("try:\n"
-            "    import imgcopy\n"
+            "    from imgcopy import convert\n"
             "except KeyboardInterrupt:\n"
             "    print('caught')\n")
     env = dict(hooked_env, IMGCOPY_TEST_SIGINT_AT="imgcopy.convert")
