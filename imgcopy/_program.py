@@ -46,8 +46,15 @@ def interrupted_while_starting() -> None:
 
 def main() -> int:
     """The command: ``cli.main()``, whose import a Ctrl-C may interrupt too
-    (the package's own imports answer one that comes before)."""
+    (the package's own imports answer one that comes before).
+    ``imgcopy --version`` alone is answered here, as the parser's --version
+    answers it, without building the parser: it imports only the C core."""
     try:
+        if sys.argv[1:] == ["--version"]:
+            from .features import version_text
+
+            print(version_text())
+            return 0
         from .cli import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("imgcopy: interrupted\n")

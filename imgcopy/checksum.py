@@ -7,14 +7,12 @@ import os
 from typing import Any, Optional, Tuple
 
 from . import _core
+from ._defaults import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE
 from .errors import Error
 from ._keywords import suggest_keywords
 from .image import Image, PathArg
 from .progress import _progress_adapter, close_progress, make_progress
 from .sizes import Size, parse_size
-
-DEFAULT_ALGORITHM = "sha256"
-DEFAULT_BLOCK_SIZE = 65536
 
 
 class ChecksumMismatch(Error):

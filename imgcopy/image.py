@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _core
+from ._defaults import FORMATS
 from ._keywords import suggest_keywords
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
@@ -14,8 +15,6 @@ if TYPE_CHECKING:
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-# the formats the C core reads (csrc/registry.c)
-FORMATS = _core.formats()
 MODES = ("r", "r+")
 
 

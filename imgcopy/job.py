@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
+from ._defaults import DEST_FORMATS
 from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from ._core import CacheStats, CopyReport
 
 NULL_TARGET = "null:"
-# the formats the C core writes, and "null", the null target's name
-DEST_FORMATS = _core.writable_formats() + ("null",)
 
 
 @dataclass

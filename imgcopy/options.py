@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
+from ._defaults import COPY_DEFAULTS
 from ._keywords import suggest_keywords
 from .sizes import Size, parse_size
 
 # the engine's defaults are the C core's (csrc/options.c says why these)
-_DEFAULTS = _core.copy_option_defaults()
+_DEFAULTS = COPY_DEFAULTS
 
 _Options = TypeVar("_Options", "CopyOptions", "CreateOptions")
 
