@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from . import (cli_check, cli_checksum, cli_compare, cli_convert, cli_convert_many, cli_info,
@@ -20,14 +21,42 @@ COMMANDS = (cli_map, cli_info, cli_check, cli_convert, cli_convert_many, cli_mea
             cli_checksum)
 
 
+def _columns() -> int:
+    """The terminal's width as shutil.get_terminal_size() finds it: $COLUMNS,
+    else stdout's terminal, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    stdout = sys.__stdout__
+    if columns <= 0 and stdout is not None:
+        try:
+            columns = os.get_terminal_size(stdout.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, given the width it would ask shutil for: argparse makes a
+    formatter for every argument added, and shutil's import (bz2, lzma,
+    fnmatch) would cost every command's start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if len(args) < 4 and kwargs.get("width") is None:
+            kwargs["width"] = _columns() - 2  # as argparse takes it
+        super().__init__(*args, **kwargs)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse without abbreviations: ``--target-is`` is no ``--target-is-zero``
     (an abbreviation that works today breaks when a flag sharing its prefix
-    is added).  Subparsers are made of the parser's class, so every command
-    gets it."""
+    is added), and with _Formatter.  Subparsers are made of the parser's
+    class, so every command gets both."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
 
 
