@@ -424,10 +424,11 @@ def test_member_with_missing_backing_member(tmp_path):
 
 
 def test_results_behave_as_the_dataclasses_they_were():
-    """ImageInfo, Snapshot and Bitmap are plain classes (importing
-    dataclasses would cost `imgcopy info` most of its start): a repr and ==
-    over their fields in order, Snapshot and Bitmap frozen and hashable,
-    ImageInfo mutable and unhashable; they copy, pickle and match."""
+    """ImageInfo, Snapshot and Bitmap, CompareResult and CheckResult are
+    plain classes (importing dataclasses would cost `imgcopy info` most of
+    its start): a repr and == over their fields in order, Snapshot and
+    Bitmap frozen and hashable, the others mutable and unhashable; they
+    copy, pickle and match."""
     import copy
     import pickle
 
@@ -466,3 +467,13 @@ def test_results_behave_as_the_dataclasses_they_were():
         bm.auto = False
     assert pickle.loads(pickle.dumps(bm)) == bm
     assert imgcopy.Bitmap.__match_args__ == ("name", "granularity", "in_use", "auto")
+
+    c = imgcopy.CompareResult(True, "identical", None, "Images are identical.", False, 1, 1,
+                              progress=[(100.0, False)])
+    assert "progress" not in repr(c) and repr(c).startswith("CompareResult(identical=True, ")
+    assert c == imgcopy.CompareResult(True, "identical", None, "Images are identical.", False,
+                                      1, 1, progress=[(100.0, False)])
+    assert imgcopy.CompareResult(False, "size", None, "", True, 1, 2).progress == []
+    k = imgcopy.CheckResult("a.qcow2", "qcow2", leaks=2)
+    assert (k.messages, k.member, k.ok, k.exit_code) == ([], None, False, 3)
+    assert pickle.loads(pickle.dumps(k)) == k and k != imgcopy.CheckResult("a.qcow2", "qcow2")
