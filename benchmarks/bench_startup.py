@@ -14,8 +14,9 @@ PYTHONPATH for the "before" column.  Every round runs every (case, tree) once,
 in an order that rotates, so a loaded machine hits both alike.  Reported per
 case: the median wall time and the median CPU time (user + sys, from
 wait4()) of the process, each also net of the bare interpreter's median;
-and, from one ``-X importtime`` run, how many of imgcopy's modules and which
-heavy standard modules the case imports.  Each tree's package is compiled
+and, from one more run, how many of imgcopy's modules and which heavy
+standard modules the case imports (sys.modules as it exits, written by a
+sitecustomize: ``-X importtime`` misses what ``from . import x`` imports).  Each tree's package is compiled
 first (``compileall``): runs read bytecode as an installed package's do, even
 under PYTHONDONTWRITEBYTECODE."""
 from __future__ import annotations
@@ -28,7 +29,7 @@ import sys
 import tempfile
 import time
 
-HEAVY = ("argparse", "dataclasses", "inspect", "typing", "json", "re", "ast", "difflib",
+HEAVY = ("argparse", "dataclasses", "inspect", "typing", "json", "re", "shutil", "difflib",
          "struct", "signal", "threading", "enum")
 
 
@@ -73,11 +74,27 @@ def run_once(argv: list, env: dict, cwd: str) -> tuple:
     return wall, usage.ru_utime + usage.ru_stime, p.returncode
 
 
+HOOK = """import atexit, os, sys
+def _dump(path=os.environ.pop("BENCH_MODULES_OUT", None)):
+    if path:
+        with open(path, "w") as f:
+            f.write("\\n".join(sys.modules))
+atexit.register(_dump)
+"""
+
+
 def imports(argv: list, env: dict, cwd: str) -> list:
-    p = subprocess.run(argv[:1] + ["-X", "importtime"] + argv[1:], env=env, cwd=cwd,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return [line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines()
-            if line.startswith("import time:") and "|" in line and "self [us]" not in line]
+    """The modules in sys.modules when ``argv`` exits."""
+    hook = os.path.join(cwd, "hook")
+    os.makedirs(hook, exist_ok=True)
+    with open(os.path.join(hook, "sitecustomize.py"), "w") as f:
+        f.write(HOOK)
+    out = os.path.join(cwd, "modules.txt")
+    env = dict(env, BENCH_MODULES_OUT=out, PYTHONPATH=os.pathsep.join(
+        [hook] + [p for p in [env.get("PYTHONPATH")] if p]))
+    subprocess.run(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(out) as f:
+        return f.read().split("\n")
 
 
 def main() -> int:
