@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import errno as _errno
 import os
-from typing import List, Optional, Union
 
 from . import _core
 from ._keywords import suggest_keywords
 from ._records import Record
 from .info import _json_text, qemu_json
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import List, Optional, Union
 
 __all__ = ["CheckResult", "check"]
 

@@ -3,13 +3,18 @@ only what the two extent maps say may differ."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
 from ._keywords import suggest_keywords
 from ._records import Record
 from .errors import ImageFormatError
-from .image import Image, PathArg
+from .image import Image
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Callable, List, Optional, Tuple
+
+    from .image import PathArg
 
 IDENTICAL = "Images are identical."
 SIZE_WARNING = "Warning: Image size mismatch!"

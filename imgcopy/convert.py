@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
-from .image import PathArg, source_member
+from .image import source_member
 from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
-from .progress import Progress
-from .sizes import Size
+
+if TYPE_CHECKING:
+    from .image import PathArg
+    from .progress import Progress
+    from .sizes import Size
 
 
 @suggest_keywords

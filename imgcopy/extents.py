@@ -1,14 +1,24 @@
 """Extents and extent maps, in qemu-img map's vocabulary."""
 from __future__ import annotations
 
+import collections.abc
 import os
 import struct
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
-    overload
+from collections import namedtuple
 
 from . import _core
 from .sizes import KINDS, LABELS, human_size, share_text  # noqa: F401 (the views' words)
 from .uris import qemu_filename
+
+# typing's import is not paid to start a command (map, info): what a type
+# checker reads of typing is here, the running code does without it
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import (Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+                        Union, overload)
+else:
+    def overload(func):
+        return func
 
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
@@ -51,7 +61,24 @@ _DATA, _ZERO, _PRESENT = _core.EXTENT_DATA, _core.EXTENT_ZERO, _core.EXTENT_PRES
 _OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
 
 
-class Extent(NamedTuple):
+if TYPE_CHECKING:
+    class _ExtentFields(NamedTuple):
+        start: int
+        length: int
+        depth: int
+        present: bool
+        zero: bool
+        data: bool
+        host_offset: Optional[int]
+        compressed: bool = False
+        zeroed: bool = False
+else:  # the same tuple, of collections' namedtuple (typing's NamedTuple makes one too)
+    _ExtentFields = namedtuple(
+        "Extent", ["start", "length", "depth", "present", "zero", "data", "host_offset",
+                   "compressed", "zeroed"], defaults=(False, False))
+
+
+class Extent(_ExtentFields):
     """A run of guest bytes with the same block status.
 
     ``start`` (and every other offset imgcopy names so) is a guest offset.
@@ -63,17 +90,12 @@ class Extent(NamedTuple):
     grain, a vhdx zero block) and hides what the layers below it hold.
     A raw file's holes, which qemu calls present, are not zeroed, nor are
     the zeros of the last layer of a chain (nothing is below them to hide:
-    to a reader they are holes, whatever the format calls them)."""
+    to a reader they are holes, whatever the format calls them).
+    Fields: ``start``, ``length``, ``depth``, ``present``, ``zero``,
+    ``data``, ``host_offset``, ``compressed`` (False) and ``zeroed``
+    (False)."""
 
-    start: int
-    length: int
-    depth: int
-    present: bool
-    zero: bool
-    data: bool
-    host_offset: Optional[int]
-    compressed: bool = False
-    zeroed: bool = False
+    __slots__ = ()
 
     @classmethod
     def unpack(cls, packed: bytes, index: int = 0,
@@ -114,7 +136,7 @@ class Extent(NamedTuple):
         return d
 
 
-class ExtentMap(Sequence[Extent]):
+class ExtentMap(collections.abc.Sequence[Extent]):
     """The extents of ``[start, end)`` of an image, neighbours merged as
     qemu-img map merges them.  Extents stay packed in C until asked for."""
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _core
 from ._defaults import FORMATS
@@ -10,10 +9,14 @@ from ._keywords import suggest_keywords
 from ._records import FrozenRecord
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
 if TYPE_CHECKING:
+    from typing import List, Optional, Union
+
     from ._core import CacheStats
 
-PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+    # (for annotations: a type checker's name only)
+    PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
 MODES = ("r", "r+")
 

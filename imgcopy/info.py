@@ -4,15 +4,20 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
 from .extents import QEMU_SECTOR, packed_struct
 from ._keywords import suggest_keywords
 from ._records import FrozenRecord, Record
-from .image import Image, PathArg, open as open_image
+from .image import Image, open as open_image
 from .sizes import human_size
 from .uris import is_nbd_uri, qemu_filename
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .image import PathArg
 
 _U64 = 1 << 64
 

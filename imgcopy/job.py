@@ -12,13 +12,16 @@ from ._defaults import DEST_FORMATS
 from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
-from .image import Image, PathArg, _check_format
+from .image import Image, _check_format
 from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
-from .progress import Progress, _progress_adapter, close_progress, make_progress
-from .sizes import Size, parse_size
+from .progress import _progress_adapter, close_progress, make_progress
+from .sizes import parse_size
 
 if TYPE_CHECKING:
     from ._core import CacheStats, CopyReport
+    from .image import PathArg
+    from .progress import Progress
+    from .sizes import Size
 
 NULL_TARGET = "null:"
 
