@@ -106,12 +106,12 @@ def register(subparsers: Any) -> None:
 
 def _changed(spec: Optional[str]) -> Any:
     """--changed: "compare", or the ranges a JSON file lists."""
-    import json
-
     from .changes import COMPARE
 
     if spec is None or spec == COMPARE:
         return spec
+    import json
+
     try:
         with open(spec, "rb") as f:
             ranges = json.load(f)
@@ -211,10 +211,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _ignore_sigint() -> None:
     import signal
-    import threading
 
-    if threading.current_thread() is threading.main_thread():
+    try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a caller's): its handlers are not ours to change
+        pass
 
 
 def _copy_options(args: argparse.Namespace) -> CopyOptions:
