@@ -134,6 +134,12 @@ def test_sigint_at_early_delays(long_source, imgcopy_env, how):
             # the interpreter ends) death by SIGINT, which a shell shows as 130
             assert p.returncode in (130, -signal.SIGINT) and out == b"", (delay, p.returncode)
             ours += 1
+        elif err.startswith("Exception ignored in: <function _get_module_lock.") and \
+                err.rstrip().endswith("KeyboardInterrupt:"):
+            # CPython's import machinery dropped it (raised in a module
+            # lock's weakref callback, any import's, it can only be
+            # printed): the command went on, whatever its version
+            assert PACKAGE_DIR not in err and p.returncode == 0, (delay, p.returncode, err)
         else:
             # Python's own start: no frame of imgcopy's, whatever it prints
             assert PACKAGE_DIR not in err, (delay, p.returncode, err)
