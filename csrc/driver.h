@@ -104,6 +104,15 @@ struct ic_driver {
     /* The persistent bitmaps found at open: the first `cap` into `out`;
      * returns how many there are (see ic_image_bitmaps). */
     size_t (*bitmaps)(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+    /* A persistent bitmap's dirty map (see ic_image_dirty_status): append
+     * contiguous extents from exactly `start`, none past `end`, IC_EXT_DIRTY
+     * or no flag, as far as is cheap (at least one extent).  The image
+     * layer has checked the range and, for a driver with bitmaps(), that
+     * `bitmap` is one it lists and not in use; a driver without it refuses
+     * a name it lacks itself (a value error listing those it has).  Any
+     * thread. */
+    int (*dirty_status)(struct ic_image *img, const char *bitmap, uint64_t start, uint64_t end,
+                        struct ic_extent_list *out, struct ic_error *err);
     /* What the header says, and the format's facts, for info and measure
      * (`out` arrives zeroed). */
     void (*describe)(struct ic_image *img, struct ic_image_info *out);

@@ -181,6 +181,127 @@ int ic_image_map(struct ic_image *img, uint64_t start, uint64_t end,
     return 0;
 }
 
+/* The bitmap `name` can be read as a dirty map: the driver reads bitmaps,
+ * has one of that name, and qemu would use it.  Otherwise the error says
+ * which bitmaps there are.  A driver that does not list its bitmaps (a
+ * remote export, where listing costs a connection) checks the name itself
+ * when it reads the bitmap. */
+static int dirty_bitmap_usable(struct ic_image *img, const char *name, struct ic_error *err)
+{
+    if (!name)
+        return ic_error_value(err, "a dirty map needs a bitmap's name");
+    if (!img->drv->dirty_status)
+        return ic_error_value(err, "%s: %s images keep no persistent dirty bitmaps "
+                              "(no bitmap '%.64s')", img->path, ic_image_format(img), name);
+    if (!img->drv->bitmaps)
+        return 0;
+    size_t n = img->drv->bitmaps(img, NULL, 0);
+    struct ic_bitmap *list = n ? calloc(n, sizeof *list) : NULL;
+    if (n && !list)
+        return ic_error_nomem(err);
+    n = img->drv->bitmaps(img, list, n); /* fewer, if the image was written meanwhile */
+    size_t i = 0;
+    while (i < n && strcmp(list[i].name, name) != 0)
+        i++;
+    if (i < n) {
+        unsigned flags = list[i].flags;
+        free(list);
+        if (flags & IC_BITMAP_IN_USE)
+            /* qemu's words (bdrv_dirty_bitmap_check); qemu-img convert
+             * --bitmaps suggests the same remedy */
+            return ic_error_format(err, img->path, "Bitmap '%.64s' is inconsistent and "
+                                   "cannot be used (a program had the image open for "
+                                   "writing and did not close it, so its bits may be "
+                                   "stale: 'qemu-img bitmap --remove' deletes it)", name);
+        return 0;
+    }
+    /* qemu-nbd's words, and the names there are, as many as fit */
+    char names[IC_ERROR_MSG_MAX / 2] = "";
+    size_t len = 0;
+    for (i = 0; i < n && len < sizeof names; i++) {
+        int w = snprintf(names + len, sizeof names - len, "%s'%.64s'", i ? ", " : "",
+                         list[i].name);
+        if (w < 0 || (size_t)w >= sizeof names - len) {
+            snprintf(names + len, sizeof names - len, ", ...");
+            break;
+        }
+        len += (size_t)w;
+    }
+    free(list);
+    if (n == 0)
+        return ic_error_value(err, "%s: Bitmap '%.64s' is not found (the image has no "
+                              "bitmaps)", img->path, name);
+    return ic_error_value(err, "%s: Bitmap '%.64s' is not found (the image has %zu: %s)",
+                          img->path, name, n, names);
+}
+
+/* What a driver appended from `first` on: contiguous extents from `start`
+ * inside `end`, at least one, flagged dirty or not at all. */
+static int dirty_answer_ok(struct ic_image *img, const struct ic_extent_list *out,
+                           size_t first, uint64_t start, uint64_t end, struct ic_error *err)
+{
+    uint64_t pos = start;
+    for (size_t i = first; i < out->count; i++) {
+        const struct ic_extent *e = &out->items[i];
+        if (e->start != pos || e->length == 0 || e->length > end - pos ||
+            (e->flags & ~(uint32_t)IC_EXT_DIRTY))
+            return ic_error_format(err, img->path, "the dirty map's extent at %llu does not "
+                                   "follow the one before (at %llu)",
+                                   (unsigned long long)e->start, (unsigned long long)pos);
+        pos += e->length;
+    }
+    if (pos == start)
+        return ic_error_format(err, img->path, "the dirty map says nothing of offset %llu",
+                               (unsigned long long)start);
+    return 0;
+}
+
+int ic_image_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start,
+                          uint64_t end, struct ic_extent_list *out, struct ic_error *err)
+{
+    if (start >= end || check_range(img, start, end - start, err) < 0)
+        return ic_error_value(err, "dirty status of %llu..%llu: not a range inside the "
+                              "image (size %llu)", (unsigned long long)start,
+                              (unsigned long long)end, (unsigned long long)img->size);
+    if (dirty_bitmap_usable(img, bitmap, err) < 0)
+        return -1;
+    size_t first = out->count;
+    if (img->drv->dirty_status(img, bitmap, start, end, out, err) < 0 ||
+        dirty_answer_ok(img, out, first, start, end, err) < 0) {
+        out->count = first;
+        return -1;
+    }
+    return 0;
+}
+
+int ic_image_dirty_map(struct ic_image *img, const char *bitmap, uint64_t start,
+                       uint64_t length, struct ic_extent_list *out, struct ic_error *err)
+{
+    if (check_range(img, start, length, err) < 0)
+        return -1;
+    if (dirty_bitmap_usable(img, bitmap, err) < 0)
+        return -1;
+    /* each answer joins the one before it where their flags agree */
+    struct ic_extent_list part = {0};
+    size_t first = out->count;
+    uint64_t pos = start, end = start + length;
+    int ret = 0;
+    while (ret == 0 && pos < end) {
+        part.count = 0;
+        ret = img->drv->dirty_status(img, bitmap, pos, end, &part, err);
+        if (ret == 0)
+            ret = dirty_answer_ok(img, &part, 0, pos, end, err);
+        for (size_t i = 0; ret == 0 && i < part.count; i++) {
+            ret = ic_extent_list_join(out, first, &part.items[i], err);
+            pos += part.items[i].length;
+        }
+    }
+    ic_extent_list_free(&part);
+    if (ret < 0)
+        out->count = first;
+    return ret;
+}
+
 int ic_image_pread(struct ic_image *img, void *buf, size_t len, uint64_t offset,
                    struct ic_error *err)
 {

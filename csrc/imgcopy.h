@@ -21,7 +21,10 @@ enum {
     IC_EXT_PRESENT = 1u << 2,      /* allocated at `depth` of the chain     */
     IC_EXT_OFFSET_VALID = 1u << 3, /* host_offset means something           */
     IC_EXT_COMPRESSED = 1u << 4,
-    IC_EXT_DIRTY = 1u << 5, /* a dirty map's: changed since the bitmap began */
+    /* a dirty map's (ic_image_dirty_status): a persistent bitmap marks the
+     * range changed since it was started; the other flags then say nothing
+     * (ic_extents_mark_dirty sets it on an extent map's extents) */
+    IC_EXT_DIRTY = 1u << 5,
 };
 
 struct ic_extent {
@@ -298,6 +301,42 @@ struct ic_bitmap {
  * date, and marks them invalid as qemu's readers expect). */
 size_t ic_image_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
 
+/* Dirty maps: where persistent bitmap `bitmap` of the image's own layer
+ * (never its backing chain's) marks guest bytes changed since it was
+ * started.  Extents of a dirty map carry IC_EXT_DIRTY (changed) or no flag
+ * (clean), depth 0, no host offset; a bitmap marks whole granules, so
+ * dirty ranges start and end on its granularity (or where the range asked
+ * for starts or ends, or at the image's end).
+ *
+ * The errors, whatever the image's driver (a qcow2 image's bitmaps
+ * extension, an NBD export's qemu:dirty-bitmap:NAME contexts):
+ *   IC_ERR_VALUE   the format keeps no bitmaps, or none of that name (the
+ *                  message lists those there are);
+ *   IC_ERR_FORMAT  the bitmap is one qemu refuses: in use (a program had
+ *                  it open for writing and did not close it), with qemu's
+ *                  "Bitmap 'NAME' is inconsistent and cannot be used";
+ *                  a corrupt bitmap table;
+ *   IC_ERR_OS      its bits could not be read.
+ * A disabled bitmap (not IC_BITMAP_AUTO) is read as any other. */
+
+/* Contiguous extents appended to `out` from exactly `start`, none past
+ * `end` (start < end <= the image's size), as many as the driver finds
+ * cheaply (a bitmap cluster or a reply): at least one.  Neighbours it
+ * appends differ in flags; the caller asks again from where they end. */
+int ic_image_dirty_status(struct ic_image *img, const char *bitmap, uint64_t start,
+                          uint64_t end, struct ic_extent_list *out, struct ic_error *err);
+/* The dirty map of [start, start + length): extents appended to `out`
+ * tiling the range, neighbours merged (an empty range appends none). */
+int ic_image_dirty_map(struct ic_image *img, const char *bitmap, uint64_t start,
+                       uint64_t length, struct ic_extent_list *out, struct ic_error *err);
+/* An extent map (`ext`, `n` extents tiling a range) with a dirty map laid
+ * over it: each extent cut where `dirty` (sorted, not overlapping) changes
+ * between dirty and clean, IC_EXT_DIRTY set on the pieces inside its dirty
+ * extents (host offsets follow the cuts); neighbours merged as qemu-img
+ * map merges them.  Pure. */
+int ic_extents_mark_dirty(const struct ic_extent *ext, size_t n, const struct ic_extent *dirty,
+                          size_t ndirty, struct ic_extent_list *out, struct ic_error *err);
+
 /* What qemu-img info reports of an image beyond its sizes, as its format's
  * driver parsed it (info never parses a header a second time). */
 enum ic_info_kind {
@@ -347,12 +386,24 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
                           uint64_t tail_end, const char *const *names, size_t nnames,
                           struct ic_error *err);
 
+/* A dirty map's output, merging neighbours by IC_EXT_DIRTY alone (what
+ * nbdinfo --map=qemu:dirty-bitmap:NAME tells, in qemu-img map's shapes):
+ * JSON, one entry per range, `{ "start": S, "length": L, "dirty": B}`
+ * (an empty list prints a zero-length clean entry at `start`); human,
+ * the dirty ranges only, as qemu-img map prints data ranges, under
+ * "Offset  Length  File" naming `file`.  malloc'ed, NUL terminated. */
+char *ic_format_dirty_json(const struct ic_extent *ext, size_t n, uint64_t start,
+                           struct ic_error *err);
+char *ic_format_dirty_human(const struct ic_extent *ext, size_t n, const char *file,
+                            struct ic_error *err);
+
 /* Bytes of a list of extents by flag. */
 struct ic_extent_totals {
     uint64_t data;
     uint64_t zero;
     uint64_t present;
     uint64_t compressed;
+    uint64_t dirty;
 };
 void ic_extent_totals(const struct ic_extent *ext, size_t n, struct ic_extent_totals *out);
 

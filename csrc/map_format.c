@@ -169,3 +169,51 @@ char *ic_format_map_human(const struct ic_extent *ext, size_t n, uint64_t start,
     }
     return sb_finish(&b, err);
 }
+
+/* The next range of one state, dirty or clean: neighbours merged whatever
+ * their other flags (an extent map with a dirty map laid over it). */
+static int next_dirty_range(const struct ic_extent *ext, size_t n, size_t *i, uint64_t *start,
+                            uint64_t *length, int *dirty)
+{
+    if (*i >= n)
+        return 0;
+    *start = ext[*i].start;
+    *length = ext[*i].length;
+    *dirty = (ext[*i].flags & IC_EXT_DIRTY) != 0;
+    for ((*i)++; *i < n && ((ext[*i].flags & IC_EXT_DIRTY) != 0) == *dirty &&
+                 ext[*i].start == *start + *length;
+         (*i)++)
+        *length += ext[*i].length;
+    return 1;
+}
+
+char *ic_format_dirty_json(const struct ic_extent *ext, size_t n, uint64_t start,
+                           struct ic_error *err)
+{
+    struct strbuf b = {0};
+    uint64_t s, len;
+    int dirty;
+    size_t i = 0;
+    sb_printf(&b, "[");
+    if (n == 0) /* as qemu-img map says of an empty range */
+        sb_printf(&b, "{ \"start\": %" PRIu64 ", \"length\": 0, \"dirty\": false}", start);
+    for (int first = 1; next_dirty_range(ext, n, &i, &s, &len, &dirty); first = 0)
+        sb_printf(&b, "%s{ \"start\": %" PRIu64 ", \"length\": %" PRIu64 ", \"dirty\": %s}",
+                  first ? "" : ",\n", s, len, dirty ? "true" : "false");
+    sb_printf(&b, "]\n");
+    return sb_finish(&b, err);
+}
+
+char *ic_format_dirty_human(const struct ic_extent *ext, size_t n, const char *file,
+                            struct ic_error *err)
+{
+    struct strbuf b = {0};
+    uint64_t s, len;
+    int dirty;
+    size_t i = 0;
+    sb_printf(&b, "%-16s%-16s%s\n", "Offset", "Length", "File");
+    while (next_dirty_range(ext, n, &i, &s, &len, &dirty))
+        if (dirty)
+            sb_printf(&b, "%#-16" PRIx64 "%#-16" PRIx64 "%s\n", s, len, file);
+    return sb_finish(&b, err);
+}

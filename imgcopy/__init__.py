@@ -6,7 +6,7 @@ try:
     # everything here is in the try: a Ctrl-C may come at any line
     __all__ = ["Bitmap", "CopyOptions", "CopyPlan", "CopyResult", "CreateOptions", "Error",
                "ImageFormatError", "Extent", "ExtentMap", "Image", "Qcow2Options", "Request",
-               "convert", "map", "open", "plan", "ImageInfo", "info", "__version__",
+               "convert", "dirty_map", "map", "open", "plan", "ImageInfo", "info", "__version__",
                "MeasureResult", "measure", "CompareResult", "compare",
                "checksum", "checksum_algorithms", "ChecksumMismatch",
                "CheckResult", "check", "compression_libraries", "features",
@@ -23,7 +23,8 @@ try:
         "ChecksumMismatch": "checksum", "checksum": "checksum", "checksum_algorithms": "checksum",
         "Extent": "extents", "ExtentMap": "extents",
         "features": "features",
-        "Bitmap": "image", "Image": "image", "map": "image", "open": "image",
+        "Bitmap": "image", "Image": "image", "dirty_map": "image", "map": "image",
+        "open": "image",
         "ImageInfo": "info", "info": "info",
         "CopyOptions": "options", "CreateOptions": "options", "Qcow2Options": "options",
         "compression_libraries": "options",
@@ -42,7 +43,7 @@ try:
         from .checksum import ChecksumMismatch, checksum, checksum_algorithms
         from .extents import Extent, ExtentMap
         from .features import features
-        from .image import Bitmap, Image, map, open
+        from .image import Bitmap, Image, dirty_map, map, open
         from .info import ImageInfo, info
         from .options import CopyOptions, CreateOptions, Qcow2Options, compression_libraries
         from .plan import CopyPlan, Request, plan

@@ -16,6 +16,7 @@ EXTENT_ZERO: int
 EXTENT_PRESENT: int
 EXTENT_OFFSET_VALID: int
 EXTENT_COMPRESSED: int
+EXTENT_DIRTY: int
 SNAPSHOT_SIZE: int
 REQUEST_SIZE: int
 REQ_WRITE: int
@@ -135,6 +136,11 @@ class Image:
         """The extent at ``offset``, packed (struct ic_extent)."""
     def map(self, start: int, end: int) -> bytes:
         """The extents of [start, end), packed (struct ic_extent array)."""
+    def dirty_map(self, bitmap: Union[str, bytes], start: int, end: int) -> bytes:
+        """The dirty map of [start, end) of persistent bitmap ``bitmap``,
+        packed: extents flagged EXTENT_DIRTY or not at all, neighbours
+        merged; ValueError for no such bitmap, ImageFormatError for one
+        qemu refuses (in use)."""
     def read(self, offset: int, length: int) -> bytes: ...
     def write(self, offset: int, data: bytes) -> None: ...
     def zero(self, offset: int, length: int, flags: int = ...) -> None: ...
@@ -215,8 +221,15 @@ def format_map(packed: bytes, start: int, tail_end: int,
                names: Optional[Union[str, bytes]] = ...) -> str:
     """qemu-img map's output: JSON, or human with ``names`` (the file of
     each depth of the chain, NUL-separated)."""
-def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int]:
-    """(data, zero, present, compressed) bytes of packed extents."""
+def extent_totals(packed: bytes, /) -> Tuple[int, int, int, int, int]:
+    """(data, zero, present, compressed, dirty) bytes of packed extents."""
+def mark_dirty(packed: bytes, dirty: bytes, /) -> bytes:
+    """The packed extents cut where the packed dirty map ``dirty`` changes,
+    EXTENT_DIRTY set inside its dirty extents, merged as qemu-img map
+    merges."""
+def format_dirty_map(packed: bytes, start: int, file: Optional[Union[str, bytes]] = ...) -> str:
+    """A dirty map's output, neighbours merged by EXTENT_DIRTY alone: JSON
+    (start, length, dirty), or human naming ``file`` (dirty ranges only)."""
 
 # ---- compare (csrc/py/compare.c) ------------------------------------------
 

@@ -20,7 +20,8 @@ class DrawnExtent(Protocol):
 
 
 class DrawnExtentMap(Protocol):
-    """An extent map (ExtentMap) of the guest range [start, end)."""
+    """An extent map (ExtentMap) of the guest range [start, end); a dirty
+    map names its ``bitmap``."""
 
     @property
     def start(self) -> int: ...
@@ -45,6 +46,12 @@ class DrawnExtentMap(Protocol):
 
     @property
     def compressed_bytes(self) -> int: ...
+
+    @property
+    def bitmap(self) -> Optional[str]: ...
+
+    @property
+    def dirty_bytes(self) -> int: ...
 
     def __len__(self) -> int: ...
 

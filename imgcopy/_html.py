@@ -13,12 +13,13 @@ from .sizes import LABELS, human_size, parse_size, share_text
 
 # Shared with the matplotlib plot (imgcopy/_plot.py).  Every kind has at
 # least 3:1 contrast with the hole colour (WCAG 1.4.11, graphics), and the
-# hues (blue, orange, teal, purple) stay apart for colour-blind readers and
-# in greyscale from the holes.
-COLORS = {"data": "#0b4f9c", "backing": "#c46a00", "zero": "#138a8a", "zeroed": "#9b3f8c",
-          "hole": "#f0f0f0"}
-# stacking order in a column, bottom first; holes are the background
-STACKED = ("data", "backing", "zero", "zeroed")
+# hues (blue, orange, teal, purple; a dirty map's red) stay apart for
+# colour-blind readers and in greyscale from the holes.
+COLORS = {"dirty": "#d62839", "data": "#0b4f9c", "backing": "#c46a00", "zero": "#138a8a",
+          "zeroed": "#9b3f8c", "hole": "#f0f0f0"}
+# stacking order in a column, bottom first (a dirty map's changes first);
+# holes are the background
+STACKED = ("dirty", "data", "backing", "zero", "zeroed")
 COMPRESSED_LABEL = "compressed"
 
 # A copy plan's requests, drawn the same way (skips are the background).
@@ -311,13 +312,18 @@ def extent_map_html(emap: DrawnExtentMap, width: int = STRIP_WIDTH) -> str:
             f'({s["virtual_size"]:,} B)')
     if (start, end) != (0, s["virtual_size"]):
         what += f' &middot; range [{offset_label(start)}, {offset_label(end)})'
+    bitmap = s.get("bitmap")
+    if bitmap is not None:
+        what += f' &middot; dirty map of bitmap <code>{escape(bitmap)}</code>'
     head = (f'<b>ExtentMap</b> {file_name(s["filename"])} '
             f'<span style="{SECONDARY}">{what}</span>')
     marks = emap.compressed_ranges()
     words = ", ".join(f"{r['label']} {human_size(r['bytes'])} ({r['share_text']})" for r in rows)
     if marks:
         words += f", {COMPRESSED_LABEL} {human_size(s['compressed_bytes'])}"
-    title = f"Allocation of {os.path.basename(s['filename']) or s['filename']}: {words}"
+    shown = os.path.basename(s['filename']) or s['filename']
+    title = f"Allocation of {shown}: {words}" if bitmap is None else \
+        f"Changes in {shown} (bitmap {bitmap}), clean ranges by allocation: {words}"
     if span:
         strip = (svg_strip(emap.runs(), start, end, width=width, title=title, marks=marks)
                  + strip_caption(start, end, width))
@@ -326,6 +332,13 @@ def extent_map_html(emap: DrawnExtentMap, width: int = STRIP_WIDTH) -> str:
     table_rows: List[Tuple[str, ...]] = [
         (swatch(COLORS[r["kind"]], r["kind"]) + escape(r["label"]), size_cell(r["bytes"]),
          r["share_text"]) for r in rows]
+    if bitmap is not None:
+        n = s["dirty_ranges"]
+        table_rows.append(("dirty ranges", f"{n:,} range{'s' if n != 1 else ''} of bitmap "
+                           f"<code>{escape(bitmap)}</code>, {size_cell(s['dirty_bytes'])}; "
+                           f"with data {human_size(s['dirty_data_bytes'])} "
+                           f'<span style="{SECONDARY}">(what a copy of the changes reads; '
+                           f'the other kinds are the clean ranges)</span>', ""))
     if s["compressed_bytes"]:
         table_rows.append((lane_swatch() + COMPRESSED_LABEL,
                            size_cell(s["compressed_bytes"]) + f' in {s["compressed_extents"]:,}'

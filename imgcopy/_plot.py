@@ -108,6 +108,8 @@ def plot_extent_map(emap: DrawnExtentMap, ax: Any = None, *, bins: int = 40,
         data = sum(r["bytes"] for r in emap.breakdown() if r["kind"] == "data")
         title = (f"{os.path.basename(emap.filename)} ({emap.format}, {human_size(emap.size)}): "
                  f"{len(emap):,} extents, data {human_size(data)}")
+        if emap.bitmap is not None:
+            title += f"; bitmap {emap.bitmap}: dirty {human_size(emap.dirty_bytes)}"
     strip_ax.set_title(title, pad=34, fontsize="medium")
     if hist_ax is None:
         return (strip_ax,)

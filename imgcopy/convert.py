@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
+from ._sharing import SHARING
 from .image import source_member
 from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
@@ -40,8 +41,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
-            length: Optional[int] = None, bitmap: Optional[str] = None, _pool: Any = None,
-            _buffer_limit: int = 0) -> CopyResult:
+            length: Optional[int] = None, bitmap: Optional[str] = None) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -124,7 +124,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     left as it is: ``(offset, length)`` pairs in any order, overlapping or
     not (VMware CBT's changed areas), or an ``ExtentMap`` (of
     ``dirty_map()``, its dirty extents; of ``map()``, all of it). A range
-    past the source's end is a ``ValueError``. ``bitmap="NAME"``: the
+    past the source's end is a ``ValueError``. ``bitmap``: NAME, the
     changed ranges are the source's dirty bitmap NAME (a qcow2 persistent
     bitmap; an NBD export's ``qemu:dirty-bitmap:NAME``: qemu-nbd -B NAME),
     refused as qemu refuses it (missing: the message lists those there
@@ -163,6 +163,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     callback's exception, which cancel the copy.
 
     An unknown keyword raises TypeError naming the nearest valid one."""
+    sharing = SHARING.get()
     steps = CopySteps(
         src, dst, src_format=src_format, src_member=source_member("convert", member, src_member),
         src_external_files=src_external_files, dst_format=dst_format, create=create,
@@ -181,5 +182,5 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
-        offset=offset, length=length, pool=_pool, buffer_limit=_buffer_limit, bitmap=bitmap)
+        offset=offset, length=length, pool=sharing.pool, buffer_limit=sharing.buffer_limit, bitmap=bitmap)
     return steps.execute()

@@ -18,6 +18,7 @@ except ImportError as exc:  # the optional extra
     raise ImportError("imgcopy.distributed needs Dask distributed: pip install "
                       "'imgcopy[distributed]' (or: pip install distributed)") from exc
 
+from ._sharing import SHARING, Sharing
 from .fleet import Cancelled, CopyJob, Event, PerSource, _cap_of, source_host
 from .sizes import parse_size
 
@@ -49,10 +50,11 @@ def _run_job(job: CopyJob, index: int, run_id: str, buffer_limit: int) -> Any:
                  "elapsed": now - t0})
 
     log({"event": "start", "done_bytes": 0, "total_bytes": None, "elapsed": 0.0})
-    extra: Dict[str, Any] = {"progress": progress}
-    if buffer_limit:
-        extra["_buffer_limit"] = buffer_limit
-    return job.run(**extra)
+    token = SHARING.set(Sharing(None, buffer_limit))
+    try:
+        return job.run(progress=progress)
+    finally:
+        SHARING.reset(token)
 
 
 def _placement(value: Placement, job: CopyJob) -> Any:

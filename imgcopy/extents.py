@@ -34,8 +34,11 @@ def _median_low(values: List[int]) -> int:
     """statistics.median_low, without importing statistics (start-up time)."""
     return sorted(values)[(len(values) - 1) // 2] if values else 0
 
-def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False) -> str:
-    """One of KINDS for an extent's flags (``zeroed``: see Extent)."""
+def extent_kind(depth: int, zero: bool, data: bool, zeroed: bool = False,
+                dirty: Optional[bool] = None) -> str:
+    """One of KINDS for an extent's flags (``zeroed``, ``dirty``: see Extent)."""
+    if dirty:
+        return "dirty"
     if data and not zero:
         return "data" if depth == 0 else "backing"
     if data:
@@ -59,6 +62,7 @@ def packed_struct(fmt: str, c_size: int, c_name: str) -> struct.Struct:
 _EXTENT = packed_struct("=QQQII", _core.EXTENT_SIZE, "struct ic_extent")
 _DATA, _ZERO, _PRESENT = _core.EXTENT_DATA, _core.EXTENT_ZERO, _core.EXTENT_PRESENT
 _OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
+_DIRTY = _core.EXTENT_DIRTY
 
 
 if TYPE_CHECKING:
@@ -72,10 +76,11 @@ if TYPE_CHECKING:
         host_offset: Optional[int]
         compressed: bool = False
         zeroed: bool = False
+        dirty: Optional[bool] = None
 else:  # the same tuple, of collections' namedtuple (typing's NamedTuple makes one too)
     _ExtentFields = namedtuple(
         "Extent", ["start", "length", "depth", "present", "zero", "data", "host_offset",
-                   "compressed", "zeroed"], defaults=(False, False))
+                   "compressed", "zeroed", "dirty"], defaults=(False, False, None))
 
 
 class Extent(_ExtentFields):
@@ -91,24 +96,32 @@ class Extent(_ExtentFields):
     A raw file's holes, which qemu calls present, are not zeroed, nor are
     the zeros of the last layer of a chain (nothing is below them to hide:
     to a reader they are holes, whatever the format calls them).
+    ``dirty``, of a dirty map's extents (see ``dirty_map()``): whether a
+    persistent bitmap of the image marks the run changed since the bitmap
+    was started; None in a plain extent map, which says nothing of changes
+    (``convert(changed=MAP)`` copies a dirty map's dirty extents, a plain
+    map's all).
     Fields: ``start``, ``length``, ``depth``, ``present``, ``zero``,
-    ``data``, ``host_offset``, ``compressed`` (False) and ``zeroed``
-    (False)."""
+    ``data``, ``host_offset``, ``compressed`` (False), ``zeroed``
+    (False) and ``dirty`` (None)."""
 
     __slots__ = ()
 
     @classmethod
     def unpack(cls, packed: bytes, index: int = 0,
-               hiding_depths: Optional[Sequence[bool]] = None) -> "Extent":
+               hiding_depths: Optional[Sequence[bool]] = None,
+               dirty_map: bool = False) -> "Extent":
         """Extent ``index`` of extents packed by the C core.
         ``hiding_depths[d]``: the zeros the layer at depth d records hide
-        layers below it (see ``zeroed``; none when None)."""
+        layers below it (see ``zeroed``; none when None); ``dirty_map``:
+        they are a dirty map's (``dirty`` is True or False, else None)."""
         start, length, host, flags, depth = _EXTENT.unpack_from(packed, index * _EXTENT.size)
         present, zero, data = bool(flags & _PRESENT), bool(flags & _ZERO), bool(flags & _DATA)
         zeroed = present and zero and not data and hiding_depths is not None \
             and depth < len(hiding_depths) and hiding_depths[depth]
         return cls(start, length, depth, present, zero, data,
-                   host if flags & _OFFSET_VALID else None, bool(flags & _COMPRESSED), zeroed)
+                   host if flags & _OFFSET_VALID else None, bool(flags & _COMPRESSED), zeroed,
+                   bool(flags & _DIRTY) if dirty_map else None)
 
     @property
     def end(self) -> int:
@@ -116,10 +129,11 @@ class Extent(_ExtentFields):
 
     @property
     def kind(self) -> str:
-        """"data" (stored in this image), "backing" (data of a backing file),
+        """"dirty" (in a dirty map: marked changed, whatever it holds), else
+        "data" (stored in this image), "backing" (data of a backing file),
         "zero" (stored but known to read as zeros), "zeroed" (a zero cluster
         of a layer) or "hole" (no data)."""
-        return extent_kind(self.depth, self.zero, self.data, self.zeroed)
+        return extent_kind(self.depth, self.zero, self.data, self.zeroed, self.dirty)
 
     def to_dict(self) -> dict:
         """qemu-img map --output=json's entry (its keys and order)."""
@@ -138,12 +152,20 @@ class Extent(_ExtentFields):
 
 class ExtentMap(collections.abc.Sequence[Extent]):
     """The extents of ``[start, end)`` of an image, neighbours merged as
-    qemu-img map merges them.  Extents stay packed in C until asked for."""
+    qemu-img map merges them.  Extents stay packed in C until asked for.
+
+    A *dirty map* (``dirty_map()``, ``Image.dirty_map()``) is the same map
+    with the image's persistent bitmap ``bitmap`` laid over it: extents are
+    cut where the bitmap changes between dirty and clean, and carry
+    ``dirty``; its views draw the dirty ranges as a kind of their own, and
+    ``to_json()``/``to_human()`` print the dirty ranges (``imgcopy map
+    --bitmap``).  ``bitmap`` is None for a plain extent map."""
 
     def __init__(self, packed: bytes, *, start: int, end: int, size: int,
                  filename: str = "", format: str = "raw",
                  qemu_end: Optional[int] = None, chain: Optional[list] = None,
-                 chain_formats: Optional[Sequence[str]] = None) -> None:
+                 chain_formats: Optional[Sequence[str]] = None,
+                 bitmap: Optional[str] = None) -> None:
         self._packed = packed
         self._count = len(packed) // _core.EXTENT_SIZE
         self.start = start
@@ -151,6 +173,7 @@ class ExtentMap(collections.abc.Sequence[Extent]):
         self.size = size
         self.filename = filename
         self.format = format
+        self.bitmap = bitmap
         self._totals: Optional[tuple] = None
         self._runs: Optional[List[Tuple[str, int, int]]] = None
         self._compressed: Optional[List[Tuple[int, int]]] = None
@@ -186,25 +209,28 @@ class ExtentMap(collections.abc.Sequence[Extent]):
             i += self._count
         if not 0 <= i < self._count:
             raise IndexError("extent index out of range")
-        return Extent.unpack(self._packed, i, self._hiding)
+        return Extent.unpack(self._packed, i, self._hiding, self.bitmap is not None)
 
     def __iter__(self) -> Iterator[Extent]:
-        hiding = self._hiding
+        hiding, dirty_map = self._hiding, self.bitmap is not None
         for i in range(self._count):
-            yield Extent.unpack(self._packed, i, hiding)
+            yield Extent.unpack(self._packed, i, hiding, dirty_map)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ExtentMap):
             return NotImplemented
-        return (self._packed, self.start, self.end) == (other._packed, other.start, other.end)
+        return (self._packed, self.start, self.end, self.bitmap) == \
+            (other._packed, other.start, other.end, other.bitmap)
 
     def __hash__(self) -> int:
-        return hash((self._packed, self.start, self.end))
+        return hash((self._packed, self.start, self.end, self.bitmap))
 
     def __repr__(self) -> str:
         where = human_size(self.size)
         if (self.start, self.end) != (0, self.size):
             where = f"[{self.start}, {self.end}) of {where}"
+        if self.bitmap is not None:
+            where += f", bitmap {self.bitmap!r}"
         parts = [f"{row['label']} {human_size(row['bytes'])} ({row['share_text']})"
                  for row in self.breakdown()]
         if self.compressed_bytes:
@@ -214,12 +240,24 @@ class ExtentMap(collections.abc.Sequence[Extent]):
 
     def to_json(self) -> str:
         """Exactly what ``qemu-img map --output=json`` prints for this range,
-        including qemu's zero tail past a raw file's unaligned end."""
+        including qemu's zero tail past a raw file's unaligned end.
+
+        A dirty map prints its dirty and clean ranges instead, in the same
+        shape: ``[{ "start": S, "length": L, "dirty": true|false}, ...]``
+        (what ``nbdinfo --map=qemu:dirty-bitmap:NAME`` tells)."""
+        if self.bitmap is not None:
+            return _core.format_dirty_map(self._packed, self.start)
         return _core.format_map(self._packed, self.start, self._qemu_end)
 
     def to_human(self, filename: Optional[str] = None) -> str:
         """Exactly what ``qemu-img map`` prints (data extents only), naming
-        the top image ``filename`` and backing files as the chain names them."""
+        the top image ``filename`` and backing files as the chain names them.
+
+        A dirty map prints its dirty ranges only, under "Offset Length
+        File", as qemu-img map prints data ranges."""
+        if self.bitmap is not None:
+            name = qemu_filename(self._chain[0] if filename is None else filename)
+            return _core.format_dirty_map(self._packed, self.start, name)
         names = list(self._chain)
         if filename is not None:
             names[0] = filename
@@ -257,6 +295,23 @@ class ExtentMap(collections.abc.Sequence[Extent]):
         return self._totals_cached()[3]
 
     @property
+    def dirty_bytes(self) -> int:
+        """Bytes a dirty map's bitmap marks changed (0 in a plain map)."""
+        return self._totals_cached()[4]
+
+    def dirty_ranges(self) -> List[Tuple[int, int]]:
+        """[(start, end), ...] of a dirty map's dirty ranges, neighbours
+        merged, in guest order: what a copy of the changes reads."""
+        out: List[Tuple[int, int]] = []
+        for start, length, _, flags, _ in _EXTENT.iter_unpack(self._packed):
+            if flags & _DIRTY:
+                if out and out[-1][1] == start:
+                    out[-1] = (out[-1][0], start + length)
+                else:
+                    out.append((start, start + length))
+        return out
+
+    @property
     def hole_bytes(self) -> int:
         """Bytes without qemu-img map's ``data`` flag (holes and zeroed
         clusters): a copy never reads them."""
@@ -286,7 +341,9 @@ class ExtentMap(collections.abc.Sequence[Extent]):
         last_kind, last_end = "", -1
         for start, length, _, flags, depth in _EXTENT.iter_unpack(self._packed):
             end = start + length
-            if flags & _DATA:
+            if flags & _DIRTY:
+                kind = "dirty"
+            elif flags & _DATA:
                 kind = "zero" if flags & _ZERO else "backing" if depth else "data"
             elif flags & _ZERO and flags & _PRESENT and depth < layers and hiding[depth]:
                 kind = "zeroed"
@@ -332,9 +389,14 @@ class ExtentMap(collections.abc.Sequence[Extent]):
         range's length; ``zero_bytes`` overlaps both.  A *run* is a
         longest range of extents that all have data (``data_runs``) or all
         have none (``hole_runs``); medians are the lower median of the run
-        lengths."""
+        lengths.
+
+        Of a dirty map also: ``bitmap``, ``dirty_bytes``, ``dirty_ranges``
+        (how many), ``dirty_data_bytes`` (dirty bytes with qemu's ``data``
+        flag: what a copy of the changes reads; the rest are holes and
+        zeros)."""
         data_extents = zero_extents = compressed_extents = 0
-        backing_bytes = zero_data_bytes = 0
+        backing_bytes = zero_data_bytes = dirty_data_bytes = 0
         sizes = dict.fromkeys(KINDS, 0)
         for kind, start, end in self.runs():
             sizes[kind] += end - start
@@ -353,12 +415,20 @@ class ExtentMap(collections.abc.Sequence[Extent]):
                 zero_extents += 1
             if flags & _COMPRESSED:
                 compressed_extents += 1
+            if flags & _DIRTY and data:
+                dirty_data_bytes += length
             runs = data_runs if data else hole_runs
             if last is data:
                 runs[-1] += length
             else:
                 runs.append(length)
             last = data
+        dirty = {} if self.bitmap is None else {
+            "bitmap": self.bitmap,
+            "dirty_bytes": self.dirty_bytes,
+            "dirty_ranges": len(self.dirty_ranges()),
+            "dirty_data_bytes": dirty_data_bytes,
+        }
         return {
             "filename": self.filename,
             "format": self.format,
@@ -385,36 +455,44 @@ class ExtentMap(collections.abc.Sequence[Extent]):
             "hole_runs": len(hole_runs),
             "largest_hole_run": max(hole_runs, default=0),
             "median_hole_run": _median_low(hole_runs),
+            **dirty,
         }
 
     def to_numpy(self) -> Any:  # -> numpy structured array
         """A structured array, one row per extent: start, end, length,
         depth, present, zero, data, host_offset (-1 where there is none),
-        compressed, zeroed (needs numpy)."""
+        compressed, zeroed, dirty (False in a plain map) (needs numpy)."""
         import numpy as np  # lazy: numpy is an optional extra
 
         rows = [(e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                 -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed)
+                 -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed,
+                 bool(e.dirty))
                 for e in self]
         return np.array(rows, dtype=_numpy_dtype())
 
     def to_pandas(self) -> Any:  # -> pandas.DataFrame
         """A DataFrame, one row per extent: start, end, length, depth,
         present, zero, data, host_offset (nullable: <NA> where there is
-        none), compressed, zeroed, kind (see KINDS); ``df.attrs`` holds filename,
-        format, virtual_size (needs pandas)."""
+        none), compressed, zeroed, dirty (False in a plain map), kind (see
+        KINDS); ``df.attrs``
+        holds filename, format, virtual_size and, of a dirty map, bitmap
+        (needs pandas)."""
         import pandas as pd  # lazy: pandas is an optional extra
 
         a = self.to_numpy()
         df = pd.DataFrame({name: a[name] for name in a.dtype.names
-                           if name not in ("host_offset", "compressed", "zeroed")})
+                           if name not in ("host_offset", "compressed", "zeroed", "dirty")})
         host = a["host_offset"]
         df["host_offset"] = pd.arrays.IntegerArray(host.copy(), host < 0)
         df["compressed"] = a["compressed"]
         df["zeroed"] = a["zeroed"]
-        df["kind"] = [extent_kind(d, z, x, zd) for d, z, x, zd in zip(
-            a["depth"].tolist(), a["zero"].tolist(), a["data"].tolist(), a["zeroed"].tolist())]
+        df["dirty"] = a["dirty"]
+        df["kind"] = [extent_kind(d, z, x, zd, dt) for d, z, x, zd, dt in zip(
+            a["depth"].tolist(), a["zero"].tolist(), a["data"].tolist(), a["zeroed"].tolist(),
+            a["dirty"].tolist())]
         df.attrs.update(filename=self.filename, format=self.format, virtual_size=self.size)
+        if self.bitmap is not None:
+            df.attrs["bitmap"] = self.bitmap
         return df
 
     def plot(self, ax: Any = None, *, bins: int = 40, title: Optional[str] = None) -> Any:
@@ -438,5 +516,5 @@ def _numpy_dtype() -> Any:
 
     return np.dtype([("start", "<i8"), ("end", "<i8"), ("length", "<i8"), ("depth", "<i4"),
                      ("present", "?"), ("zero", "?"), ("data", "?"), ("host_offset", "<i8"),
-                     ("compressed", "?"), ("zeroed", "?")])
+                     ("compressed", "?"), ("zeroed", "?"), ("dirty", "?")])
 

@@ -12,6 +12,7 @@ from typing import (TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Mapping,
 from urllib.parse import urlsplit
 
 from ._keywords import unexpected_keyword
+from ._sharing import SHARING, Sharing
 from .sizes import parse_size
 
 if TYPE_CHECKING:
@@ -173,7 +174,11 @@ class _Fleet:
                    "elapsed": 0.0})
         share = self.memory_limit // self.max_parallel if self.memory_limit else 0
         try:
-            result = job.run(progress=progress, _pool=self.pool, _buffer_limit=share)
+            token = SHARING.set(Sharing(self.pool, share))
+            try:
+                result = job.run(progress=progress)
+            finally:
+                SHARING.reset(token)
         except _Cancelled:
             result = Cancelled(f"job {i} ({job.src} -> {job.dst}) was cancelled")
             self.emit({**self.base(i), "event": "failed", "error": "Cancelled",

@@ -45,12 +45,14 @@ def parse_size(value: Size, what: str = "size") -> int:
 # (allocated zeros: never read), "zeroed" reads as zeros because a layer's
 # own metadata says so (a qcow2 zero cluster, a vmdk zero grain, a vhdx zero
 # block) over layers whose data it hides, "hole" has no data at all.
-# A copy reads only "data" and "backing".
-KINDS = ("data", "backing", "zero", "zeroed", "hole")
+# A copy reads only "data" and "backing".  In a dirty map (dirty_map()),
+# "dirty" is what a persistent bitmap marks changed, whatever it holds: the
+# other kinds are then the clean ranges.
+KINDS = ("dirty", "data", "backing", "zero", "zeroed", "hole")
 
 # The words every view uses for the kinds (repr, summary(), HTML, plot()).
-LABELS = {"data": "data", "backing": "backing data", "zero": "allocated zeros",
-          "zeroed": "zeroed", "hole": "holes"}
+LABELS = {"dirty": "dirty", "data": "data", "backing": "backing data",
+          "zero": "allocated zeros", "zeroed": "zeroed", "hole": "holes"}
 
 _SIZE_UNITS = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
 

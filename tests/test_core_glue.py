@@ -19,7 +19,8 @@ from .units import MiB
 
 
 COUNTERS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "bytes_already_zero",
-            "read_requests", "write_requests", "zero_requests", "extents")
+            "read_requests", "write_requests", "zero_requests", "extents", "bytes_changed",
+            "bytes_compared", "bytes_equal")
 
 
 @pytest.fixture(scope="module")

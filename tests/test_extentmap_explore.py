@@ -46,7 +46,11 @@ def test_extent_kinds():
     assert extent_kind(1, False, False) == "hole"
     assert Extent(0, 512, 0, True, False, True, 0).kind == "data"
     assert Extent(0, 512, 0, True, True, False, None, zeroed=True).kind == "zeroed"
-    assert set(KINDS) == {"data", "backing", "zero", "zeroed", "hole"}
+    # a dirty map's changed ranges are dirty, whatever they hold
+    assert extent_kind(0, False, True, dirty=True) == "dirty"
+    assert extent_kind(0, True, False, True, True) == "dirty"
+    assert Extent(0, 512, 0, True, False, True, 0, dirty=True).kind == "dirty"
+    assert set(KINDS) == {"dirty", "data", "backing", "zero", "zeroed", "hole"}
 
 
 def test_runs_and_summary_of_a_known_layout(known):
@@ -90,7 +94,7 @@ def test_summary_kinds_of_qcow2_images(qcow2_store):
     assert s["backing_bytes"] > 0 and s["compressed_bytes"] > 0 and s["zero_data_bytes"] > 0
     assert s["backing_bytes"] == sum(e.length for e in top if e.data and e.depth > 0)
     assert s["compressed_extents"] == sum(1 for e in top if e.compressed)
-    assert {k for k, _, _ in top.runs()} == set(KINDS)
+    assert {k for k, _, _ in top.runs()} == set(KINDS) - {"dirty"}   # a plain map
     pre = imgcopy.map(qcow2_store.get("prealloc-metadata").path)
     assert [k for k, _, _ in pre.runs()] == ["zero"]       # allocated, reads as zeros
     assert pre.summary()["zero_data_bytes"] == pre.size
@@ -119,10 +123,11 @@ def test_to_numpy(known):
     m = imgcopy.map(known)
     a = m.to_numpy()
     assert isinstance(a, np.ndarray) and len(a) == len(m)
-    assert list(a.dtype.names) == COLUMNS + ["compressed", "zeroed"]
+    assert list(a.dtype.names) == COLUMNS + ["compressed", "zeroed", "dirty"]
     for row, e in zip(a.tolist(), m):
         assert row == (e.start, e.end, e.length, e.depth, e.present, e.zero, e.data,
-                       -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed)
+                       -1 if e.host_offset is None else e.host_offset, e.compressed, e.zeroed,
+                       bool(e.dirty))
     assert int(a["length"].sum()) == 8 * MiB
     assert int(a["length"][a["data"]].sum()) == m.data_bytes
 
@@ -133,7 +138,7 @@ def test_to_pandas_known_layout(known):
     df = m.to_pandas()
     assert isinstance(df, pd.DataFrame)
     assert list(df.columns)[:8] == COLUMNS
-    assert list(df.columns) == COLUMNS + ["compressed", "zeroed", "kind"]
+    assert list(df.columns) == COLUMNS + ["compressed", "zeroed", "dirty", "kind"]
     assert len(df) == 6
     data = df[df["data"]]
     assert list(zip(data["start"], data["end"])) == LAYOUT_DATA
@@ -155,7 +160,8 @@ def test_to_pandas_qcow2_offsets_and_compression(qcow2_store):
     assert df["compressed"].tolist() == [e.compressed for e in m]
     assert df["depth"].tolist() == [e.depth for e in m]
     assert df["kind"].tolist() == [e.kind for e in m]
-    assert set(df["kind"]) == set(KINDS)
+    assert set(df["kind"]) == set(KINDS) - {"dirty"}
+    assert not df["dirty"].any()
     assert pd.isna(df.loc[df["compressed"], "host_offset"]).all()
 
 
@@ -164,7 +170,7 @@ def test_to_pandas_empty(tmp_path):
     p = str(tmp_path / "e.raw")
     make_sparse(p, 0)
     df = imgcopy.map(p).to_pandas()
-    assert len(df) == 0 and list(df.columns) == COLUMNS + ["compressed", "zeroed", "kind"]
+    assert len(df) == 0 and list(df.columns) == COLUMNS + ["compressed", "zeroed", "dirty", "kind"]
 
 
 # --------------------------------------------------------------------------
@@ -255,7 +261,7 @@ def test_strip_columns_add_up():
 
 
 def test_stacking_order():
-    assert STACKED == ("data", "backing", "zero", "zeroed")
+    assert STACKED == ("dirty", "data", "backing", "zero", "zeroed")
 
 
 # --------------------------------------------------------------------------

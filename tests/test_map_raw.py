@@ -215,16 +215,17 @@ def test_handmade_layouts(make_sparse, name):
 
 def test_extent_fields_contract(make_sparse):
     """Extent is a NamedTuple (start, length, depth, present, zero, data,
-    host_offset, compressed, zeroed): qemu-img map's fields (its "offset" is
-    the host offset), `compressed` as qemu 8 has it, `zeroed` imgcopy's."""
+    host_offset, compressed, zeroed, dirty): qemu-img map's fields (its
+    "offset" is the host offset), `compressed` as qemu 8 has it, `zeroed`
+    imgcopy's, `dirty` a dirty map's (None in a plain map)."""
     path = make_sparse("f.img", 8192, [(0, b"x")])
     e = imgcopy.map(path)[0]
     assert isinstance(e, tuple)
     assert e._fields == ("start", "length", "depth", "present", "zero", "data",
-                         "host_offset", "compressed", "zeroed")
-    s, l, depth, present, zero, data, off, compressed, zeroed = e
-    assert (s, l, depth, present, zero, data, off, compressed, zeroed) == (
-        0, 4096, 0, True, False, True, 0, False, False)
+                         "host_offset", "compressed", "zeroed", "dirty")
+    s, l, depth, present, zero, data, off, compressed, zeroed, dirty = e
+    assert (s, l, depth, present, zero, data, off, compressed, zeroed, dirty) == (
+        0, 4096, 0, True, False, True, 0, False, False, None)
     with imgcopy.open(path) as img:
         assert type(img.block_status(0)) is type(e)
 

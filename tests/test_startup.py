@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import imgcopy
+from .oracles import HAVE_QEMU, NO_QEMU, qemu_img, qemu_io
 
 
 @pytest.mark.parametrize("name", imgcopy.__all__)
@@ -80,6 +81,10 @@ NEVER = {"inspect", "ast", "dis", "tokenize", "shutil", "difflib"}
 # one of them needs typing at run time), JSON is printed on demand
 LATER = {"dataclasses", "typing", "json"}
 
+# what a copy imports
+CONVERT = {"imgcopy.convert", "imgcopy.job", "imgcopy.options", "imgcopy.checksum",
+           "imgcopy.changes", "imgcopy.progress", "imgcopy._sharing"}
+
 # command: (its arguments, imgcopy's modules it imports, standard modules it must not)
 COMMANDS = {
     "version": (["--version"],
@@ -89,6 +94,8 @@ COMMANDS = {
     "help": (["--help"], CLI, NEVER | LATER),
     "info": (["info", "QCOW2"], CLI | READ | {"imgcopy.info"}, NEVER | LATER),
     "map": (["map", "QCOW2"], CLI | READ, NEVER | LATER),
+    # a dirty map is read by the same modules as a plain map
+    "map --bitmap": (["map", "--bitmap", "b0", "BITMAPS"], CLI | READ, NEVER | LATER),
     "checksum": (["checksum", "RAW"], CLI | READ | {"imgcopy.checksum", "imgcopy.progress"},
                  NEVER | LATER),
     "compare": (["compare", "RAW", "QCOW2"], CLI | READ | {"imgcopy.compare"}, NEVER | LATER),
@@ -98,15 +105,17 @@ COMMANDS = {
     "measure": (["measure", "-O", "qcow2", "RAW"],
                 CLI | READ | {"imgcopy.measure", "imgcopy.measure_options", "imgcopy.options"},
                 {"shutil", "difflib", "json"}),
-    "convert": (["convert", "-O", "raw", "QCOW2", "OUT"],
-                CLI | READ | {"imgcopy.convert", "imgcopy.job", "imgcopy.options",
-                              "imgcopy.checksum", "imgcopy.changes", "imgcopy.progress"},
-                {"shutil", "difflib", "json", "threading"}),
-    "convert-many": (["convert-many", "JOBS"],
-                     CLI | READ | {"imgcopy.fleet", "imgcopy.convert", "imgcopy.job",
-                                   "imgcopy.options", "imgcopy.checksum", "imgcopy.changes",
-                                   "imgcopy.progress"},
-                     {"shutil", "difflib"}),
+    # a fleet's sharing (its pool, its memory) reaches convert() through
+    # _sharing's context variable; a single copy imports no fleet
+    "convert": (["convert", "-O", "raw", "QCOW2", "OUT"], CLI | READ | CONVERT,
+                {"shutil", "difflib", "json", "threading", "imgcopy.fleet",
+                 "imgcopy.distributed", "imgcopy.shards"}),
+    # --bitmap: the changed ranges from the source's dirty map, no more
+    "convert --bitmap": (["convert", "-n", "-O", "raw", "--bitmap", "b0", "BITMAPS", "COPY"],
+                         CLI | READ | CONVERT,
+                         {"shutil", "difflib", "json", "threading", "imgcopy.fleet"}),
+    "convert-many": (["convert-many", "JOBS"], CLI | READ | CONVERT | {"imgcopy.fleet"},
+                     {"shutil", "difflib", "imgcopy.distributed"}),
 }
 
 
@@ -130,9 +139,17 @@ def modules_of(tmp_path_factory):
     jobs = work / "jobs.json"
     jobs.write_text(json.dumps([{"src": str(qcow2), "dst": str(work / "many.raw")}]))
     names = {"RAW": str(raw), "QCOW2": str(qcow2), "OUT": str(work / "out.raw"),
-             "JOBS": str(jobs)}
+             "JOBS": str(jobs), "BITMAPS": str(work / "bitmaps.qcow2")}
+    if HAVE_QEMU:  # a persistent bitmap, and a guest's write it marks
+        imgcopy.convert(str(raw), names["BITMAPS"], dst_format="qcow2")
+        qemu_img("bitmap", "--add", names["BITMAPS"], "b0")
+        qemu_io(names["BITMAPS"], ["write -P 7 64k 64k"], fmt="qcow2")
+        names["COPY"] = str(work / "copy.raw")  # its earlier copy, brought up to date
+        imgcopy.convert(str(raw), names["COPY"])
 
     def run(args):
+        if "BITMAPS" in args and not HAVE_QEMU:
+            pytest.skip(NO_QEMU)
         out = work / "modules.txt"
         p = subprocess.run([sys.executable] + [names.get(a, a) for a in args],
                            env=dict(env, IMGCOPY_TEST_MODULES=str(out)), cwd=str(work),

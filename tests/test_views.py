@@ -19,12 +19,29 @@ from .oracles import qemu_img, qemu_io, qemu_map, require_qemu
 from .units import GiB, KiB, MiB
 
 SVG = "{http://www.w3.org/2000/svg}"
+# the kinds of a plain extent map: all but a dirty map's own
+MAP_KINDS = tuple(k for k in KINDS if k != "dirty")
+MAP_STACKED = tuple(k for k in STACKED if k != "dirty")
 
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     require_qemu()
     return kinds_chain.build(str(tmp_path_factory.mktemp("kinds")))
+
+
+@pytest.fixture(scope="module")
+def dirty(tmp_path_factory):
+    """An 8 MiB qcow2 image with data in [0, 2 MiB), then bitmap b0 (64 KiB
+    granules) recording a write over data, one over a hole and write
+    zeroes: 256 KiB dirty in 3 ranges."""
+    require_qemu()
+    path = str(tmp_path_factory.mktemp("dirty") / "d.qcow2")
+    qemu_img("create", "-q", "-f", "qcow2", path, str(8 * MiB))
+    qemu_io(path, ["write -P 1 0 2M"], fmt="qcow2")
+    qemu_img("bitmap", "--add", path, "b0")
+    qemu_io(path, ["write -P 2 1M 128k", "write -P 3 4M 64k", "write -z 6M 64k"], fmt="qcow2")
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +81,7 @@ def test_every_kind_where_it_was_made(chain):
     m = imgcopy.map(chain)
     assert kind_ranges(m) == kinds_chain.EXPECTED
     assert [(e.start, e.end) for e in m if e.compressed] == kinds_chain.COMPRESSED
-    assert {r["kind"] for r in m.breakdown()} == set(KINDS)
+    assert {r["kind"] for r in m.breakdown()} == set(MAP_KINDS)
     # the fast scan behind the views agrees with Extent.kind
     merged = []
     for e in m:
@@ -166,8 +183,9 @@ def test_sparse_raw_shares(tmp_path):
 def test_summary_kind_bytes_add_up(chain):
     s = imgcopy.map(chain).summary()
     assert sum(s["kind_bytes"].values()) == kinds_chain.SIZE
-    assert s["kind_bytes"] == {k: sum(e - b for b, e in kinds_chain.EXPECTED[k]) for k in KINDS}
-    assert [r["kind"] for r in s["breakdown"]] == list(KINDS)
+    assert s["kind_bytes"] == {k: sum(e - b for b, e in kinds_chain.EXPECTED.get(k, ()))
+                               for k in KINDS}
+    assert [r["kind"] for r in s["breakdown"]] == list(MAP_KINDS)
     assert s["data_bytes"] == sum(s["kind_bytes"][k] for k in ("data", "backing", "zero"))
 
 
@@ -184,13 +202,13 @@ def test_html_every_kind_legend_is_the_table(chain):
     m = imgcopy.map(chain)
     html = m._repr_html_()
     svg = svg_of(html)
-    for kind in STACKED:
+    for kind in MAP_STACKED:
         assert rects(svg, kind), kind
     assert rects(svg, "hole")                                    # the background
     rows = table_rows(html)
     labelled = [h for h, _ in rows if h in LABELS.values()]
     assert labelled == [r["label"] for r in m.breakdown()]
-    for kind in KINDS:
+    for kind in MAP_KINDS:
         assert f'class="swatch {kind}"' in html and COLORS[kind] in html
     # one sentence for repr, the SVG's accessible name and the table
     for r in m.breakdown():
@@ -375,7 +393,7 @@ def test_plot_legend_is_the_table(chain, plt):
         assert not c.get_antialiased().any()
     fills = {tuple(round(x, 3) for x in c.get_facecolor()[0]) for c in strip.collections
              if not c.get_hatch()}
-    assert len(fills) == len(STACKED)
+    assert len(fills) == len(MAP_STACKED)
     assert "data 1.06 MiB" in strip.get_title()
 
 
@@ -386,3 +404,66 @@ def test_plot_tiny_run_has_a_width(tiny, plt):
     (path,) = bars.get_paths()
     width = path.vertices[:, 0].max() - path.vertices[:, 0].min()
     assert width >= 2.0 / 1000 * 0.99                   # GiB: a thousandth of the strip
+
+
+# --------------------------------------------------------------------------
+# dirty maps: the changed ranges as a kind of their own
+
+DIRTY_RANGES = [(MiB, MiB + 128 * KiB), (4 * MiB, 4 * MiB + 64 * KiB),
+                (6 * MiB, 6 * MiB + 64 * KiB)]
+
+
+def test_dirty_map_kinds_and_repr(dirty):
+    m = imgcopy.dirty_map(dirty, "b0")
+    assert m.dirty_ranges() == DIRTY_RANGES and m.dirty_bytes == 256 * KiB
+    assert kind_ranges(m)["dirty"] == DIRTY_RANGES
+    # the clean ranges keep their allocation's kinds
+    assert kind_ranges(m)["data"] == [(0, MiB), (MiB + 128 * KiB, 2 * MiB)]
+    assert [r["kind"] for r in m.breakdown()] == ["dirty", "data", "hole"]
+    assert "bitmap 'b0'" in repr(m) and "dirty 256 KiB (3.1%)" in repr(m)
+    s = m.summary()
+    assert (s["bitmap"], s["dirty_bytes"], s["dirty_ranges"]) == ("b0", 256 * KiB, 3)
+    assert s["dirty_data_bytes"] == 192 * KiB        # the zero cluster is no data
+    assert "bitmap" not in imgcopy.map(dirty).summary()
+    assert {e.dirty for e in m} == {True, False}
+    assert {e.dirty for e in imgcopy.map(dirty)} == {None}     # a plain map says nothing
+
+
+def test_dirty_map_html(dirty):
+    m = imgcopy.dirty_map(dirty, "b0")
+    html = m._repr_html_()
+    svg = svg_of(html)
+    assert rects(svg, "dirty") and rects(svg, "data") and rects(svg, "hole")
+    assert 'class="swatch dirty"' in html and COLORS["dirty"] in html
+    assert svg.get("aria-label").startswith("Changes in d.qcow2 (bitmap b0)")
+    assert "dirty map of bitmap <code>b0</code>" in html
+    rows = dict(table_rows(html))
+    assert rows["dirty"][0].startswith("256 KiB") and rows["dirty"][1] == "3.1%"
+    assert rows["dirty ranges"][0].startswith("3 ranges of bitmap b0, 256 KiB")
+    assert "with data 192 KiB" in rows["dirty ranges"][0]
+    labelled = [h for h, _ in table_rows(html) if h in LABELS.values()]
+    assert labelled == [r["label"] for r in m.breakdown()]
+    tips = [r.find(SVG + "title").text for r in rects(svg, "dirty")]
+    assert all(t.startswith("dirty: ") for t in tips)
+
+
+def test_dirty_map_pandas(dirty):
+    pytest.importorskip("pandas")
+    m = imgcopy.dirty_map(dirty, "b0")
+    df = m.to_pandas()
+    assert df["dirty"].tolist() == [e.dirty for e in m]
+    assert df["kind"].tolist() == [e.kind for e in m]
+    assert int(df.loc[df["dirty"], "length"].sum()) == 256 * KiB
+    assert df.attrs["bitmap"] == "b0"
+
+
+def test_dirty_map_plot(dirty, plt):
+    m = imgcopy.dirty_map(dirty, "b0")
+    strip, _ = m.plot()
+    labels = [t.get_text() for t in strip.get_legend().get_texts()]
+    assert labels == [f"{r['label']} {human_size(r['bytes'])} ({r['share_text']})"
+                      for r in m.breakdown()]
+    assert labels[0] == "dirty 256 KiB (3.1%)"
+    fills = {tuple(round(x, 3) for x in c.get_facecolor()[0]) for c in strip.collections}
+    assert len(fills) == 2                            # dirty and data on the holes
+    assert "bitmap b0: dirty 256 KiB" in strip.get_title()

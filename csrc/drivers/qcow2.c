@@ -17,6 +17,7 @@ static struct qcow2_state *state_new(struct ic_image *img, struct ic_error *err)
     }
     pthread_mutex_init(&s->meta_lock, NULL);
     pthread_mutex_init(&s->prealloc_lock, NULL);
+    pthread_mutex_init(&s->dirty_lock, NULL);
     s->file = img->file;
     img->drv_state = s;
     return s;
@@ -37,8 +38,10 @@ static void qcow2_close(struct ic_image *img)
     free(s->bitmaps);
     free(s->bitmap_names);
     free(s->snapshot_extra);
+    qcow2_dirty_free(s);
     pthread_mutex_destroy(&s->meta_lock);
     pthread_mutex_destroy(&s->prealloc_lock);
+    pthread_mutex_destroy(&s->dirty_lock);
     free(s);
     img->drv_state = NULL;
 }
@@ -193,6 +196,7 @@ const struct ic_driver ic_format_qcow2 = {
     .finish = qcow2_finish,
     .snapshots = qcow2_snapshots,
     .bitmaps = qcow2_bitmaps,
+    .dirty_status = qcow2_dirty_status,
     .describe = qcow2_describe,
     .check = qcow2_check,
     .write_alignment = qcow2_write_alignment,

@@ -337,8 +337,9 @@ static int bitmap_entry_ok(const uint8_t *e, const struct qcow2_header *h)
     uint64_t phys = (uint64_t)table_size * h->cluster_size;
     if (phys > BITMAP_MAX_PHYS_SIZE)
         return 0;
-    /* a bitmap in use may be stale; one that is not must cover the disk */
-    return (flags & QCOW2_BITMAP_IN_USE) || h->size <= ((phys * 8) << granularity);
+    /* a bitmap in use may be stale; one that is not must cover the disk
+     * (its length as qemu sees it: whole sectors) */
+    return (flags & QCOW2_BITMAP_IN_USE) || h->size / 512 * 512 <= ((phys * 8) << granularity);
 }
 
 int qcow2_parse_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
@@ -396,11 +397,23 @@ int qcow2_parse_bitmap_directory(const uint8_t *dir, size_t len, const struct qc
 
 int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size)
 {
-    const uint64_t reserved = 0xff000000000001feull, offset_mask = 0x00fffffffffffe00ull;
+    const uint64_t reserved = 0xff000000000001feull;
     if (entry & reserved)
         return 0;
-    uint64_t off = entry & offset_mask;
-    return off == 0 || (!(entry & 1) && off % cluster_size == 0);
+    uint64_t off = entry & QCOW2_BITMAP_OFFSET_MASK;
+    return off == 0 || (!(entry & QCOW2_BITMAP_ALL_ONES) && off % cluster_size == 0);
+}
+
+uint64_t qcow2_bitmap_table_needed(uint64_t disk_len, unsigned granularity_bits,
+                                   uint64_t cluster_size)
+{
+    if (disk_len == 0)
+        return 0;
+    /* qemu serializes the bits in 64-bit words: the words the disk's
+     * granules fill, in bytes, in whole clusters */
+    uint64_t bits = ((disk_len - 1) >> granularity_bits) + 1;
+    uint64_t bytes = ((bits - 1) / 64 + 1) * 8;
+    return (bytes - 1) / cluster_size + 1;
 }
 
 /* ---- snapshot table ---------------------------------------------------- */

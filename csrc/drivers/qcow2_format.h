@@ -147,8 +147,18 @@ struct qcow2_bitmap {
 int qcow2_parse_bitmap_directory(const uint8_t *dir, size_t len, const struct qcow2_header *h,
                                  struct qcow2_bitmap *out, char *names, const char *path,
                                  struct ic_error *err);
+/* A bitmap table entry: the host offset of a cluster of the bitmap's
+ * bits, or 0 and bit 0 saying whether all its bits are set. */
+#define QCOW2_BITMAP_OFFSET_MASK 0x00fffffffffffe00ull
+#define QCOW2_BITMAP_ALL_ONES 1ull
 /* A bitmap table entry as qemu accepts it (reserved bits clear, aligned). */
 int qcow2_bitmap_table_entry_ok(uint64_t entry, uint64_t cluster_size);
+/* The entries a bitmap's table has when qemu can read it: one per cluster
+ * of its bits for a disk of `disk_len` bytes (whole sectors), as qemu's
+ * load_bitmap_data counts them (0 for an empty disk, whose bitmaps qemu
+ * cannot read). */
+uint64_t qcow2_bitmap_table_needed(uint64_t disk_len, unsigned granularity_bits,
+                                   uint64_t cluster_size);
 /* The fixed part of snapshot table entry `index`; checks its extra data
  * size.  *entry_len: the whole entry's bytes, padded to 8. */
 int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32_t index,

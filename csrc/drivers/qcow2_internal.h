@@ -5,6 +5,7 @@
  *   qcow2_l2.c      the L2 tables, one store for reading and writing
  *   qcow2_alloc.c   refcounts and host allocation
  *   qcow2_tables.c  the snapshot table and bitmap directory
+ *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
  *   qcow2_write.c   staged writes, zeros, finishing
  *   qcow2_create.c  new images, and writers of existing ones
@@ -97,6 +98,11 @@ struct qcow2_state {
     struct qcow2_bitmap *bitmaps;
     size_t nbitmaps;
     char *bitmap_names;
+
+    /* what dirty maps read last (qcow2_dirty.c): a window of a bitmap
+     * table and a cluster of bits, made on first use, under dirty_lock */
+    pthread_mutex_t dirty_lock;
+    struct qcow2_dirty_cache *dirty;
 };
 
 static inline struct qcow2_state *qcow2_state_of(struct ic_image *img)
@@ -221,6 +227,12 @@ int qcow2_load_snapshots(struct ic_image *img, struct ic_error *err);
 int qcow2_load_bitmaps(struct ic_image *img, struct ic_error *err);
 int qcow2_snapshots(struct ic_image *img, const struct ic_snapshot **out, size_t *count);
 size_t qcow2_bitmaps(struct ic_image *img, struct ic_bitmap *out, size_t cap);
+
+/* qcow2_dirty.c: the dirty map of bitmap `name` (the driver's
+ * dirty_status); what it keeps, freed at close. */
+int qcow2_dirty_status(struct ic_image *img, const char *name, uint64_t start, uint64_t end,
+                       struct ic_extent_list *out, struct ic_error *err);
+void qcow2_dirty_free(struct qcow2_state *s);
 
 /* qcow2_read.c */
 int qcow2_pread(struct ic_image *img, void *buf, size_t len, uint64_t off,

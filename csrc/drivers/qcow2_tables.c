@@ -161,6 +161,15 @@ static int check_bitmap_tables(struct ic_image *img, struct ic_error *err)
         if (ret == 0 && (table > QCOW2_MAX_OFFSET || 8ull * entries > QCOW2_MAX_OFFSET - table))
             ret = qcow2_corrupt(img, err, "unreadable bitmap table",
                                 table > QCOW2_MAX_OFFSET ? table : QCOW2_MAX_OFFSET);
+        /* then qemu loads the bits, from a table of exactly the clusters
+         * the disk needs (one too large or too small fails the open) */
+        uint64_t needed = qcow2_bitmap_table_needed(img->size, b->granularity_bits,
+                                                    s->h.cluster_size);
+        if (ret == 0 && entries != needed)
+            ret = ic_error_format(err, img->path, "corrupt qcow2 image: bitmap '%.64s''s "
+                                  "table has %u entries where a disk of %llu bytes needs %llu "
+                                  "(qemu cannot read the bitmap)", b->name, entries,
+                                  (unsigned long long)img->size, (unsigned long long)needed);
     }
     free(w.buf);
     return ret;

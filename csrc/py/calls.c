@@ -71,6 +71,12 @@ int glue_call_run(struct glue_call *c, struct ic_error *err)
         return ic_compare_finish(c->compare, &c->compare_result, err);
     case GLUE_CHECK:
         return check_image(c, err);
+    case GLUE_DIRTY_MAP:
+        return ic_image_dirty_map(c->img, c->name, c->offset, c->length, &c->list, err);
+    case GLUE_FORMAT_DIRTY:
+        c->text = c->name ? ic_format_dirty_human(c->extents, c->extent_count, c->name, err)
+                          : ic_format_dirty_json(c->extents, c->extent_count, c->offset, err);
+        return c->text ? 0 : -1;
     case GLUE_FORMAT_MAP:
         if (c->names)
             return format_map_human(c, err);

@@ -27,6 +27,8 @@ enum glue_op {
     GLUE_COMPARE_FINISH,
     GLUE_CHECK,
     GLUE_FORMAT_MAP,
+    GLUE_DIRTY_MAP,
+    GLUE_FORMAT_DIRTY,
 };
 
 struct glue_call {
@@ -48,6 +50,9 @@ struct glue_call {
      * chain, NUL-separated in `names_length` bytes */
     const char *names;
     size_t names_length;
+    /* dirty_map: the bitmap's name; format_dirty: the file human output
+     * names (NULL: JSON) */
+    const char *name;
     /* what it gives */
     struct ic_image *image; /* open, create */
     int fresh;              /* create */

@@ -188,6 +188,34 @@ static PyObject *image_map(ImageObject *self, PyObject *args, PyObject *kwds)
     return res;
 }
 
+/* dirty_map(bitmap, start, end): the packed dirty map of [start, end) of
+ * the persistent bitmap named `bitmap` (as bitmaps() names it: the file
+ * system's encoding, undecodable bytes escaped) */
+static PyObject *image_dirty_map(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"bitmap", "start", "end", NULL};
+    PyObject *name = NULL;
+    struct u64_arg start = {"dirty_map", "start", 0}, end = {"dirty_map", "end", 0};
+    struct glue_call call = {.op = GLUE_DIRTY_MAP};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&O&:dirty_map", kwlist,
+                                     PyUnicode_FSConverter, &name, u64_converter, &start,
+                                     u64_converter, &end))
+        return NULL;
+    PyObject *res = NULL;
+    if (end.value < start.value) {
+        PyErr_SetString(PyExc_ValueError, "dirty_map(): end is before start");
+    } else {
+        call.name = PyBytes_AS_STRING(name);
+        call.offset = start.value;
+        call.length = end.value - start.value;
+        if (run_on_image(self, &call) == 0)
+            res = packed_bytes(call.list.items, call.list.count, sizeof *call.list.items);
+    }
+    ic_extent_list_free(&call.list);
+    Py_DECREF(name);
+    return res;
+}
+
 static PyObject *image_read(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"offset", "length", NULL};
@@ -435,6 +463,7 @@ static PyMethodDef image_methods[] = {
     {"finish", KEYWORDS(image_finish), NULL},
     {"block_status", KEYWORDS(image_block_status), NULL},
     {"map", KEYWORDS(image_map), NULL},
+    {"dirty_map", KEYWORDS(image_dirty_map), NULL},
     {"read", KEYWORDS(image_read), NULL},
     {"write", KEYWORDS(image_write), NULL},
     {"zero", KEYWORDS(image_zero), NULL},

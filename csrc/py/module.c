@@ -333,6 +333,53 @@ static PyObject *mod_format_map(PyObject *m, PyObject *args, PyObject *kwds)
     return text;
 }
 
+/* format_dirty_map(packed, start, file=None): a dirty map's output, JSON
+ * without `file`, else human naming it */
+static PyObject *mod_format_dirty_map(PyObject *m, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"packed", "start", "file", NULL};
+    struct packed_arg extents = {0};
+    struct u64_arg start = {"format_dirty_map", "start", 0};
+    PyObject *file = NULL;
+    struct glue_call call = {.op = GLUE_FORMAT_DIRTY};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&|O&:format_dirty_map", kwlist,
+                                     packed_converter, &extents, u64_converter, &start,
+                                     PyUnicode_FSConverter, &file))
+        return NULL;
+    call.extents = extents.extents;
+    call.extent_count = extents.count;
+    call.offset = start.value;
+    call.name = file ? PyBytes_AS_STRING(file) : NULL;
+    PyObject *text = glue_run(module_state(m), &call) < 0 ? NULL
+                                                          : PyUnicode_DecodeFSDefault(call.text);
+    free(call.text);
+    Py_XDECREF(file);
+    PyBuffer_Release(&extents.buf);
+    return text;
+}
+
+/* mark_dirty(packed, dirty): the extents of `packed` cut where the dirty
+ * map `dirty` changes, IC_EXT_DIRTY set inside its dirty extents */
+static PyObject *mod_mark_dirty(PyObject *m, PyObject *args)
+{
+    struct packed_arg extents = {0}, dirty = {0};
+    if (!PyArg_ParseTuple(args, "O&O&:mark_dirty", packed_converter, &extents, packed_converter,
+                          &dirty))
+        return NULL;
+    struct ic_extent_list out = {0};
+    struct ic_error err = {0};
+    PyObject *res = NULL;
+    if (ic_extents_mark_dirty(extents.extents, extents.count, dirty.extents, dirty.count, &out,
+                              &err) < 0)
+        raise_error(module_state(m), &err);
+    else
+        res = packed_bytes(out.items, out.count, sizeof *out.items);
+    ic_extent_list_free(&out);
+    PyBuffer_Release(&extents.buf);
+    PyBuffer_Release(&dirty.buf);
+    return res;
+}
+
 static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
 {
     (void)m;
@@ -342,8 +389,9 @@ static PyObject *mod_extent_totals(PyObject *m, PyObject *arg)
         return NULL;
     ic_extent_totals(extents.extents, extents.count, &t);
     PyBuffer_Release(&extents.buf);
-    return Py_BuildValue("(KKKK)", (unsigned long long)t.data, (unsigned long long)t.zero,
-                         (unsigned long long)t.present, (unsigned long long)t.compressed);
+    return Py_BuildValue("(KKKKK)", (unsigned long long)t.data, (unsigned long long)t.zero,
+                         (unsigned long long)t.present, (unsigned long long)t.compressed,
+                         (unsigned long long)t.dirty);
 }
 
 /* checksum.c */
@@ -363,6 +411,8 @@ static PyMethodDef module_methods[] = {
     {"compression_libraries", mod_compression_libraries, METH_NOARGS, NULL},
     {"library_versions", mod_library_versions, METH_NOARGS, NULL},
     {"format_map", KEYWORDS(mod_format_map), NULL},
+    {"format_dirty_map", KEYWORDS(mod_format_dirty_map), NULL},
+    {"mark_dirty", mod_mark_dirty, METH_VARARGS, NULL},
     {"extent_totals", mod_extent_totals, METH_O, NULL},
     {"compare", KEYWORDS(glue_compare), NULL},
     {"checksum", KEYWORDS(mod_checksum), NULL},
@@ -434,6 +484,7 @@ static int core_exec(PyObject *m)
         {"EXTENT_PRESENT", IC_EXT_PRESENT},
         {"EXTENT_OFFSET_VALID", IC_EXT_OFFSET_VALID},
         {"EXTENT_COMPRESSED", IC_EXT_COMPRESSED},
+        {"EXTENT_DIRTY", IC_EXT_DIRTY},
         {"SNAPSHOT_SIZE", (long)sizeof(struct ic_snapshot)},
         {"REQUEST_SIZE", (long)sizeof(struct ic_request)},
         {"REQ_WRITE", IC_REQ_WRITE},

@@ -241,7 +241,7 @@ static void check_table(const struct ic_field *fields, size_t struct_size, size_
 
 static void check_tables(void)
 {
-    check_table(ic_copy_option_fields, sizeof(struct ic_copy_options), 9);
+    check_table(ic_copy_option_fields, sizeof(struct ic_copy_options), 11);
     check_table(ic_create_option_fields, sizeof(struct ic_create_options), 8);
     check_table(ic_copy_stats_fields, sizeof(struct ic_copy_stats), 12);
     check_table(ic_cache_stats_fields, sizeof(struct ic_cache_stats), 4);

@@ -5,7 +5,10 @@
  * qcow2_parse_bitmap_directory) and then through the whole driver:
  * ic_image_open, the bitmaps it lists and describes, ic_image_map over at most
  * the first and the last 64 MiB of the virtual disk, and a few bounded
- * ic_image_pread calls at offsets derived from the input.  Failing with an
+ * ic_image_pread calls at offsets derived from the input; then the dirty
+ * maps of (at most 8 of) its bitmaps over the same windows, which must be
+ * tiled by extents flagged dirty or clean, neighbours differing, and one
+ * ic_image_dirty_status from an offset derived from the input.  Failing with an
  * error is fine; crashing, leaking, hanging or allocating without bound
  * is not (run with -rss_limit_mb and -timeout).
  *
@@ -101,6 +104,66 @@ static void parse_only(const uint8_t *data, size_t size)
     free(h);
 }
 
+/* The dirty map of [start, end) of bitmap `name`: when it is read, its
+ * extents tile the range, flagged IC_EXT_DIRTY or not at all, neighbours
+ * differing. */
+static void dirty_range(struct ic_image *img, const char *name, uint64_t start, uint64_t end)
+{
+    struct ic_extent_list list = {0};
+    struct ic_error err;
+    int ret = ic_image_dirty_map(img, name, start, end - start, &list, &err);
+    if (verbose)
+        fprintf(stderr, "  dirty map %s %llu..%llu: %s%zu extents\n", name,
+                (unsigned long long)start, (unsigned long long)end, ret < 0 ? err.msg : "",
+                list.count);
+    uint64_t pos = start;
+    for (size_t i = 0; ret == 0 && i < list.count; i++) {
+        const struct ic_extent *e = &list.items[i];
+        if (e->start != pos || e->length == 0 || (e->flags & ~(uint32_t)IC_EXT_DIRTY) ||
+            (i && e->flags == list.items[i - 1].flags)) {
+            fprintf(stderr, "dirty map: extent %zu (%llu+%llu, flags %#x) after %llu\n", i,
+                    (unsigned long long)e->start, (unsigned long long)e->length, e->flags,
+                    (unsigned long long)pos);
+            abort();
+        }
+        pos += e->length;
+    }
+    if (ret == 0 && pos != end) {
+        fprintf(stderr, "dirty map: extents end at %llu, expected %llu\n",
+                (unsigned long long)pos, (unsigned long long)end);
+        abort();
+    }
+    ic_extent_list_free(&list);
+}
+
+static void exercise_dirty(struct ic_image *img, const struct ic_bitmap *bitmaps, size_t n,
+                           const uint8_t *data, size_t size)
+{
+    uint64_t vsize = ic_image_size(img);
+    uint64_t head_end = vsize < MAP_WINDOW ? vsize : MAP_WINDOW;
+    uint64_t tail = vsize > MAP_WINDOW && vsize - MAP_WINDOW > head_end ? vsize - MAP_WINDOW
+                                                                         : head_end;
+    for (size_t i = 0; i < n && i < 8; i++) {
+        dirty_range(img, bitmaps[i].name, 0, head_end);
+        if (vsize > tail)
+            dirty_range(img, bitmaps[i].name, tail, vsize);
+        if (vsize) {
+            struct ic_extent_list list = {0};
+            struct ic_error err;
+            uint64_t off = mix(data, size, 3 + i) % vsize;
+            if (ic_image_dirty_status(img, bitmaps[i].name, off, vsize, &list, &err) == 0 &&
+                (list.count == 0 || list.items[0].start != off)) {
+                fprintf(stderr, "dirty status at %llu: nothing there\n",
+                        (unsigned long long)off);
+                abort();
+            }
+            ic_extent_list_free(&list);
+        }
+    }
+    /* a name it does not have (or, hostile, has): an error or a map */
+    dirty_range(img, "imgcopy-fuzz", 0, head_end);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     parse_only(data, size);
@@ -133,9 +196,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             sum += strlen(bitmaps[i].name) + (size_t)(bitmaps[i].granularity & 1);
         if (verbose)
             fprintf(stderr, "  bitmaps: %zu (%zu), info fields %zu\n", got, sum, info.nfields);
-        free(bitmaps);
     }
     fuzz_exercise(img, data, size);
+    if (bitmaps)
+        exercise_dirty(img, bitmaps, nbitmaps, data, size);
+    free(bitmaps);
     ic_image_close(img);
     return 0;
 }

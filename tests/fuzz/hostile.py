@@ -466,6 +466,29 @@ def _bitmaps_beyond_eof(nbitmaps: int = 2000, in_use: bool = False, cluster_bits
     return image + directory.ljust(-(-dir_len // cs) * cs, b"\0") + bytes(zeros)
 
 
+def _bitmap_bits(entries=None) -> bytes:
+    """512-byte clusters, a disk of 8 MiB + 512 bytes (its L1 table past the
+    end of the file: nothing allocated) and one bitmap of 512-byte granules
+    ("b") whose table has the 5 entries such a disk needs, by default: a
+    metadata cluster (the refcount block) as bits, a cluster of ones, a
+    cluster far past the end of the file (zeros), a cluster of 0x55 bytes
+    (runs of one granule), none.  qemu opens it, reads the bitmap and
+    exports it (qemu-nbd -B b)."""
+    cb, cs, size = 9, 512, (8 << 20) + 512
+    if entries is None:
+        entries = [2 * cs, 1, 1 << 40, 5 * cs, 0]
+    hdr = _small_header(cb, size, -(-size // (64 * cs)), 1 << 30, cs)
+    put(hdr, ">Q", OFF_AUTOCLEAR, 1)  # the bitmaps extension is valid
+    directory = struct.pack(">QIIBBHI", 4 * cs, len(entries), 0, 1, 9, 1, 0) + b"b"
+    ext = struct.pack(">IIIIQQ", 0x23852875, 24, 1, 0, 32, 3 * cs)
+    hdr[HEADER_LENGTH:HEADER_LENGTH + len(ext) + 8] = ext + bytes(8)
+    reftable = struct.pack(">Q", 2 * cs).ljust(cs, b"\0")
+    refblock = (struct.pack(">H", 1) * 6).ljust(cs, b"\0")
+    table = b"".join(struct.pack(">Q", e) for e in entries).ljust(cs, b"\0")
+    return (bytes(hdr) + reftable + refblock + directory.ljust(cs, b"\0") + table
+            + b"\x55" * cs)
+
+
 def _snapshots_beyond_eof(nsnapshots: int = 65535) -> bytes:
     """A v2 image (no snapshot entry needs extra data) of three 64 KiB
     clusters whose snapshot table, `nsnapshots` entries, starts at its end:
@@ -751,6 +774,15 @@ case("bitmaps-tables-overlapping", "error", lambda: _bitmaps_beyond_eof(2000, ze
 case("bitmaps-tables-beyond-eof", "any", lambda: _bitmaps_beyond_eof(2000),
      "2000 bitmaps of a 1 TiB disk, each with a table of 64 Ki entries past the end of the "
      "file: open checks them as far as the file goes (qemu loads 256 MiB per bitmap)")
+
+case("bitmap-bits-anywhere", "any", _bitmap_bits,
+     "a bitmap whose table names a refcount block, a cluster of ones, a cluster far past "
+     "the end of the file and a cluster of alternating granules: its dirty map is qemu's "
+     "(tests/test_dirty_map.py compares it with qemu-nbd -B)")
+case("bitmap-entry-reserved-bits", "error", lambda: _bitmap_bits([0, 1 << 60, 0, 0, 0]),
+     "a bitmap table entry with reserved bits set: qemu refuses the image at open")
+case("bitmap-ones-with-offset", "error", lambda: _bitmap_bits([0, 5 * 512 | 1, 0, 0, 0]),
+     "a bitmap table entry naming a cluster and saying all ones: qemu refuses it at open")
 
 CASES_BY_NAME: Dict[str, Case] = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "duplicate case names"

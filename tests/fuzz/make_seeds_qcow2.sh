@@ -98,6 +98,22 @@ qemu-img bitmap --add -g 4k v3-bitmaps-in-use.qcow2 dirty
 qemu-img bitmap --add --disable v3-bitmaps-in-use.qcow2 off
 qemu-io -f qcow2 -c "sigraise 9" v3-bitmaps-in-use.qcow2 >/dev/null 2>&1 || true
 
+# dirty bits: bitmaps of 512 B to 2 MiB granules recording guest writes
+# (a first sector, a write across clusters, write zeroes, the last
+# sector); with 512-byte clusters the finest bitmap's table has several
+# entries, and a 4 KiB-cluster image of 34 MiB holds one of three clusters
+# (the middle one all clean: no cluster)
+img -o cluster_size=512 v3-bitmaps-dirty-512.qcow2 3M
+for g in 512 4k 64k 2M; do qemu-img bitmap --add -g $g v3-bitmaps-dirty-512.qcow2 "g$g"; done
+qemu-img bitmap --add --disable v3-bitmaps-dirty-512.qcow2 off
+io v3-bitmaps-dirty-512.qcow2 "write -P 0xe1 0 512" "write -P 0xe2 1000k 3k" \
+   "write -z 2M 64k" "write -P 0xe3 3071k 1k"
+img -o cluster_size=4096 v3-bitmaps-dirty-4k.qcow2 34M
+qemu-img bitmap --add -g 512 v3-bitmaps-dirty-4k.qcow2 fine
+qemu-img bitmap --add -g 1M v3-bitmaps-dirty-4k.qcow2 coarse
+io v3-bitmaps-dirty-4k.qcow2 "write -P 0xe4 4k 4k" "write -P 0xe6 33m 512" \
+   "write -P 0xe7 34812k 4k"
+
 # features imgcopy refuses, by name: extended L2, dirty, external data
 img -o cluster_size=16384,extended_l2=on v3-extl2.qcow2 1M
 img -o cluster_size=4096,lazy_refcounts=on v3-dirty.qcow2 256K

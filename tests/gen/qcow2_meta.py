@@ -139,3 +139,75 @@ def l2_patch(path, guest_cluster, or_bits):
         f.seek(pos)
         f.write(struct.pack(">Q", old | or_bits))
     return old
+
+
+# --------------------------------------------------------------------------
+# persistent bitmaps: the directory, tables and clusters of bits
+
+class BitmapEntry(NamedTuple):
+    name: str
+    table_offset: int
+    table_size: int
+    flags: int
+    granularity_bits: int
+    position: int             # of the directory entry in the file
+
+
+def bitmap_directory(path) -> list:
+    """The bitmap directory's entries (none without a bitmaps extension)."""
+    with open(path, "rb") as f:
+        head = f.read(65536)
+        off = struct.unpack(">I", head[100:104])[0]
+        while True:
+            t, ln = struct.unpack(">II", head[off:off + 8])
+            if t == 0:
+                return []
+            if t == 0x23852875:
+                nb, _, dsize, doff = struct.unpack(">IIQQ", head[off + 8:off + 32])
+                break
+            off += 8 + (ln + 7) // 8 * 8
+        f.seek(doff)
+        d = f.read(dsize)
+    out, pos = [], 0
+    for _ in range(nb):
+        toff, tsize, flags, _typ, gran, nsize, extra = struct.unpack(">QIIBBHI", d[pos:pos + 24])
+        out.append(BitmapEntry(d[pos + 24:pos + 24 + nsize].decode(), toff, tsize, flags, gran,
+                               doff + pos))
+        pos += (24 + nsize + extra + 7) // 8 * 8
+    return out
+
+
+def bitmap_entry(path, name) -> BitmapEntry:
+    (e,) = [e for e in bitmap_directory(path) if e.name == name]
+    return e
+
+
+def bitmap_table(path, name) -> list:
+    """Bitmap `name`'s table entries."""
+    e = bitmap_entry(path, name)
+    with open(path, "rb") as f:
+        f.seek(e.table_offset)
+        return list(struct.unpack(">%dQ" % e.table_size, f.read(8 * e.table_size)))
+
+
+def bitmap_patch(path, name, *, table_size=None, table_entry=None, bits=None):
+    """Patch bitmap `name` in place: its directory entry's table size;
+    `table_entry=(index, value)` into its table; `bits=(index, data)`:
+    `data` written at the start of the cluster of bits table entry `index`
+    names (which must name one)."""
+    e = bitmap_entry(path, name)
+    with open(path, "r+b") as f:
+        if table_size is not None:
+            f.seek(e.position + 8)
+            f.write(struct.pack(">I", table_size))
+        if table_entry is not None:
+            index, value = table_entry
+            f.seek(e.table_offset + 8 * index)
+            f.write(struct.pack(">Q", value))
+        if bits is not None:
+            index, data = bits
+            f.seek(e.table_offset + 8 * index)
+            host = struct.unpack(">Q", f.read(8))[0] & 0x00FFFFFFFFFFFE00
+            assert host, "entry %d of bitmap %r names no cluster" % (index, name)
+            f.seek(host)
+            f.write(data)

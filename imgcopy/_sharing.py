@@ -1,0 +1,17 @@
+"""What a copy shares with the others of its fleet: the pool of workers it
+runs on and its share of the fleet's memory. A context variable, not
+convert() keywords: callers of convert() never pass these, copy_many sets
+them around each of its copies (each runs in a thread, with its own
+context)."""
+
+import contextvars
+from typing import Any, NamedTuple, Optional
+
+
+class Sharing(NamedTuple):
+    pool: Optional[Any] = None
+    buffer_limit: int = 0
+
+
+SHARING: "contextvars.ContextVar[Sharing]" = contextvars.ContextVar("imgcopy_sharing",
+                                                                    default=Sharing())
