@@ -5,6 +5,7 @@
  * formats that allocate in guest order, the writes of an in-order copy)
  * are turns that each item takes and passes in sequence. */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "blkhash.h"
 #include "copy_internal.h"
+#include "journal.h"
 #include "request_log.h"
 #include "sparse.h"
 
@@ -206,11 +208,20 @@ static void interrupt_copy(void *ctx)
     }
 }
 
-/* Every item done: make the destination durable. */
+/* Every item done: make the destination durable (a journalled copy's
+ * last checkpoint does, and records all of it). */
 static int complete_copy(void *ctx, struct ic_error *err)
 {
     struct ic_copy *c = ctx;
+    if (c->checkpoint)
+        return ic_checkpoint_run(c->checkpoint, err);
     return c->opt.flush ? ic_image_flush(c->dst, err) : 0;
+}
+
+static int checkpoint_tick(void *ctx, struct ic_error *err)
+{
+    struct ic_copy *c = ctx;
+    return ic_checkpoint_run(c->checkpoint, err);
 }
 
 /* ---- reading and cutting ----------------------------------------------- */
@@ -715,6 +726,8 @@ static int end_item(struct worker *w, int r, struct ic_error *err)
         ic_image_settle_read(c->src, it->start, it->end - it->start);
         write_behind(w, it->start, it->end - it->start);
     }
+    if (c->checkpoint)
+        ic_checkpoint_done(c->checkpoint, it->start, it->end - it->start);
     ic_job_add_progress(c->job, it->end - it->start);
     return 0;
 }
@@ -764,6 +777,7 @@ static const struct ic_job_ops copy_ops = {
     .item_cost = item_cost,
     .complete = complete_copy,
     .interrupt = interrupt_copy,
+    .tick = checkpoint_tick, /* with a journal only: params.tick_ms */
 };
 
 /* ---- life cycle -------------------------------------------------------- */
@@ -781,6 +795,7 @@ static void free_copy(struct ic_copy *c)
     free(c->zeros);
     ic_known_zeros_free(&c->dst_zeros);
     ic_blkhash_free(c->hash);
+    ic_checkpoint_free(c->checkpoint);
     free(c);
 }
 
@@ -870,6 +885,21 @@ static int start_hash(struct ic_copy *c, struct ic_error *err)
     uint64_t size = ic_image_size(c->src);
     if (ic_blkhash_new(opt->checksum, block, size, &c->hash, err) < 0)
         return -1;
+    if (opt->journal) {
+        struct ic_journal *j = opt->journal;
+        if (ic_journal_digest_size(j) != ic_blkhash_size(c->hash) ||
+            ic_journal_block_size(j) != block)
+            return ic_error_value(err, "the journal keeps %zu-byte digests of %llu-byte "
+                                  "blocks, the checksum is of %zu-byte digests of %llu-byte "
+                                  "blocks", ic_journal_digest_size(j),
+                                  (unsigned long long)ic_journal_block_size(j),
+                                  ic_blkhash_size(c->hash), (unsigned long long)block);
+        /* the recorded blocks first: the sink hears only this copy's */
+        if (ic_journal_resumed(j) && ic_checkpoint_preset(j, c->hash, err) < 0)
+            return -1;
+        ic_blkhash_set_sink(c->hash, ic_checkpoint_sink, c->checkpoint);
+        return 0;
+    }
     if (opt->block_sink)
         ic_blkhash_set_sink(c->hash, opt->block_sink, opt->block_sink_ctx);
     if (!c->has_spans)
@@ -884,6 +914,28 @@ static int start_hash(struct ic_copy *c, struct ic_error *err)
                               (unsigned long long)block, c->nspans, c->nspans == 1 ? "" : "s");
     c->shard_hash = 1;
     return ic_blkhash_start_at(c->hash, start / block, err);
+}
+
+/* A journalled copy: its checkpoints, checked against the copy first */
+static int start_checkpoints(struct ic_copy *c, struct ic_error *err)
+{
+    const struct ic_copy_options *opt = &c->opt;
+    struct ic_journal *j = opt->journal;
+    uint64_t size = ic_image_size(c->src);
+    if (ic_journal_size(j) != size)
+        return ic_error_value(err, "the journal is of a %llu-byte copy, the source has %llu "
+                              "bytes", (unsigned long long)ic_journal_size(j),
+                              (unsigned long long)size);
+    if (opt->compare_block_size || opt->block_sink || opt->preset_digests)
+        return ic_error_value(err, "a journal records a copy: not a comparison's, nor a "
+                              "shard's digests");
+    if (ic_journal_digest_size(j) && !opt->checksum)
+        return ic_error_value(err, "the journal keeps the checksum's block digests: the copy "
+                              "needs its checksum");
+    if (!ic_journal_digest_size(j) && opt->checksum)
+        return ic_error_value(err, "the journal keeps no block digests: a copy with a "
+                              "checksum needs a journal that does");
+    return ic_checkpoint_new(c->dst, j, opt->journal_interval_bytes, &c->checkpoint, err);
 }
 
 int ic_copy_put_digests(struct ic_copy *c, uint64_t first, uint64_t count,
@@ -1005,6 +1057,10 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
         return ic_error_nomem(err);
     }
     atomic_init(&c->offload_refused, 0);
+    if (opt->journal && start_checkpoints(c, err) < 0) {
+        free_copy(c);
+        return -1;
+    }
     if (opt->checksum && start_hash(c, err) < 0) {
         free_copy(c);
         return -1;
@@ -1026,10 +1082,16 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
     struct ic_job_params params = {.concurrency = slots, .queue_depth = queue_depth,
                                    .total = c->bytes_changed, .pool = opt->pool,
                                    .threads = opt->concurrency < slots ? opt->concurrency : slots};
+    if (c->checkpoint) {
+        uint64_t ms = opt->journal_interval_ms ? opt->journal_interval_ms : 5000;
+        params.tick_ms = ms > UINT_MAX ? UINT_MAX : (unsigned)ms;
+    }
     if (ic_job_start(&copy_ops, c, &params, &c->job, err) < 0) {
         free_copy(c);
         return -1;
     }
+    if (c->checkpoint)
+        ic_checkpoint_set_job(c->checkpoint, c->job);
     *out = c;
     return 0;
 }
@@ -1060,6 +1122,12 @@ int ic_copy_finish(struct ic_copy *c, struct ic_copy_stats *out, struct ic_error
 {
     struct ic_error failure = {0};
     int ret = ic_job_finish(c->job, &failure);
+    if (ret < 0 && c->checkpoint) {
+        /* failed or cancelled: what the items finished is kept if it can
+         * be (a Ctrl-C loses nothing; a dead destination refuses) */
+        struct ic_error ignored = {0};
+        (void)ic_checkpoint_run(c->checkpoint, &ignored);
+    }
     if (out) {
         ic_copy_progress(c, out);
         out->checksum[0] = '\0';

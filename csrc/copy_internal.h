@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "blkhash.h"
 #include "image.h"
 #include "job.h"
 
@@ -88,6 +89,7 @@ struct ic_copy {
     uint64_t backing_end; /* overlay: where that file ends (qemu's length) */
 
     struct ic_blkhash *hash; /* the source's checksum, if asked for */
+    struct ic_checkpoint *checkpoint; /* a journalled copy's */
     int shard_hash;          /* of one range's blocks only: no whole checksum */
 
     atomic_int offload_refused;
@@ -97,6 +99,25 @@ struct ic_copy {
     atomic_uint_fast64_t extents;
     atomic_uint_fast64_t bytes_compared, bytes_equal;
 };
+
+/* copy_checkpoint.c: a journalled copy's checkpoints.  Items tell what
+ * they finished, the hash (through the sink) its block digests; each
+ * checkpoint (the job's tick, and once more at the end) makes the
+ * destination durable, then records in the journal what was finished
+ * before it began.  every_bytes: ask for a tick once that much more is
+ * finished (0: by time only; the job set later, before any item runs). */
+struct ic_checkpoint;
+struct ic_journal;
+int ic_checkpoint_new(struct ic_image *dst, struct ic_journal *journal, uint64_t every_bytes,
+                      struct ic_checkpoint **out, struct ic_error *err);
+void ic_checkpoint_set_job(struct ic_checkpoint *k, struct ic_job *job);
+void ic_checkpoint_done(struct ic_checkpoint *k, uint64_t off, uint64_t len);
+ic_blkhash_sink_fn ic_checkpoint_sink;
+int ic_checkpoint_run(struct ic_checkpoint *k, struct ic_error *err);
+void ic_checkpoint_free(struct ic_checkpoint *k);
+/* A resumed copy's checksum: the journal's recorded blocks handed in */
+int ic_checkpoint_preset(struct ic_journal *journal, struct ic_blkhash *hash,
+                         struct ic_error *err);
 
 /* planner.c: the job's planner */
 int ic_copy_plan(struct ic_job *job, void *copy, struct ic_error *err);

@@ -444,6 +444,8 @@ struct ic_range {
  * first that reaches past `size`. */
 int ic_ranges_normalize(struct ic_range *r, size_t *n, uint64_t size, struct ic_error *err);
 
+struct ic_journal;
+
 struct ic_copy_options {
     uint64_t sparse_threshold; /* zero runs this long become holes; 0: write all */
     uint64_t request_size;     /* bytes per read/write request             */
@@ -493,6 +495,19 @@ struct ic_copy_options {
     /* Bytes of buffers the copy's items may hold at most (a fleet's share
      * of its memory limit): fewer items in flight; 0: as it needs. */
     uint64_t buffer_limit;
+    /* A resumable copy: record in this journal (journal.h, opened by the
+     * caller with the copy's identity, its size the source's) what is
+     * done.  Every journal_interval_ms (0: 5 s), or sooner once
+     * journal_interval_bytes more are done (0: by time only), the
+     * destination is made durable and what was done before that recorded,
+     * with the checksum's block digests when the journal keeps them (the
+     * copy's checksum and block size must be the journal's then); at the
+     * end, all of it.  A resumed journal's digests complete the checksum
+     * of a copy of what is left (`changed`: what it does not hold).  Not
+     * with compare_block_size nor block_sink.  Not in the field table. */
+    struct ic_journal *journal;
+    uint64_t journal_interval_ms;
+    uint64_t journal_interval_bytes;
 };
 
 

@@ -42,6 +42,11 @@ struct ic_job {
     pthread_cond_t finished; /* CLOCK_MONOTONIC */
     pthread_t planner;
     int planner_started, planner_done;
+    pthread_t ticker;
+    int ticker_started;
+    unsigned tick_ms;
+    int ticking, tick_stop, tick_due; /* in a tick; no more ticks; tick now */
+    pthread_cond_t tick_wake, tick_idle; /* CLOCK_MONOTONIC; a tick returned */
     int state, stopped, failed, cancelled;
     int interrupting; /* stopped, its interrupt handler not yet returned */
     struct ic_error error;
@@ -152,6 +157,7 @@ static int stop(struct ic_job *job)
     job->stopped = 1;
     job->interrupting = 1;
     pthread_cond_broadcast(&job->space);
+    pthread_cond_broadcast(&job->tick_wake);
     return 1;
 }
 
@@ -164,11 +170,23 @@ static void interrupt(struct ic_job *job)
 /* When nothing more can run: discard what is queued (a stopped job),
  * complete (one that was not), then finished.  The thread that sees the
  * job drained does this, without the lock for the handlers. */
+static int drained(const struct ic_job *job)
+{
+    return job->state == JOB_RUNNING && job->planner_done && !job->running &&
+           !job->interrupting && (job->stopped || !job->qcount);
+}
+
 static void end_if_drained(struct ic_job *job)
 {
     struct ic_pool *pool = job->pool;
-    if (job->state != JOB_RUNNING || !job->planner_done || job->running ||
-        job->interrupting || (!job->stopped && job->qcount))
+    if (!drained(job))
+        return;
+    /* no tick alongside complete, nor after the end */
+    job->tick_stop = 1;
+    pthread_cond_broadcast(&job->tick_wake);
+    while (job->ticking)
+        pthread_cond_wait(&job->tick_idle, &pool->lock);
+    if (!drained(job)) /* a tick failed meanwhile: its stop ends the job */
         return;
     job->state = JOB_ENDING;
     size_t isz = job->ops->item_size;
@@ -336,6 +354,55 @@ static void *planner_main(void *arg)
     return NULL;
 }
 
+static void wake_at(struct timespec *t, unsigned ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, t);
+    t->tv_sec += ms / 1000;
+    t->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t->tv_nsec >= 1000000000L) {
+        t->tv_sec++;
+        t->tv_nsec -= 1000000000L;
+    }
+}
+
+static void *ticker_main(void *arg)
+{
+    struct ic_job *job = arg;
+    struct ic_pool *pool = job->pool;
+    pthread_mutex_lock(&pool->lock);
+    for (;;) {
+        struct timespec next;
+        wake_at(&next, job->tick_ms);
+        while (!job->tick_stop && !job->stopped && !job->tick_due)
+            if (pthread_cond_timedwait(&job->tick_wake, &pool->lock, &next) == ETIMEDOUT)
+                break;
+        if (job->tick_stop || job->stopped)
+            break;
+        job->tick_due = 0;
+        job->ticking = 1;
+        pthread_mutex_unlock(&pool->lock);
+        struct ic_error err = {0};
+        int r = job->ops->tick(job->ctx, &err);
+        pthread_mutex_lock(&pool->lock);
+        job->ticking = 0;
+        pthread_cond_broadcast(&job->tick_idle);
+        /* a failure stops the job before anyone can complete it */
+        if (r < 0 && job->state == JOB_RUNNING) {
+            record_error(job, &err);
+            if (stop(job)) {
+                pthread_mutex_unlock(&pool->lock);
+                interrupt(job);
+                pthread_mutex_lock(&pool->lock);
+                job->interrupting = 0;
+                end_if_drained(job);
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return NULL;
+}
+
 static void free_job_memory(struct ic_job *job)
 {
     free(job->queue);
@@ -391,11 +458,27 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
         free_job_memory(job);
         return ic_error_nomem(err);
     }
+    if (init_monotonic_cond(&job->tick_wake) < 0) {
+        pthread_cond_destroy(&job->space);
+        pthread_cond_destroy(&job->finished);
+        free_job_memory(job);
+        return ic_error_nomem(err);
+    }
+    if (pthread_cond_init(&job->tick_idle, NULL)) {
+        pthread_cond_destroy(&job->space);
+        pthread_cond_destroy(&job->finished);
+        pthread_cond_destroy(&job->tick_wake);
+        free_job_memory(job);
+        return ic_error_nomem(err);
+    }
+    job->tick_ms = ops->tick ? params->tick_ms : 0;
     job->pool = params->pool;
     if (!job->pool) {
         if (ic_pool_new(threads, 0, &job->pool, err) < 0) {
             pthread_cond_destroy(&job->space);
             pthread_cond_destroy(&job->finished);
+            pthread_cond_destroy(&job->tick_wake);
+            pthread_cond_destroy(&job->tick_idle);
             free_job_memory(job);
             return -1;
         }
@@ -414,6 +497,16 @@ int ic_job_start(const struct ic_job_ops *ops, void *ctx, const struct ic_job_pa
     }
     pthread_mutex_unlock(&pool->lock);
     *out = job;
+    if (job->tick_ms) {
+        int te = pthread_create(&job->ticker, NULL, ticker_main, job);
+        if (te) {
+            struct ic_error e2 = {0};
+            ic_error_os(&e2, te, NULL, "start the job's ticker thread");
+            ic_job_fail(job, &e2);
+        } else {
+            job->ticker_started = 1;
+        }
+    }
     int e = pthread_create(&job->planner, NULL, planner_main, job);
     if (e) {
         struct ic_error e2 = {0};
@@ -489,6 +582,14 @@ void ic_job_fail(struct ic_job *job, const struct ic_error *err)
     stop_with(job, err);
 }
 
+void ic_job_tick_now(struct ic_job *job)
+{
+    pthread_mutex_lock(&job->pool->lock);
+    job->tick_due = 1;
+    pthread_cond_broadcast(&job->tick_wake);
+    pthread_mutex_unlock(&job->pool->lock);
+}
+
 void ic_job_cancel(struct ic_job *job)
 {
     stop_with(job, NULL);
@@ -524,13 +625,7 @@ void ic_job_progress(struct ic_job *job, uint64_t *done, uint64_t *total)
 int ic_job_wait(struct ic_job *job, unsigned timeout_ms)
 {
     struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    wake_at(&deadline, timeout_ms);
     pthread_mutex_lock(&job->pool->lock);
     while (job->state != JOB_FINISHED)
         if (pthread_cond_timedwait(&job->finished, &job->pool->lock, &deadline) == ETIMEDOUT)
@@ -550,6 +645,10 @@ int ic_job_finish(struct ic_job *job, struct ic_error *err)
     if (job->planner_started) {
         pthread_join(job->planner, NULL);
         job->planner_started = 0;
+    }
+    if (job->ticker_started) { /* finished: tick_stop or stopped is set */
+        pthread_join(job->ticker, NULL);
+        job->ticker_started = 0;
     }
     if (job->failed) {
         if (err)
@@ -585,5 +684,7 @@ void ic_job_free(struct ic_job *job)
         ic_pool_free(pool);
     pthread_cond_destroy(&job->space);
     pthread_cond_destroy(&job->finished);
+    pthread_cond_destroy(&job->tick_wake);
+    pthread_cond_destroy(&job->tick_idle);
     free_job_memory(job);
 }

@@ -10,9 +10,10 @@
  * `resume` (an item waits for I/O or for its turn without a thread: the
  * items in flight are not limited by the threads).
  *
- * Life of a job: start -> planner pushes, workers run -> when the planner
- * is done and no item is queued or running, `complete` runs (unless the
- * job stopped) -> finished.  The first error wins and stops the job;
+ * Life of a job: start -> planner pushes, workers run (and `tick` runs
+ * every tick_ms on a thread of its own) -> when the planner is done and no
+ * item is queued or running, the ticks stop and `complete` runs (unless
+ * the job stopped) -> finished.  The first error wins and stops the job;
  * cancel stops it with ECANCELED.  Items queued when a job stops are
  * handed to `discard`, never run. */
 #ifndef IMGCOPY_JOB_H
@@ -60,6 +61,10 @@ struct ic_job_ops {
     void (*interrupt)(void *ctx);
     /* optional: an item queued but never run because the job stopped */
     void (*discard)(void *ctx, void *item);
+    /* optional: every tick_ms (or sooner: ic_job_tick_now) while items run,
+     * on a thread of its own, never two at once nor alongside complete
+     * (a copy's checkpoints); -1 with err fails the job */
+    int (*tick)(void *ctx, struct ic_error *err);
 };
 
 struct ic_job_params {
@@ -68,6 +73,7 @@ struct ic_job_params {
     uint64_t total;       /* what progress counts up to */
     struct ic_pool *pool; /* NULL: a private pool of `threads` threads */
     unsigned threads;     /* a private pool's threads: 0 = concurrency */
+    unsigned tick_ms;     /* ops->tick's period (0: no ticks) */
 };
 
 /* *out is set before the planner starts (plan() may be handed the job
@@ -80,6 +86,8 @@ void ic_job_item_done(struct ic_job *job, unsigned slot, int failed, const struc
  * thread (before any new item: it holds its share of the budget). */
 void ic_job_item_resume(struct ic_job *job, unsigned slot);
 void ic_job_fail(struct ic_job *job, const struct ic_error *err);
+/* The next tick comes now, not at its time (no-op without ticks) */
+void ic_job_tick_now(struct ic_job *job);
 void ic_job_cancel(struct ic_job *job);
 int ic_job_stopped(struct ic_job *job);
 /* stopped by ic_job_cancel() (not by a failure) */

@@ -195,6 +195,24 @@ class Pool:
     @property
     def budget(self) -> int: ...
 
+class Journal:
+    """A copy's journal (csrc/journal.h): made, or an earlier run's opened
+    and checked against this identity (ValueError naming what differs;
+    ImageFormatError when damaged)."""
+    def __new__(cls, path: Union[str, bytes, "os.PathLike[str]"], *, source: str = ...,
+                destination: str = ..., size: int = ..., options: str = ...,
+                algorithm: Optional[str] = ..., block_size: int = ...) -> Journal: ...
+    @property
+    def resumed(self) -> bool: ...
+    @property
+    def done(self) -> bytes:
+        """The ranges recorded done: packed native uint64 (offset, length)."""
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def complete(self) -> None:
+        """The copy completed: the journal is removed (durably)."""
+
 def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool = ...,
          sparse_threshold: int = ..., request_size: int = ..., concurrency: int = ...,
          out_of_order: bool = ..., target_is_zero: Optional[bool] = ...,
@@ -203,7 +221,9 @@ def copy(src: Image, dst: Image, *, progress: Optional[object] = ..., log: bool 
          checksum: Optional[str] = ...,
          checksum_block_size: int = ..., changed: Optional[bytes] = ...,
          compare_block_size: int = ..., block_digests: bool = ...,
-         pool: Optional[Pool] = ..., buffer_limit: int = ...) -> CopyReport:
+         pool: Optional[Pool] = ..., buffer_limit: int = ...,
+         journal: Optional[Journal] = ..., journal_interval_ms: int = ...,
+         journal_interval_bytes: int = ...) -> CopyReport:
     """Copy src to dst; progress(done, total) is called as it goes;
     ``checksum``: also the source's blkhash with this algorithm;
     ``changed``: only these ranges (packed native uint64 offset, length

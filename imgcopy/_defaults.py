@@ -12,3 +12,5 @@ COPY_DEFAULTS = _core.copy_option_defaults()
 # checksums: blksum's digest and block size
 DEFAULT_ALGORITHM = "sha256"
 DEFAULT_BLOCK_SIZE = 65536
+# convert(journal=)'s checkpoints: every this many seconds
+JOURNAL_INTERVAL = 5.0

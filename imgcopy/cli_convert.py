@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ._defaults import (COPY_DEFAULTS, DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, DEST_FORMATS,
-                        FORMATS)
+                        FORMATS, JOURNAL_INTERVAL)
 from .cli_common import parse_size, source_arguments, write
 
 TYPE_CHECKING = False
@@ -99,6 +99,13 @@ def register(subparsers: Any) -> None:
                         "into an existing destination; other shards do the rest)")
     c.add_argument("--length", type=parse_size, default=None, metavar="L",
                    help="the shard's length")
+    c.add_argument("--journal", default=None, metavar="PATH",
+                   help="record what is done in PATH: run the same command again after any "
+                        "failure and only what is missing is copied")
+    c.add_argument("--journal-interval", type=_interval, default=JOURNAL_INTERVAL,
+                   metavar="SECONDS|SIZE",
+                   help=f"a checkpoint every SECONDS (default {JOURNAL_INTERVAL:g}), or once "
+                        "SIZE more is done")
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=run, parser=c)
@@ -256,4 +263,12 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
         compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
-        bitmap=args.bitmap)
+        bitmap=args.bitmap, journal=args.journal, journal_interval=args.journal_interval)
+
+
+def _interval(text: str):
+    """--journal-interval: seconds, or a size with its unit ("256M")."""
+    try:
+        return float(text)
+    except ValueError:
+        return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
+from ._defaults import JOURNAL_INTERVAL
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
 from ._sharing import SHARING
@@ -41,7 +42,9 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             checksum_block_size: Size = DEFAULT_BLOCK_SIZE,
             verify: bool = False, changed: Any = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
-            length: Optional[int] = None, bitmap: Optional[str] = None) -> CopyResult:
+            length: Optional[int] = None, bitmap: Optional[str] = None,
+            journal: Optional[PathArg] = None,
+            journal_interval: Union[float, str] = JOURNAL_INTERVAL) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -147,8 +150,28 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     digests (``CopyResult.block_digests``): ``combine_checksums()`` makes
     the disk's checksum from every shard's; ``verify`` reads the range back.
 
+    Resumable copies: ``journal``: a file path; the copy records in it,
+    durably and cheaply, what is done: every ``journal_interval`` [5.0
+    seconds; or a size such as "256M": once that much more is done, and
+    every 5 s at the latest] the destination is made durable, then the
+    ranges finished before that are recorded, with their blkhash block
+    digests when a whole copy has a ``checksum``.  Run the same copy again
+    after any failure (an exception, Ctrl-C, SIGKILL, a power cut) and it
+    copies only what the journal does not hold, then finishes as a normal
+    copy and removes the journal; ``CopyResult.bytes_resumed`` says how
+    much an earlier run had done, and the checksum is the whole copy's,
+    made from the journal's digests and this run's reads.  The journal
+    names the source (its file, size, modification time; or URI), the
+    destination and the options that change the output: another copy's
+    journal is refused (``ValueError`` naming what differs), a damaged one
+    too (``ImageFormatError``); a torn last record, as a crash leaves it,
+    is dropped.  A new destination is written to
+    ``.<dst name>.<journal name>.partial`` beside ``dst``, kept after a
+    failure and renamed to ``dst`` when complete.  Not with a shard,
+    ``changed="compare"`` or the null target.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
-    + zeroed + skipped is the source's size), requests of each kind, source
+    + zeroed + skipped is the source's size, less ``bytes_resumed``), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
     ``CopyOptions`` the copy ran with, as the C core decided them from the
     ones asked for and the destination (``target_is_zero`` None decided, a
@@ -182,5 +205,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
                              backing_file=backing_file, backing_format=backing_format),
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
-        offset=offset, length=length, pool=sharing.pool, buffer_limit=sharing.buffer_limit, bitmap=bitmap)
+        offset=offset, length=length, pool=sharing.pool, buffer_limit=sharing.buffer_limit,
+        bitmap=bitmap, journal=journal, journal_interval=journal_interval)
     return steps.execute()

@@ -3,12 +3,13 @@ CopySteps): what convert() and plan() are made of."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
-from ._defaults import DEST_FORMATS
+from ._defaults import DEST_FORMATS, JOURNAL_INTERVAL
 from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from .sizes import Size
 
 NULL_TARGET = "null:"
+# how a partial qcow2 is opened again (its metadata as the last checkpoint left it)
+_RESUME: Dict[str, Any] = {}
 
 
 @dataclass
@@ -59,6 +62,9 @@ class CopyResult:
     block_digests: Optional[bytes] = field(default=None, repr=False)
     # imgcopy.distributed.convert(): the shards the disk was cut into
     shards: Optional[List[Tuple[int, int]]] = None
+    # journal=: the bytes an earlier run had copied and recorded, not
+    # copied again (the counters above are this run's)
+    bytes_resumed: int = 0
     options: CopyOptions = field(default_factory=CopyOptions, repr=False)
     # checksum=: the source's blkhash (hex), from what the copy read;
     # verify=True: the destination's, read back after the copy
@@ -132,7 +138,8 @@ class CopySteps:
                  changed: Any = None, compare_block_size: Optional[Size] = None,
                  offset: Optional[int] = None, length: Optional[int] = None,
                  pool: Any = None, buffer_limit: int = 0,
-                 bitmap: Optional[str] = None) -> None:
+                 bitmap: Optional[str] = None, journal: Optional[PathArg] = None,
+                 journal_interval: Any = JOURNAL_INTERVAL) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -151,6 +158,12 @@ class CopySteps:
         # a fleet's: the shared pool, and this copy's share of its memory
         self.pool, self.buffer_limit = pool, buffer_limit
         self.bitmap = bitmap
+        self._journal_arg, self._journal_interval = journal, journal_interval
+        self.journal_path: Optional[str] = None
+        self.journal: Optional[_core.Journal] = None  # open_destination
+        self.journal_every = (0, 0)  # checkpoints: (milliseconds, bytes)
+        self.partial: Optional[str] = None  # a new destination's file until the commit
+        self.resumed_bytes = 0
         self.changed: Optional[bytes] = None  # packed ranges (validate)
         self.compare_block = 0
         # what the steps find and make
@@ -233,6 +246,27 @@ class CopySteps:
         if create_options is not None and not self.create:
             _check_existing_layout(create_options)
         self.dst_format, self.create_options = dst_format, create_options
+        if self._journal_arg is not None:
+            self._validate_journal()
+
+    def _validate_journal(self) -> None:
+        """journal=: what a journal cannot record, refused before anything opens.
+        (imgcopy.journal, and hashlib with it, is imported by journalled
+        copies alone: a copy without one starts without them.)"""
+        from .journal import parse_interval
+
+        self.journal_path = os.fsdecode(os.fspath(self._journal_arg))
+        self.journal_every = parse_interval(self._journal_interval)
+        if self.offset is not None:
+            raise ValueError("a shard is copied again whole: journal= is for whole copies, "
+                             "not with offset/length")
+        if self.compare_block:
+            raise ValueError("changed='compare' resumes by comparing again: no journal needed")
+        if self.is_null:
+            raise ValueError("a journal records what reached a destination: not the null "
+                             "target")
+        if self.request_log:
+            raise ValueError("a plan records no journal")
 
     def _shard_range(self) -> None:
         """offset=/length=: a range shard, copied as one changed range."""
@@ -279,6 +313,9 @@ class CopySteps:
             self.core = null_destination(source.size)
             return self.core
         _check_not_read(source, dst_name)
+        if self.journal_path is not None:
+            self.core = self._open_journalled(source)
+            return self.core
         if self.create:
             create_options = self.create_options
             laid_out = create_options.create_keywords() if create_options else {}
@@ -286,15 +323,99 @@ class CopySteps:
                                         direct=options.destination_direct,
                                         writeback=options.flush, atomic=True, **laid_out)
             return self.core
+        self.core = self._open_existing(source)
+        return self.core
+
+    def _journal_identity(self, source: Image) -> Dict[str, Any]:
+        """What names this copy in its journal: the source, the destination
+        and the options that change the output.  Block digests are kept for
+        a whole copy's checksum only (a copy of changes hashes apart)."""
+        from .journal import destination_identity, options_text, source_identity
+
+        algorithm = self.algorithm if self.changed is None else None
+        create = self.create_options.create_keywords() if self.create_options else {}
+        opts = self.options
+        text = options_text(src_format=source.format, dst_format=self.dst_format,
+                            create=self.create, layout=create,
+                            sparse_threshold=parse_size(opts.sparse_threshold,
+                                                        "sparse_threshold"),
+                            target_is_zero=opts.target_is_zero, changed=self.changed,
+                            bitmap=self.bitmap)
+        return dict(source=source_identity(os.fsdecode(os.fspath(self.src)), source.format,
+                                           source.size, self.src_member),
+                    destination=destination_identity(self.dst_name, self.dst_format,
+                                                     self.create),
+                    size=source.size, options=text, algorithm=algorithm,
+                    block_size=(self.block_size or DEFAULT_BLOCK_SIZE) if algorithm else 1)
+
+    def _open_journalled(self, source: Image) -> _core.Image:
+        """journal=: the journal (made, or an earlier run's: refused unless
+        it is this copy's), and the destination: an existing one as it is;
+        a new one in its partial file, resumed when the journal recorded
+        some of it."""
+        assert self.journal_path is not None
+        self.journal = _core.Journal(self.journal_path, **self._journal_identity(source))
+        try:
+            if not self.create:
+                return self._open_existing(source)
+            if _written_in_place(self.dst_name):  # an NBD export, a block device
+                options = self.options
+                core, _ = _core.create(self.dst, self.dst_format, source.size,
+                                       direct=options.destination_direct,
+                                       writeback=options.flush)
+                return core
+            return self._open_partial(source)
+        except BaseException:
+            self.journal.close()
+            raise
+
+    def _open_partial(self, source: Image) -> _core.Image:
+        from .journal import covers, partial_path, recorded_bytes
+
+        assert self.journal is not None and self.journal_path is not None
+        options, journal = self.options, self.journal
+        partial = partial_path(self.dst_name, self.journal_path)
+        done = journal.done if journal.resumed else b""
+        if done and os.path.exists(partial):
+            core = _core.Image(partial, self.dst_format, writable=True,
+                               direct=options.destination_direct, **_RESUME)
+            if core.size != source.size:
+                core.close()
+                raise ValueError(f"{partial}: the journal's partial copy has {core.size} "
+                                 f"bytes, the source {source.size}: remove {self.journal_path} "
+                                 "and it to copy again from the start")
+            self.partial = partial
+            return core
+        if done and covers(done, source.size) and os.path.exists(self.dst_name):
+            # an earlier run renamed the complete copy into place but did
+            # not remove its journal: nothing is left but that
+            return _core.Image(self.dst_name, self.dst_format, writable=True,
+                               direct=options.destination_direct)
+        if done:
+            raise ValueError(f"{self.journal_path} records {recorded_bytes(done)} bytes copied into "
+                             f"{partial}, which is gone: remove the journal to copy again "
+                             "from the start")
+        if os.path.lexists(partial):  # made before the journal recorded anything
+            os.unlink(partial)
+        create_options = self.create_options
+        laid_out = create_options.create_keywords() if create_options else {}
+        core, _ = _core.create(partial, self.dst_format, source.size,
+                               direct=options.destination_direct, writeback=options.flush,
+                               **laid_out)
+        self.partial = partial
+        return core
+
+    def _open_existing(self, source: Image) -> _core.Image:
+        """An existing destination, at least the source's size."""
+        options = self.options
         # a shard's destination is written by the other shards too
         core = _core.Image(self.dst, self.dst_format, writable=True,
                            direct=options.destination_direct,
                            share_write=self.offset is not None)
-        self.core = core
-        dst_size = core.size
-        if dst_size < source.size:
+        if core.size < source.size:
+            dst_size = core.size
             core.close()
-            raise ValueError(f"{dst_name}: the destination ({dst_size} bytes) is smaller "
+            raise ValueError(f"{self.dst_name}: the destination ({dst_size} bytes) is smaller "
                              f"than the source ({source.size} bytes)")
         return core
 
@@ -316,6 +437,8 @@ class CopySteps:
             raise
         finally:
             core.close()
+            if self.journal is not None and not self.journal.closed:
+                self.journal.close()  # kept: the next run resumes
         report, cache = self.report, self.cache
         if report is None or cache is None:  # cannot be: the copy ran to its end
             raise RuntimeError("the copy ended without its report")
@@ -330,23 +453,50 @@ class CopySteps:
         # source is made apart (verify); a shard's checksum is its blocks'
         shard = self.offset is not None
         in_copy = self.algorithm if self.changed is None or shard else None
+        changed, journalled = self.changed, {}
+        if self.journal is not None:
+            # what an earlier run recorded is not copied again; a whole
+            # copy's checksum takes those blocks' digests from the journal
+            from .journal import recorded_bytes, remaining
+
+            done = self.journal.done
+            self.resumed_bytes = recorded_bytes(done)
+            changed, _ = remaining(done, source.size, self.changed)
+            every_ms, every_bytes = self.journal_every
+            journalled = dict(journal=self.journal, journal_interval_ms=every_ms,
+                              journal_interval_bytes=every_bytes)
         self.report = _core.copy(source._img, core, progress=_progress_adapter(bar),
                                  checksum=in_copy, checksum_block_size=self.block_size,
-                                 log=self.request_log, changed=self.changed,
+                                 log=self.request_log, changed=changed,
                                  compare_block_size=self.compare_block,
                                  block_digests=shard and in_copy is not None,
                                  pool=self.pool, buffer_limit=self.buffer_limit,
-                                 **self.options.engine_options(**logged))
+                                 **journalled, **self.options.engine_options(**logged))
         if self.offset is not None and self.length is not None:  # a shard
             self.report["offset"], self.report["length"] = self.offset, self.length
+        self.report["bytes_resumed"] = self.resumed_bytes
         self.options = self.options.ran_with(self.report["options"])
         self.cache = source.cache_stats()
         if self.algorithm is not None and in_copy is None and not shard:
             self.report["checksum"] = image_checksum(source, self.algorithm, self.block_size)
 
     def commit(self) -> None:
-        """The destination finished (flushed unless told not to)."""
+        """The destination finished (flushed unless told not to); with a
+        journal, a new one's partial file renamed into place, then the
+        journal removed (a Ctrl-C meanwhile waits: the copy is complete)."""
         self._open_destination().finish(sync=self.options.flush)
+        if self.journal is not None:
+            _uninterrupted(self._complete_journal)
+
+    def _complete_journal(self) -> None:
+        from .journal import fsync_directory
+
+        assert self.journal is not None
+        if self.partial is not None and os.path.exists(self.partial):
+            os.replace(self.partial, self.dst_name)
+            fsync_directory(self.dst_name)
+        if not self.journal.closed:
+            self.journal.complete()
 
     def verify(self, result: CopyResult) -> CopyResult:
         """With verify=True, the committed destination read back: its
@@ -445,6 +595,17 @@ def _verify(dst: PathArg, dst_format: str, expected: str, algorithm: str, block_
     return got
 
 
+def _written_in_place(dst: str) -> bool:
+    """A destination a new copy writes in place, not in a file of its own
+    renamed at the end: an NBD export, a block device."""
+    if "://" in dst:
+        return True
+    try:
+        return stat.S_ISBLK(os.stat(dst).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def _uninterrupted(step: Callable[[], Any]) -> None:
     """Run an idempotent step (closing an image) to its end, whatever
     Ctrl-C comes meanwhile."""
@@ -473,6 +634,7 @@ def _completed(report: CopyReport, elapsed: float, cache: CacheStats,
                 checksum=report.get("checksum"), bytes_changed=report["bytes_changed"],
                 bytes_compared=report["bytes_compared"], bytes_equal=report["bytes_equal"],
                 offset=report.get("offset"), length=report.get("length"),
-                block_digests=report.get("block_digests"))
+                block_digests=report.get("block_digests"),
+                bytes_resumed=report.get("bytes_resumed", 0))
         except KeyboardInterrupt:
             continue

@@ -18,7 +18,7 @@ from .units import KiB, MiB
 STATS_KEYS = ("bytes_read", "bytes_written", "bytes_zeroed", "bytes_skipped", "read_requests",
               "write_requests", "zero_requests", "extents", "elapsed", "cache_hits",
               "cache_misses", "lseek_calls", "bytes_already_zero", "bytes_changed",
-              "bytes_compared", "bytes_equal")
+              "bytes_compared", "bytes_equal", "bytes_resumed")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)

@@ -108,12 +108,16 @@ COMMANDS = {
     # a fleet's sharing (its pool, its memory) reaches convert() through
     # _sharing's context variable; a single copy imports no fleet
     "convert": (["convert", "-O", "raw", "QCOW2", "OUT"], CLI | READ | CONVERT,
-                {"shutil", "difflib", "json", "threading", "imgcopy.fleet",
+                {"shutil", "difflib", "json", "threading", "hashlib", "imgcopy.fleet",
                  "imgcopy.distributed", "imgcopy.shards"}),
     # --bitmap: the changed ranges from the source's dirty map, no more
     "convert --bitmap": (["convert", "-n", "-O", "raw", "--bitmap", "b0", "BITMAPS", "COPY"],
                          CLI | READ | CONVERT,
                          {"shutil", "difflib", "json", "threading", "imgcopy.fleet"}),
+    # --journal: the journal's module (and hashlib) for a journalled copy only
+    "convert --journal": (["convert", "-O", "raw", "--journal", "JOURNAL", "QCOW2", "RESUMED"],
+                          CLI | READ | CONVERT | {"imgcopy.journal"},
+                          {"shutil", "difflib", "json", "imgcopy.fleet"}),
     "convert-many": (["convert-many", "JOBS"], CLI | READ | CONVERT | {"imgcopy.fleet"},
                      {"shutil", "difflib", "imgcopy.distributed"}),
 }
@@ -139,7 +143,8 @@ def modules_of(tmp_path_factory):
     jobs = work / "jobs.json"
     jobs.write_text(json.dumps([{"src": str(qcow2), "dst": str(work / "many.raw")}]))
     names = {"RAW": str(raw), "QCOW2": str(qcow2), "OUT": str(work / "out.raw"),
-             "JOBS": str(jobs), "BITMAPS": str(work / "bitmaps.qcow2")}
+             "JOBS": str(jobs), "BITMAPS": str(work / "bitmaps.qcow2"),
+             "JOURNAL": str(work / "copy.journal"), "RESUMED": str(work / "resumed.raw")}
     if HAVE_QEMU:  # a persistent bitmap, and a guest's write it marks
         imgcopy.convert(str(raw), names["BITMAPS"], dst_format="qcow2")
         qemu_img("bitmap", "--add", names["BITMAPS"], "b0")

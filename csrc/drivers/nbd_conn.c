@@ -65,6 +65,7 @@ static struct nbd_request *retire_locked(struct nbd_state *st, struct nbd_reques
         if (r->op == OP_WRITE)
             st->bytes_in_flight -= r->len;
         st->unwaited--;
+        st->unwaited_in[r->epoch]--;
     }
     if (r->aio)
         return r;
@@ -583,19 +584,31 @@ int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_er
     if (r->op == OP_WRITE)
         st->bytes_in_flight += r->len;
     st->unwaited++;
+    r->epoch = st->epoch;
+    st->unwaited_in[r->epoch]++;
     st->unflushed = 1;
     enqueue_locked(st, r);
     pthread_mutex_unlock(&st->lock);
     return 0;
 }
 
-/* Wait until every write and zero has its reply; their first failure */
+/* Wait until every write and zero queued before has its reply; their
+ * first failure */
 int nbd_drain(struct ic_image *img, struct ic_error *err)
 {
     struct nbd_state *st = nbd_state_of(img);
     pthread_mutex_lock(&st->lock);
-    while (st->unwaited)
+    /* those queued from now on go to the other epoch: a copy writing on
+     * never keeps this drain waiting (one drain at a time) */
+    while (st->draining)
         pthread_cond_wait(&st->changed, &st->lock);
+    st->draining = 1;
+    unsigned before = st->epoch;
+    st->epoch ^= 1;
+    while (st->unwaited_in[before])
+        pthread_cond_wait(&st->changed, &st->lock);
+    st->draining = 0;
+    pthread_cond_broadcast(&st->changed);
     pthread_mutex_unlock(&st->lock);
     return nbd_failed(img, err);
 }

@@ -51,6 +51,7 @@ struct nbd_request {
     int waited; /* the caller waits: it frees the request */
     uint64_t t0; /* sent (CLOCK_MONOTONIC ns): its round trip is measured */
     struct nbd_aio *aio; /* asynchronous: told at completion, then freed */
+    unsigned epoch; /* unwaited: the drain epoch it was queued in */
     int done;
     int error;
     /* block status: the answer, per context */
@@ -112,6 +113,11 @@ struct nbd_state {
     pthread_cond_t changed; /* a request completed */
     uint64_t bytes_in_flight;
     unsigned unwaited; /* writes and zeroes not completed yet */
+    /* of them, per drain epoch: a drain waits for those queued before it
+     * only (a checkpoint's flush, while the copy goes on writing) */
+    unsigned unwaited_in[2];
+    unsigned epoch;
+    int draining;
     unsigned nthreads;  /* connections whose I/O thread started */
     unsigned nsettled;  /* of them, dead or gone */
     int dying;          /* a connection died: the others are shut down */

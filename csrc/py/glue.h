@@ -24,6 +24,7 @@ static inline PyObject *Py_NewRef(PyObject *obj)
 typedef struct {
     PyTypeObject *image_type;
     PyTypeObject *pool_type;
+    PyTypeObject *journal_type;
     PyObject *error;                 /* imgcopy.errors.Error */
     PyObject *image_format_error;    /* imgcopy.errors.ImageFormatError */
     PyObject *os_error_factory;      /* imgcopy.errors.os_error */
@@ -104,6 +105,17 @@ typedef struct {
     struct ic_pool *pool;
 } PoolObject;
 extern PyType_Spec pool_type_spec;
+
+struct ic_journal;
+typedef struct {
+    PyObject_HEAD
+    struct ic_journal *journal; /* NULL once closed or completed */
+    PyObject *path;             /* str, for messages */
+    int busy;                   /* a copy records in it (with the GIL released) */
+} JournalObject;
+extern PyType_Spec journal_type_spec;
+/* the open journal, or NULL with an exception (closed, or busy) */
+struct ic_journal *journal_usable(JournalObject *self);
 struct ic_image *image_usable(ImageObject *self);
 /* A call in flight on the image (close() waits for it) */
 void image_enter(ImageObject *self);

@@ -184,24 +184,29 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"src", "dst", "progress", "log", "checksum",
                              "checksum_block_size", "changed", "compare_block_size",
-                             "block_digests", "pool", "buffer_limit", NULL};
+                             "block_digests", "pool", "buffer_limit", "journal",
+                             "journal_interval_ms", "journal_interval_bytes", NULL};
     core_state *st = module_state(m);
     ImageObject *src, *dst;
-    PyObject *progress = Py_None, *changed = Py_None, *pool = Py_None;
+    PyObject *progress = Py_None, *changed = Py_None, *pool = Py_None, *journal = Py_None;
     struct u64_arg buffer_limit = {"copy", "buffer_limit", 0};
+    struct u64_arg interval_ms = {"copy", "journal_interval_ms", 0};
+    struct u64_arg interval_bytes = {"copy", "journal_interval_bytes", 0};
     int log = 0, want_digests = 0;
     struct ic_copy_options opt;
     struct u64_arg checksum_block = {"copy", "checksum_block_size", 0};
     struct u64_arg compare_block = {"copy", "compare_block_size", 0};
     ic_copy_options_init(&opt);
     PyObject *rest = take_fields(kwds, ic_copy_option_fields, &opt, "copy");
-    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&pOO&:copy",
+    int parsed = rest && PyArg_ParseTupleAndKeywords(args, rest, "O!O!|$OpzO&OO&pOO&OO&O&:copy",
                                                      kwlist, st->image_type, &src,
                                                      st->image_type, &dst, &progress, &log,
                                                      &opt.checksum, u64_converter,
                                                      &checksum_block, &changed, u64_converter,
                                                      &compare_block, &want_digests, &pool,
-                                                     u64_converter, &buffer_limit);
+                                                     u64_converter, &buffer_limit, &journal,
+                                                     u64_converter, &interval_ms,
+                                                     u64_converter, &interval_bytes);
     opt.checksum_block_size = checksum_block.value;
     opt.compare_block_size = compare_block.value;
     opt.buffer_limit = buffer_limit.value;
@@ -213,6 +218,14 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
                             Py_TYPE(pool)->tp_name);
     if (pool != Py_None)
         opt.pool = ((PoolObject *)pool)->pool; /* the caller's reference keeps it */
+    if (journal != Py_None && !PyObject_TypeCheck(journal, st->journal_type))
+        return PyErr_Format(PyExc_TypeError, "copy() argument 'journal' must be a Journal, "
+                            "not %s", Py_TYPE(journal)->tp_name);
+    JournalObject *jo = journal != Py_None ? (JournalObject *)journal : NULL;
+    if (jo && !(opt.journal = journal_usable(jo)))
+        return NULL;
+    opt.journal_interval_ms = interval_ms.value;
+    opt.journal_interval_bytes = interval_bytes.value;
     /* changed: packed (offset, length) pairs of native uint64, or None */
     Py_buffer ranges = {0};
     if (changed != Py_None) {
@@ -248,7 +261,11 @@ static PyObject *mod_copy(PyObject *m, PyObject *args, PyObject *kwds)
             }
         }
     }
+    if (jo)
+        jo->busy = 1; /* the copy records in it without the GIL */
     PyObject *copied = PyErr_Occurred() ? NULL : copy_images(st, src, dst, progress, log, &opt);
+    if (jo)
+        jo->busy = 0;
     if (copied && want_digests) {
         PyObject *packed = digests.missing == 0
             ? PyBytes_FromStringAndSize((const char *)digests.digests,
@@ -428,6 +445,8 @@ static int core_traverse(PyObject *m, visitproc visit, void *arg)
 {
     core_state *st = module_state(m);
     Py_VISIT(st->image_type);
+    Py_VISIT(st->pool_type);
+    Py_VISIT(st->journal_type);
     Py_VISIT(st->error);
     Py_VISIT(st->image_format_error);
     Py_VISIT(st->os_error_factory);
@@ -440,6 +459,7 @@ static int core_clear(PyObject *m)
     core_state *st = module_state(m);
     Py_CLEAR(st->image_type);
     Py_CLEAR(st->pool_type);
+    Py_CLEAR(st->journal_type);
     Py_CLEAR(st->error);
     Py_CLEAR(st->image_format_error);
     Py_CLEAR(st->os_error_factory);
@@ -470,7 +490,9 @@ static int core_exec(PyObject *m)
         !(st->image_format_error = attribute_of("imgcopy.errors", "ImageFormatError")) ||
         !(st->os_error_factory = attribute_of("imgcopy.errors", "os_error")) ||
         !(st->image_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &image_type_spec, NULL)) ||
-        !(st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &pool_type_spec, NULL)))
+        !(st->pool_type = (PyTypeObject *)PyType_FromModuleAndSpec(m, &pool_type_spec, NULL)) ||
+        !(st->journal_type =
+              (PyTypeObject *)PyType_FromModuleAndSpec(m, &journal_type_spec, NULL)))
         return -1;
     static const struct {
         const char *name;
@@ -498,6 +520,7 @@ static int core_exec(PyObject *m)
             return -1;
     if (PyModule_AddObjectRef(m, "Image", (PyObject *)st->image_type) < 0 ||
         PyModule_AddObjectRef(m, "Pool", (PyObject *)st->pool_type) < 0 ||
+        PyModule_AddObjectRef(m, "Journal", (PyObject *)st->journal_type) < 0 ||
         PyModule_AddObjectRef(m, "Error", st->error) < 0 ||
         PyModule_AddObjectRef(m, "ImageFormatError", st->image_format_error) < 0)
         return -1;

@@ -10,6 +10,7 @@
 #include "check.h"
 #include "imgcopy.h"
 #include "job.h"
+#include "journal.h"
 
 #define SIZE (24u << 20)
 
@@ -124,6 +125,65 @@ static void copy_on_shared_pool(const char *src, const char *dir)
     ic_pool_free(pool);
 }
 
+/* A journalled copy with a checksum, checkpoints every millisecond and
+ * every 256 KiB from many threads: the journal holds all of it at the end,
+ * each block's digest is the one a fresh hash gives, and a second copy
+ * resumed from it has nothing left and the same checksum. */
+static void copy_journalled(const char *src, const char *dir)
+{
+    struct ic_error err = {0};
+    char path[96], jpath[96];
+    snprintf(path, sizeof path, "%s/journalled", dir);
+    snprintf(jpath, sizeof jpath, "%s/journal", dir);
+    struct ic_journal_identity id = {.source = src, .destination = path, .size = SIZE,
+                                     .options = "", .algorithm = "sha256",
+                                     .block_size = 64 << 10, .digest_size = 32};
+    char sums[2][IC_CHECKSUM_HEX_MAX];
+    for (int run = 0; run < 2; run++) {
+        struct ic_journal *j;
+        must(ic_journal_open(jpath, &id, &j, &err), &err);
+        CHECK(ic_journal_resumed(j) == run, "run %d: resumed %d", run, ic_journal_resumed(j));
+        size_t ndone;
+        const struct ic_range *done = ic_journal_done(j, &ndone);
+        struct ic_range left = {0, SIZE};
+        if (run == 1) {
+            CHECK(ndone == 1 && done[0].offset == 0 && done[0].length == SIZE,
+                  "the journal holds %zu ranges", ndone);
+            left.length = 0;
+        }
+        struct ic_image *s, *d;
+        int fresh;
+        must(ic_image_open(src, "raw", 0, &s, &err), &err);
+        if (run == 0)
+            must(ic_image_create(path, "raw", SIZE, 0, NULL, &d, &fresh, &err), &err);
+        else
+            must(ic_image_open(path, "raw", IC_OPEN_RDWR, &d, &err), &err);
+        struct ic_copy_options o = {.sparse_threshold = 4096, .request_size = 128 << 10,
+                                    .concurrency = 8, .out_of_order = 1,
+                                    .checksum = "sha256", .journal = j,
+                                    .journal_interval_ms = 1,
+                                    .journal_interval_bytes = 256 << 10,
+                                    .changed = &left, .nchanged = 1, .has_changed = 1};
+        struct ic_copy *c;
+        must(ic_copy_start(s, d, &o, &c, &err), &err);
+        struct ic_copy_stats st;
+        must(ic_copy_finish(c, &st, &err), &err);
+        memcpy(sums[run], st.checksum, sizeof sums[run]);
+        CHECK(st.bytes_changed == left.length, "run %d copied %llu", run,
+              (unsigned long long)st.bytes_changed);
+        must(ic_image_finish(d, 1, &err), &err);
+        ic_image_close(d);
+        ic_image_close(s);
+        done = ic_journal_done(j, &ndone);
+        CHECK(ndone == 1 && done[0].length == SIZE, "run %d: %zu ranges done", run, ndone);
+        ic_journal_close(j);
+    }
+    CHECK(strcmp(sums[0], sums[1]) == 0 && sums[0][0], "checksums %s and %s", sums[0], sums[1]);
+    compare(path);
+    unlink(path);
+    unlink(jpath);
+}
+
 static void copy(const char *src, const char *dst, const char *format, int compress,
                  unsigned threads, int out_of_order, uint64_t threshold, int flush)
 {
@@ -145,6 +205,7 @@ int main(void)
         copy(src, dst, "qcow2", 1, 8, ooo, 4096, 0);
     }
     copy_on_shared_pool(src, dir);
+    copy_journalled(src, dir);
     /* in-kernel copies, taken or refused (qcow2, null), in and out of
      * order: a refusal must hand the write turn on once, never hang */
     alarm(120);

@@ -492,6 +492,103 @@ static void test_bad_params(void)
     free_counting(t);
 }
 
+/* Ticks: run on their own thread while items run, never two at once nor
+ * alongside complete (which comes after the last); tick_now brings one
+ * sooner; a failing tick fails the job. */
+struct ticking {
+    atomic_uint ticks, in_tick, overlaps, ticks_after_complete, completes;
+    int fail_at_tick; /* 0: never */
+    unsigned items;
+    unsigned sleep_us;
+    struct ic_job *job;
+};
+
+static int tick_plan(struct ic_job *job, void *ctx, struct ic_error *err)
+{
+    (void)err;
+    struct ticking *t = ctx;
+    for (unsigned i = 0; i < t->items; i++) {
+        struct item it = {.index = i};
+        if (ic_job_push(job, &it) < 0)
+            return 0;
+    }
+    return 0;
+}
+
+static int tick_item(void *ctx, unsigned slot, void *item, struct ic_error *err)
+{
+    (void)slot;
+    (void)err;
+    struct ticking *t = ctx;
+    const struct item *it = item;
+    usleep(t->sleep_us);
+    if (it->index % 50 == 49)
+        ic_job_tick_now(t->job);
+    return 0;
+}
+
+static int tick_tick(void *ctx, struct ic_error *err)
+{
+    struct ticking *t = ctx;
+    if (atomic_fetch_add(&t->in_tick, 1))
+        atomic_fetch_add(&t->overlaps, 1);
+    if (t->completes)
+        atomic_fetch_add(&t->ticks_after_complete, 1);
+    usleep(2000);
+    unsigned n = atomic_fetch_add(&t->ticks, 1) + 1;
+    atomic_fetch_sub(&t->in_tick, 1);
+    if (t->fail_at_tick && (int)n == t->fail_at_tick)
+        return ic_error_value(err, "tick %u failed", n);
+    return 0;
+}
+
+static int tick_complete(void *ctx, struct ic_error *err)
+{
+    (void)err;
+    struct ticking *t = ctx;
+    if (t->in_tick)
+        atomic_fetch_add(&t->overlaps, 1);
+    atomic_fetch_add(&t->completes, 1);
+    return 0;
+}
+
+static void test_ticks(void)
+{
+    static const struct ic_job_ops tops = {
+        .item_size = sizeof(struct item), .plan = tick_plan, .run = tick_item,
+        .complete = tick_complete, .tick = tick_tick,
+    };
+    /* by time (1 ms) and by tick_now (every 50 items, the period 1 h) */
+    for (unsigned period = 1; period <= 3600000; period *= 3600000) {
+        struct ticking t = {.items = 400, .sleep_us = 200};
+        struct ic_job_params p = {.concurrency = 4, .total = 400, .tick_ms = period};
+        struct ic_error err = {0};
+        CHECK(ic_job_start(&tops, &t, &p, &t.job, &err) == 0, "start: %s", err.msg);
+        CHECK(ic_job_finish(t.job, &err) == 0, "finish: %s", err.msg);
+        CHECK(t.ticks >= 2, "%u ticks (period %u ms)", t.ticks, period);
+        CHECK(t.overlaps == 0, "a tick ran alongside another or complete");
+        CHECK(t.ticks_after_complete == 0, "a tick after complete");
+        CHECK(t.completes == 1, "complete ran %u times", t.completes);
+        ic_job_free(t.job);
+    }
+    /* a failing tick fails the job: complete never runs */
+    struct ticking t = {.items = 2000, .sleep_us = 500, .fail_at_tick = 2};
+    struct ic_job_params p = {.concurrency = 2, .total = 2000, .tick_ms = 1};
+    struct ic_error err = {0};
+    CHECK(ic_job_start(&tops, &t, &p, &t.job, &err) == 0, "start: %s", err.msg);
+    CHECK(ic_job_finish(t.job, &err) == -1 && strstr(err.msg, "tick 2 failed"), "error: %s",
+          err.msg);
+    CHECK(t.completes == 0, "complete ran after a failed tick");
+    ic_job_free(t.job);
+    /* no period: no ticks, no thread */
+    struct ticking none = {.items = 10};
+    struct ic_job_params q = {.concurrency = 2, .total = 10};
+    CHECK(ic_job_start(&tops, &none, &q, &none.job, &err) == 0, "start: %s", err.msg);
+    CHECK(ic_job_finish(none.job, &err) == 0, "finish: %s", err.msg);
+    CHECK(none.ticks == 0, "%u ticks without a period", none.ticks);
+    ic_job_free(none.job);
+}
+
 int main(void)
 {
     test_every_item_once();
@@ -506,6 +603,7 @@ int main(void)
     test_pending_items();
     test_resumed_items();
     test_bad_params();
+    test_ticks();
     printf("test_job: %lu checks passed\n", check_count);
     return 0;
 }

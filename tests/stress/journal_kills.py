@@ -1,0 +1,75 @@
+"""Stress for resumable copies (issue 27), run on demand, not by the suite:
+
+    .venv/bin/python -m tests.stress.journal_kills [--rounds 200] [--seed 1]
+
+Each round copies a data-and-holes image from a slow NBD source (nbdkit's
+delay filter) with --journal and --checksum, SIGKILLs the command at a
+random point of its progress (sometimes several times in a row), resumes
+it to the end, and checks: the result equals the source (qemu-img compare),
+its checksum is the source's, the resuming run copied exactly what the
+journal did not hold, and no journal or partial file is left.  Exit 1 on
+the first failure, with the round's seed."""
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import imgcopy
+
+from ..servers import nbdkit
+from ..test_journal import INTERVAL, SIZE, SLACK, convert_argv, make_source, run_killed, run_to_end
+
+
+def one_round(workdir, seed):
+    rng = random.Random(seed)
+    src = make_source(os.path.join(workdir, "src.raw"), seed=seed)
+    dst, journal = os.path.join(workdir, "dst.raw"), os.path.join(workdir, "j")
+    kills = rng.choice([1, 1, 1, 2, 3])
+    with nbdkit("file", src, "rdelay=%dms" % rng.choice([20, 50, 100]), filters=["delay"],
+                log=False, extra=["--threads=1"]) as server:
+        argv = convert_argv(server.uri, dst, journal, "--checksum=sha256")
+        fraction = 0.0
+        for _ in range(kills):
+            fraction = run_killed(argv, rng.uniform(0.05, 0.95))
+        stats = run_to_end(argv)
+    moved = stats["bytes_written"] + stats["bytes_zeroed"] + stats["bytes_skipped"]
+    problems = []
+    if moved != SIZE - stats["bytes_resumed"]:
+        problems.append(f"moved {moved}, resumed {stats['bytes_resumed']}")
+    if kills == 1 and fraction * SIZE - stats["bytes_resumed"] > INTERVAL + SLACK:
+        problems.append(f"lost {fraction * SIZE - stats['bytes_resumed']:.0f} bytes")
+    if stats["checksum"] != imgcopy.checksum(src):
+        problems.append("checksum differs")
+    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw", src, dst])
+    if same.returncode != 0:
+        problems.append("content differs")
+    left = [n for n in os.listdir(workdir) if n.endswith(".partial") or n == "j"]
+    if left:
+        problems.append(f"left behind: {left}")
+    return problems, stats["bytes_resumed"], kills
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    for r in range(args.rounds):
+        seed = args.seed * 100003 + r
+        workdir = tempfile.mkdtemp(prefix="journal-stress-")
+        try:
+            problems, resumed, kills = one_round(workdir, seed)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print(f"round {r + 1}/{args.rounds} seed {seed}: {kills} kill(s), "
+              f"{resumed} bytes resumed: {'; '.join(problems) or 'ok'}", flush=True)
+        if problems:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
