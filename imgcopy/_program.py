@@ -4,7 +4,6 @@ answers it, ends the command with ``imgcopy: interrupted`` and exit status
 130, as one that comes later does, instead of a traceback.  The package
 imports this first; it uses nothing but sys and os (loaded with the
 interpreter), so it is there when the package's other imports fail."""
-from __future__ import annotations
 
 import os
 import sys
@@ -47,8 +46,15 @@ def interrupted_while_starting() -> None:
 
 def main() -> int:
     """The command: ``cli.main()``, whose import a Ctrl-C may interrupt too
-    (the package's own imports answer one that comes before)."""
+    (the package's own imports answer one that comes before).
+    ``imgcopy --version`` alone is answered here, as the parser's --version
+    answers it, without building the parser: it imports only the C core."""
     try:
+        if sys.argv[1:] == ["--version"]:
+            from .features import version_text
+
+            print(version_text())
+            return 0
         from .cli import main as cli_main
     except KeyboardInterrupt:
         sys.stderr.write("imgcopy: interrupted\n")

@@ -7,14 +7,16 @@ shapes: its JSON (member order included) and its human summary."""
 from __future__ import annotations
 
 import errno as _errno
-import json
 import os
-from dataclasses import dataclass, field
-from typing import List, Optional, Union
 
 from . import _core
 from ._keywords import suggest_keywords
+from ._records import Record
 from .info import _json_text, qemu_json
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import List, Optional, Union
 
 __all__ = ["CheckResult", "check"]
 
@@ -39,8 +41,7 @@ _JSON_ORDER = (
 )
 
 
-@dataclass
-class CheckResult:
+class CheckResult(Record):
     """What qemu-img check reports, by its JSON names in snake_case.
 
     ``messages`` are the detail lines qemu prints on stderr while it
@@ -49,20 +50,31 @@ class CheckResult:
     is then its archive, as ``ImageInfo`` has it); not part of qemu's
     output."""
 
-    filename: str
-    format: str
-    check_errors: int = 0
-    corruptions: int = 0
-    leaks: int = 0
-    corruptions_fixed: int = 0
-    leaks_fixed: int = 0
-    image_end_offset: int = 0
-    total_clusters: int = 0
-    allocated_clusters: int = 0
-    fragmented_clusters: int = 0
-    compressed_clusters: int = 0
-    messages: List[str] = field(default_factory=list)
-    member: Optional[str] = None
+    _fields = __match_args__ = (
+        "filename", "format", "check_errors", "corruptions", "leaks", "corruptions_fixed",
+        "leaks_fixed", "image_end_offset", "total_clusters", "allocated_clusters",
+        "fragmented_clusters", "compressed_clusters", "messages", "member")
+
+    def __init__(self, filename: str, format: str, check_errors: int = 0,
+                 corruptions: int = 0, leaks: int = 0, corruptions_fixed: int = 0,
+                 leaks_fixed: int = 0, image_end_offset: int = 0, total_clusters: int = 0,
+                 allocated_clusters: int = 0, fragmented_clusters: int = 0,
+                 compressed_clusters: int = 0, messages: Optional[List[str]] = None,
+                 member: Optional[str] = None) -> None:
+        self.filename = filename
+        self.format = format
+        self.check_errors = check_errors
+        self.corruptions = corruptions
+        self.leaks = leaks
+        self.corruptions_fixed = corruptions_fixed
+        self.leaks_fixed = leaks_fixed
+        self.image_end_offset = image_end_offset
+        self.total_clusters = total_clusters
+        self.allocated_clusters = allocated_clusters
+        self.fragmented_clusters = fragmented_clusters
+        self.compressed_clusters = compressed_clusters
+        self.messages: List[str] = [] if messages is None else messages
+        self.member = member
 
     @property
     def ok(self) -> bool:
@@ -84,6 +96,8 @@ class CheckResult:
 
     def to_json(self) -> str:
         """``qemu-img check --output=json``'s stdout, byte for byte."""
+        import json
+
         members = []
         for key, attr in _JSON_ORDER:
             value = getattr(self, attr)

@@ -4,17 +4,21 @@ core's threads."""
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple
 
 from . import _core
+from ._defaults import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE
 from .errors import Error
 from ._keywords import suggest_keywords
-from .image import Image, PathArg
+from .image import Image
 from .progress import _progress_adapter, close_progress, make_progress
-from .sizes import Size, parse_size
+from .sizes import parse_size
 
-DEFAULT_ALGORITHM = "sha256"
-DEFAULT_BLOCK_SIZE = 65536
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Optional, Tuple
+
+    from .image import PathArg
+    from .sizes import Size
 
 
 class ChecksumMismatch(Error):

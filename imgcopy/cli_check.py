@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
-from .check import EXIT_FAILED, EXIT_NOT_SUPPORTED, CheckFailed, check, not_supported
+from ._defaults import FORMATS
 from .cli_common import source_arguments
-from .image import FORMATS
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def register(subparsers: Any) -> None:
@@ -38,6 +40,8 @@ def _out(text: str, stream: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .check import EXIT_FAILED, EXIT_NOT_SUPPORTED, CheckFailed, check, not_supported
+
     try:
         result = check(args.filename, format=args.format, force_share=args.force_share,
                        member=args.member, external_files=args.external_files)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, checksum, checksum_algorithms
+from ._defaults import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, FORMATS
 from .cli_common import describe, parse_size, source_arguments, write
-from .image import FORMATS, display_name
-from .progress import QemuProgress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def register(subparsers: Any) -> None:
@@ -37,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     """One line per file, `<hex>  <file>`, as blksum prints (with --member,
     `<hex>  <archive>/<member>`); a file that fails gets a message on stderr
     and the exit status 1."""
+    from .checksum import checksum, checksum_algorithms
+    from .image import display_name
+    from .progress import QemuProgress
+
     if args.list_digests:
         write("".join(name + "\n" for name in checksum_algorithms()))
         return 0

@@ -1,20 +1,25 @@
 """What every command of the command line shares: sizes parsed as flags,
 --member and --external-files, text written as qemu-img writes it, and an
 error described with its remedies spelt as flags.  A leaf of the cli_*
-modules: it imports none of them."""
+modules: it imports none of them; what their registration uses imports
+nothing of what the commands run (nor typing)."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import Any, Dict
 
-from . import sizes
 from .errors import ImageFormatError, describe_remedies
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict
 
 
 def parse_size(text: str) -> int:
     """A byte count with an optional k/M/G/T/P/E suffix (powers of 1024)."""
+    from . import sizes
+
     try:
         return sizes.parse_size(text)
     except ValueError as exc:

@@ -9,12 +9,17 @@ import argparse
 import errno
 import os
 import sys
-from typing import Any, List, Optional, Tuple
 
-from .compare import CompareResult, compare_images
+from ._defaults import FORMATS
 from .errors import ImageFormatError
-from .image import FORMATS, Image, display_name
-from .progress import QemuProgress
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Optional, Tuple
+
+    from .compare import CompareResult
+    from .image import Image
+    from .progress import QemuProgress
 
 PROG = "imgcopy"
 USAGE = ("usage: imgcopy compare [-f FMT] [-F FMT] [-T SRC_CACHE] [-p] [-q] [-s] [-U] "
@@ -202,7 +207,11 @@ def _run(argv: List[str]) -> int:
         sys.stderr.write(f"Try '{PROG} --help' for more information\n")
         return 1
     direct = cache in ("none", "directsync")
-    bar = QemuProgress() if progress else None  # convert -p's, with compare's reports
+    bar: Optional[QemuProgress] = None
+    if progress:  # convert -p's, with compare's reports
+        from .progress import QemuProgress
+
+        bar = QemuProgress()
     try:
         if cache not in CACHE_MODES:
             _err(f"Invalid source cache option: {cache}")
@@ -219,6 +228,8 @@ def _run(argv: List[str]) -> int:
 
 def _open(path: str, fmt: Optional[str], member: Optional[str], external_files: bool,
           direct: bool, force_share: bool) -> Optional[Image]:
+    from .image import Image, display_name
+
     name = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:
         _err(f"Could not open '{name}': Unknown driver '{fmt}'")
@@ -238,6 +249,8 @@ def _open(path: str, fmt: Optional[str], member: Optional[str], external_files: 
 
 
 def _opens_as_raw(name: str, member: Optional[str]) -> bool:
+    from .image import Image
+
     try:
         Image(name, "raw", member=member).close()
     except (OSError, ValueError):
@@ -248,6 +261,9 @@ def _opens_as_raw(name: str, member: Optional[str]) -> bool:
 def _compare(paths: List[str], fmts: List[Optional[str]], members: List[Optional[str]],
              external_files: bool, direct: bool, force_share: bool, strict: bool, threads: int,
              quiet: bool, bar: Optional[QemuProgress]) -> int:
+    from .compare import compare_images
+    from .image import display_name
+
     # messages name a member as archive/member
     names = [display_name(p, m) for p, m in zip(paths, members)]
     a = _open(paths[0], fmts[0], members[0], external_files, direct, force_share)

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import sys
-import threading
-from typing import Any, List, Optional
 
-from .changes import COMPARE
-from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE
+from ._defaults import (COPY_DEFAULTS, DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, DEST_FORMATS,
+                        FORMATS, JOURNAL_INTERVAL)
 from .cli_common import parse_size, source_arguments, write
-from .convert import DEST_FORMATS, convert
-from .image import FORMATS, display_name
-from .options import CopyOptions, Qcow2Options
-from .progress import QemuProgress
-from .uris import is_nbd_uri
 
-DEFAULTS = CopyOptions()
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, List, Optional
+
+    from .options import CopyOptions, Qcow2Options
+    from .progress import QemuProgress
 
 
 def register(subparsers: Any) -> None:
@@ -47,17 +43,17 @@ def register(subparsers: Any) -> None:
     c.add_argument("-F", dest="backing_format", default=None, metavar="FMT",
                    help="format of the backing file")
     c.add_argument("-S", dest="sparse_threshold", type=parse_size,
-                   default=DEFAULTS.sparse_threshold, metavar="SIZE",
+                   default=COPY_DEFAULTS["sparse_threshold"], metavar="SIZE",
                    help="zero runs at least this long become holes; 0: fully allocated "
                         "(default 4k)")
-    c.add_argument("-m", dest="concurrency", type=int, default=DEFAULTS.concurrency,
-                   metavar="N", help=f"worker threads (default {DEFAULTS.concurrency})")
+    c.add_argument("-m", dest="concurrency", type=int, default=COPY_DEFAULTS["concurrency"],
+                   metavar="N", help=f"worker threads (default {COPY_DEFAULTS['concurrency']})")
     c.add_argument("--connections", type=int, default=None, metavar="N",
                    help="connections to an NBD server (default: 4 with multi-conn, else 1)")
     c.add_argument("--requests", dest="requests_in_flight", type=int,
-                   default=DEFAULTS.requests_in_flight, metavar="N",
+                   default=COPY_DEFAULTS["requests_in_flight"], metavar="N",
                    help="NBD requests in flight per connection "
-                        f"(default {DEFAULTS.requests_in_flight})")
+                        f"(default {COPY_DEFAULTS['requests_in_flight']})")
     order = c.add_mutually_exclusive_group()
     order.add_argument("-W", dest="out_of_order", action="store_true", default=True,
                        help="out-of-order writes (the default; accepted for qemu-img users)")
@@ -77,7 +73,7 @@ def register(subparsers: Any) -> None:
                    help="destination cache mode: none = O_DIRECT, unsafe = no flush")
     c.add_argument("-T", dest="src_cache", choices=("none", "writeback"), default="writeback",
                    help="source cache mode: none = O_DIRECT")
-    c.add_argument("--request-size", type=parse_size, default=DEFAULTS.request_size,
+    c.add_argument("--request-size", type=parse_size, default=COPY_DEFAULTS["request_size"],
                    metavar="SIZE", help="bytes per request (default 2M)")
     c.add_argument("--no-flush", dest="flush", action="store_false",
                    help="do not wait for the destination to be durable")
@@ -106,8 +102,10 @@ def register(subparsers: Any) -> None:
     c.add_argument("--journal", default=None, metavar="PATH",
                    help="record what is done in PATH: run the same command again after any "
                         "failure and only what is missing is copied")
-    c.add_argument("--journal-interval", type=_interval, default=5.0, metavar="SECONDS|SIZE",
-                   help="a checkpoint every SECONDS (default 5), or once SIZE more is done")
+    c.add_argument("--journal-interval", type=_interval, default=JOURNAL_INTERVAL,
+                   metavar="SECONDS|SIZE",
+                   help=f"a checkpoint every SECONDS (default {JOURNAL_INTERVAL:g}), or once "
+                        "SIZE more is done")
     c.add_argument("source")
     c.add_argument("destination")
     c.set_defaults(func=run, parser=c)
@@ -115,8 +113,12 @@ def register(subparsers: Any) -> None:
 
 def _changed(spec: Optional[str]) -> Any:
     """--changed: "compare", or the ranges a JSON file lists."""
+    from .changes import COMPARE
+
     if spec is None or spec == COMPARE:
         return spec
+    import json
+
     try:
         with open(spec, "rb") as f:
             ranges = json.load(f)
@@ -146,6 +148,8 @@ def _checksum_arguments(c: argparse.ArgumentParser) -> None:
 def _print_checksum(args: argparse.Namespace, result: Any) -> None:
     """`<hex>  <source>` as `imgcopy checksum SOURCE` prints it (with
     --member, `<hex>  <archive>/<member>`: what was hashed)."""
+    from .image import display_name
+
     if result is not None and result.checksum is not None:
         write(f"{result.checksum}  {display_name(args.source, args.member)}\n")
 
@@ -178,6 +182,9 @@ def _creation_options(specs: List[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .progress import QemuProgress
+    from .uris import is_nbd_uri
+
     # an NBD export always exists: -n is implied there
     if args.target_is_zero and args.create and not is_nbd_uri(args.destination):
         raise ValueError("--target-is-zero needs -n (an existing destination)")
@@ -203,16 +210,24 @@ def run(args: argparse.Namespace) -> int:
             bar.close()  # the line ends before an error is printed
     _print_checksum(args, result)
     if args.stats == "json":
+        import json
+
         print(json.dumps(result.to_dict(), indent=1))
     return 0
 
 
 def _ignore_sigint() -> None:
-    if threading.current_thread() is threading.main_thread():
+    import signal
+
+    try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a caller's): its handlers are not ours to change
+        pass
 
 
 def _copy_options(args: argparse.Namespace) -> CopyOptions:
+    from .options import CopyOptions
+
     return CopyOptions(
         sparse_threshold=args.sparse_threshold, concurrency=args.concurrency,
         request_size=args.request_size, out_of_order=args.out_of_order,
@@ -225,6 +240,8 @@ def _copy_options(args: argparse.Namespace) -> CopyOptions:
 
 def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
     """-o, -c, -B and -F: a qcow2 layout, when any of them is given."""
+    from .options import Qcow2Options
+
     layout = _creation_options(args.options)
     if args.compress:
         layout["compress"] = True
@@ -236,6 +253,8 @@ def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
 
 
 def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
+    from .convert import convert
+
     return convert(
         args.source, args.destination, src_format=args.src_format, dst_format=args.dst_format,
         src_member=args.member, src_external_files=args.external_files,

@@ -4,13 +4,15 @@ table on a terminal."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any, Dict, List
 
 from .cli_common import parse_size, write
-from .fleet import CopyJob, copy_many
-from .sizes import human_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
+
+    from .fleet import CopyJob
 
 
 def register(subparsers: Any) -> None:
@@ -36,6 +38,10 @@ def register(subparsers: Any) -> None:
 
 
 def _load_jobs(path: str) -> List[CopyJob]:
+    import json
+
+    from .fleet import CopyJob
+
     try:
         with open(path, "rb") as f:
             specs = json.load(f)
@@ -68,6 +74,10 @@ def _per_source(specs: List[str]) -> Dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
+    from .fleet import copy_many
+
     jobs = _load_jobs(args.jobs)
     as_json = args.events == "json"
 
@@ -91,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(jobs: List[CopyJob], results: List[Any]) -> None:
+    from .sizes import human_size
+
     rows = [("job", "source", "destination", "result", "written", "seconds")]
     for i, (job, r) in enumerate(zip(jobs, results)):
         if isinstance(r, BaseException):

@@ -3,11 +3,13 @@ info prints them."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from ._defaults import FORMATS
 from .cli_common import reader_arguments, write
-from .image import FORMATS
-from .info import chain_to_human, chain_to_json, info, info_chain
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def register(subparsers: Any) -> None:
@@ -20,6 +22,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .info import chain_to_human, chain_to_json, info, info_chain
+
     if args.backing_chain:
         infos = info_chain(args.filename, args.format, force_share=args.force_share,
                            member=args.member, external_files=args.external_files)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
+from ._defaults import FORMATS
 from .cli_common import parse_size, reader_arguments, write
-from .image import FORMATS, open as open_image
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +27,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .image import open as open_image
+
     with open_image(args.filename, args.format, force=args.force,
                     force_share=args.force_share, member=args.member,
                     external_files=args.external_files) as img:

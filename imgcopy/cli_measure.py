@@ -6,17 +6,19 @@ error reported when qemu-img would report it."""
 from __future__ import annotations
 
 import argparse
-import getopt
 import os
 import sys
-from typing import Any, List, Optional
 
+from ._defaults import FORMATS
 from .cli_common import cli_spelling
 from .errors import ImageFormatError, describe_remedies
-from .image import FORMATS, Image, display_name
-from .measure import Qcow2Target, measure_image, measure_size
-from .measure_options import (QEMU_FORMATS, MeasureError, check_output_format, parse_image_size,
-                              split_options, typed_options, valid_option_list)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import getopt
+    from typing import Any, List, Optional
+
+    from .image import Image
 
 USAGE = ("usage: imgcopy measure [--output=human|json] [-O OUTPUT_FMT] [-o OPTIONS]\n"
          "                       [--size N | [-f FMT] [-U] [--member NAME] [--external-files]\n"
@@ -64,6 +66,8 @@ def _report(*lines: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .measure_options import MeasureError
+
     try:
         return _run(list(args.argv))
     except MeasureError as exc:
@@ -72,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(argv: List[str]) -> int:
+    import getopt
+
+    from .measure import Qcow2Target, measure_image, measure_size
+    from .measure_options import (MeasureError, check_output_format, parse_image_size,
+                                  split_options, typed_options, valid_option_list)
+
     try:
         opts, rest = getopt.gnu_getopt(argv, _SHORT, _LONG)
     except getopt.GetoptError as exc:
@@ -165,6 +175,9 @@ def _open(filename: str, fmt: Optional[str], force_share: bool, member: Optional
           external_files: bool = False) -> Image:
     """The source, or qemu-img's "Could not open" report (a member named
     ``archive/member``)."""
+    from .image import Image, display_name
+    from .measure_options import QEMU_FORMATS, MeasureError
+
     path = filename
     filename = display_name(path, member)
     if fmt is not None and fmt not in FORMATS:

@@ -3,21 +3,25 @@ only what the two extent maps say may differ."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple
 
 from . import _core
 from ._keywords import suggest_keywords
+from ._records import Record
 from .errors import ImageFormatError
-from .image import Image, PathArg
+from .image import Image
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Callable, List, Optional, Tuple
+
+    from .image import PathArg
 
 IDENTICAL = "Images are identical."
 SIZE_WARNING = "Warning: Image size mismatch!"
 STRICT_SIZE = "Strict mode: Image size mismatch!"
 
 
-@dataclass
-class CompareResult:
+class CompareResult(Record):
     """The outcome of :func:`compare`; true when the images are identical.
 
     ``reason`` is ``"identical"``, ``"content"`` (a byte differs: ``offset``
@@ -26,21 +30,30 @@ class CompareResult:
     (strict mode: the allocation differs at ``offset``).  ``message`` is the
     last line qemu-img compare prints; ``lines`` everything it prints to
     stdout (``Warning: Image size mismatch!`` first when the sizes differ
-    and the common part matched)."""
+    and the common part matched).  ``progress`` (compare_images(...,
+    progress=True)): the reports qemu-img compare -p prints after its first
+    "0.00", as (percent, after the size warning); not in the repr."""
 
-    identical: bool
-    reason: str
-    offset: Optional[int]
-    message: str
-    size_mismatch: bool
-    size_a: int
-    size_b: int
-    warned: bool = False
-    bytes_read: int = 0
-    elapsed: float = 0.0
-    # with progress=True: the reports qemu-img compare -p prints after its
-    # first "0.00", as (percent, after the size warning)
-    progress: List[Tuple[float, bool]] = field(default_factory=list, repr=False)
+    _fields = __match_args__ = ("identical", "reason", "offset", "message", "size_mismatch",
+                                "size_a", "size_b", "warned", "bytes_read", "elapsed",
+                                "progress")
+    _hidden = ("progress",)
+
+    def __init__(self, identical: bool, reason: str, offset: Optional[int], message: str,
+                 size_mismatch: bool, size_a: int, size_b: int, warned: bool = False,
+                 bytes_read: int = 0, elapsed: float = 0.0,
+                 progress: Optional[List[Tuple[float, bool]]] = None) -> None:
+        self.identical = identical
+        self.reason = reason
+        self.offset = offset
+        self.message = message
+        self.size_mismatch = size_mismatch
+        self.size_a = size_a
+        self.size_b = size_b
+        self.warned = warned
+        self.bytes_read = bytes_read
+        self.elapsed = elapsed
+        self.progress: List[Tuple[float, bool]] = [] if progress is None else progress
 
     def __bool__(self) -> bool:
         return self.identical

@@ -2,16 +2,20 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
 
+from ._defaults import JOURNAL_INTERVAL
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
 from ._sharing import SHARING
-from .image import PathArg, source_member
+from .image import source_member
 from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
-from .progress import Progress
-from .sizes import Size
+
+if TYPE_CHECKING:
+    from .image import PathArg
+    from .progress import Progress
+    from .sizes import Size
 
 
 @suggest_keywords
@@ -40,7 +44,7 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
             length: Optional[int] = None, bitmap: Optional[str] = None,
             journal: Optional[PathArg] = None,
-            journal_interval: Union[float, str] = 5.0) -> CopyResult:
+            journal_interval: Union[float, str] = JOURNAL_INTERVAL) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:

@@ -9,7 +9,8 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 try:
     import distributed as _dask
@@ -19,7 +20,10 @@ except ImportError as exc:  # the optional extra
 
 from ._sharing import SHARING, Sharing
 from .fleet import Cancelled, CopyJob, Event, PerSource, _cap_of, source_host
-from .sizes import Size, parse_size
+from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from .sizes import Size
 
 Placement = Union[Mapping[str, Any], Callable[[CopyJob], Any], None]
 

@@ -4,14 +4,22 @@ may carry remedies: options that make the call work, spelt the Python way
 in ``str(exc)`` and the command line's way by the CLI."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+from collections import namedtuple
 
+# The C core imports this module: every command does, ``--version`` too, so
+# it does without typing (whose NamedTuple would cost the import of it).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
 
-class Remedy(NamedTuple):
-    """Options that make a refused call work, and what they do."""
-
-    options: Dict[str, Any]  # keyword arguments, e.g. {"format": "raw"}
-    purpose: str             # e.g. "to read the file as raw bytes"
+    class Remedy(NamedTuple):
+        options: Dict[str, Any]
+        purpose: str
+else:
+    Remedy = namedtuple("Remedy", ["options", "purpose"])
+Remedy.__doc__ = """Options that make a refused call work, and what they do: ``options``,
+keyword arguments (e.g. {"format": "raw"}); ``purpose``, e.g. "to read the
+file as raw bytes"."""
 
 
 # Remedy codes of the C core (csrc/error.h, enum ic_remedy).

@@ -1,14 +1,24 @@
 """Extents and extent maps, in qemu-img map's vocabulary."""
 from __future__ import annotations
 
+import collections.abc
 import os
 import struct
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union, \
-    overload
+from collections import namedtuple
 
 from . import _core
 from .sizes import KINDS, LABELS, human_size, share_text  # noqa: F401 (the views' words)
 from .uris import qemu_filename
+
+# typing's import is not paid to start a command (map, info): what a type
+# checker reads of typing is here, the running code does without it
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import (Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple,
+                        Union, overload)
+else:
+    def overload(func):
+        return func
 
 # qemu reports a raw image's size rounded up to whole 512-byte sectors.
 QEMU_SECTOR = 512
@@ -55,7 +65,25 @@ _OFFSET_VALID, _COMPRESSED = _core.EXTENT_OFFSET_VALID, _core.EXTENT_COMPRESSED
 _DIRTY = _core.EXTENT_DIRTY
 
 
-class Extent(NamedTuple):
+if TYPE_CHECKING:
+    class _ExtentFields(NamedTuple):
+        start: int
+        length: int
+        depth: int
+        present: bool
+        zero: bool
+        data: bool
+        host_offset: Optional[int]
+        compressed: bool = False
+        zeroed: bool = False
+        dirty: Optional[bool] = None
+else:  # the same tuple, of collections' namedtuple (typing's NamedTuple makes one too)
+    _ExtentFields = namedtuple(
+        "Extent", ["start", "length", "depth", "present", "zero", "data", "host_offset",
+                   "compressed", "zeroed", "dirty"], defaults=(False, False, None))
+
+
+class Extent(_ExtentFields):
     """A run of guest bytes with the same block status.
 
     ``start`` (and every other offset imgcopy names so) is a guest offset.
@@ -72,18 +100,12 @@ class Extent(NamedTuple):
     persistent bitmap of the image marks the run changed since the bitmap
     was started; None in a plain extent map, which says nothing of changes
     (``convert(changed=MAP)`` copies a dirty map's dirty extents, a plain
-    map's all)."""
+    map's all).
+    Fields: ``start``, ``length``, ``depth``, ``present``, ``zero``,
+    ``data``, ``host_offset``, ``compressed`` (False), ``zeroed``
+    (False) and ``dirty`` (None)."""
 
-    start: int
-    length: int
-    depth: int
-    present: bool
-    zero: bool
-    data: bool
-    host_offset: Optional[int]
-    compressed: bool = False
-    zeroed: bool = False
-    dirty: Optional[bool] = None
+    __slots__ = ()
 
     @classmethod
     def unpack(cls, packed: bytes, index: int = 0,
@@ -128,7 +150,7 @@ class Extent(NamedTuple):
         return d
 
 
-class ExtentMap(Sequence[Extent]):
+class ExtentMap(collections.abc.Sequence[Extent]):
     """The extents of ``[start, end)`` of an image, neighbours merged as
     qemu-img map merges them.  Extents stay packed in C until asked for.
 

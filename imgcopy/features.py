@@ -1,10 +1,15 @@
 """What this build of imgcopy has: the optional libraries it was built with
-and the ones it loads at run time, as ``imgcopy --version`` lists them."""
-import argparse
-from typing import Any, Dict, List, Optional
+and the ones it loads at run time, as ``imgcopy --version`` lists them.
+``imgcopy --version`` imports this and the C core, nothing else of the
+package nor typing or argparse."""
+from __future__ import annotations
 
 from . import _core
 from ._version import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional
 
 # name: (what it brings, Debian/Ubuntu package, Fedora package, whether it
 # is linked at build time or loaded at run time); features() has these keys
@@ -47,17 +52,3 @@ def version_text() -> str:
         lines.append(f"{name:<11}{version or 'no':<{width + 2}}{note}")
     return "\n".join(lines)
 
-
-class VersionAction(argparse.Action):
-    """``--version``: prints version_text() and exits (the libraries are
-    looked up only then)."""
-
-    def __init__(self, option_strings: List[str], dest: str = argparse.SUPPRESS,
-                 default: Any = argparse.SUPPRESS,
-                 help: str = "print the version and the libraries this build has, and exit"):
-        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any,
-                 option_string: Optional[str] = None) -> None:
-        print(version_text())
-        parser.exit()

@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence,
+                    Union)
 from urllib.parse import urlsplit
 
 from ._keywords import unexpected_keyword
 from ._sharing import SHARING, Sharing
-from .sizes import Size, parse_size
+from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from .sizes import Size
 
 Event = Dict[str, Any]
 PerSource = Union[Mapping[str, int], Callable[[str], Optional[int]], None]

@@ -2,35 +2,40 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Union
 
 from . import _core
+from ._defaults import FORMATS
 from ._keywords import suggest_keywords
+from ._records import FrozenRecord
 from .extents import QEMU_SECTOR, Extent, ExtentMap
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
 if TYPE_CHECKING:
+    from typing import List, Optional, Union
+
     from ._core import CacheStats
 
-PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+    # (for annotations: a type checker's name only)
+    PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-# the formats the C core reads (csrc/registry.c)
-FORMATS = _core.formats()
 MODES = ("r", "r+")
 
 
-@dataclass(frozen=True)
-class Bitmap:
+class Bitmap(FrozenRecord):
     """A persistent dirty bitmap stored in an image (qcow2), as ``qemu-img
     info`` lists it: ``name``; ``granularity``, the bytes one bit covers;
     ``in_use``, a program had it open for writing and did not close it, so
     its bits may be stale (qemu's "in-use" flag); ``auto``, it is enabled:
-    qemu updates it as the guest writes (its "auto" flag)."""
+    qemu updates it as the guest writes (its "auto" flag).  Frozen."""
 
+    _fields = __match_args__ = ("name", "granularity", "in_use", "auto")
     name: str
     granularity: int
     in_use: bool
     auto: bool
+
+    def __init__(self, name: str, granularity: int, in_use: bool, auto: bool) -> None:
+        self._set(name=name, granularity=granularity, in_use=in_use, auto=auto)
 
     @property
     def enabled(self) -> bool:

@@ -1,19 +1,23 @@
 """What an image is: ``imgcopy.info(path)``, like ``qemu-img info``."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
 
 from . import _core
 from .extents import QEMU_SECTOR, packed_struct
 from ._keywords import suggest_keywords
-from .image import Image, PathArg, open as open_image
+from ._records import FrozenRecord, Record
+from .image import Image, open as open_image
 from .sizes import human_size
 from .uris import is_nbd_uri, qemu_filename
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .image import PathArg
 
 _U64 = 1 << 64
 
@@ -28,12 +32,13 @@ def _int64(value: int) -> int:
     return value - _U64 if value >= 1 << 63 else value
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(FrozenRecord):
     """An internal snapshot (qcow2), as ``qemu-img info`` lists it.  ``id``
     and ``name`` are the stored bytes, cut as qemu cuts them (127 and 255
-    bytes, at a NUL); ``icount`` is None when not recorded."""
+    bytes, at a NUL); ``icount`` is None when not recorded.  Frozen."""
 
+    _fields = __match_args__ = ("id", "name", "vm_state_size", "date_sec", "date_nsec",
+                                "vm_clock_nsec", "icount")
     id: bytes
     name: bytes
     vm_state_size: int
@@ -41,6 +46,11 @@ class Snapshot:
     date_nsec: int
     vm_clock_nsec: int
     icount: Optional[int]
+
+    def __init__(self, id: bytes, name: bytes, vm_state_size: int, date_sec: int,
+                 date_nsec: int, vm_clock_nsec: int, icount: Optional[int]) -> None:
+        self._set(id=id, name=name, vm_state_size=vm_state_size, date_sec=date_sec,
+                  date_nsec=date_nsec, vm_clock_nsec=vm_clock_nsec, icount=icount)
 
     def to_dict(self) -> Dict[str, Any]:
         """One entry of qemu-img info's "snapshots" list (its key order)."""
@@ -96,6 +106,8 @@ def qemu_json(obj: Any) -> str:
     """JSON as qemu writes it: json.dumps' layout, but an empty list or
     object opened and closed on lines of their own; non-ASCII and DEL as
     \\uXXXX escapes with upper-case hex."""
+    import json  # here: `imgcopy info` without --output=json starts faster
+
     text = json.dumps(obj, indent=4).replace("\x7f", "\\u007F")
     text = _EMPTY.sub(lambda m: f"{m[1]}{m[2]}{m[3][0]}\n{m[1]}{m[3][1]}{m[4]}", text)
     return _ESCAPE.sub(lambda m: "\\" + ("u" + m.group(1)[1:].upper() if m.group(1)[0] == "u"
@@ -113,31 +125,50 @@ def _json_texts(data: Any) -> Any:
     return data
 
 
-@dataclass
-class ImageInfo:
+class ImageInfo(Record):
     """What ``imgcopy.info()`` learnt of an image.
 
     ``virtual_size`` is the exact size (``Image.size``); ``to_dict()`` and
     ``to_json()`` are shaped like ``qemu-img info --output=json`` and, like
-    it, round a raw file's size up to whole 512-byte sectors."""
+    it, round a raw file's size up to whole 512-byte sectors.
+    ``dirty_flag`` None: unknown (qemu omits it).  ``member``: the tar
+    member the image is (None: a whole file), ``backing_members`` those of
+    ``backing_chain``; not part of qemu's output."""
 
-    filename: str
-    format: str
-    virtual_size: int
-    actual_size: Optional[int]
-    dirty_flag: Optional[bool] = False  # None: unknown (qemu omits it)
-    cluster_size: Optional[int] = None
-    backing_filename: Optional[str] = None
-    full_backing_filename: Optional[str] = None
-    backing_filename_format: Optional[str] = None
-    format_specific: Optional[Dict[str, Any]] = None
-    compressed_clusters: Optional[int] = None
-    snapshots: List[Snapshot] = field(default_factory=list)
-    backing_chain: List[Tuple[str, str]] = field(default_factory=list)
-    # the tar member the image is (None: a whole file), and those of
-    # backing_chain; not part of qemu's output
-    member: Optional[str] = None
-    backing_members: List[Optional[str]] = field(default_factory=list)
+    _fields = __match_args__ = (
+        "filename", "format", "virtual_size", "actual_size", "dirty_flag", "cluster_size",
+        "backing_filename", "full_backing_filename", "backing_filename_format",
+        "format_specific", "compressed_clusters", "snapshots", "backing_chain", "member",
+        "backing_members")
+
+    def __init__(self, filename: str, format: str, virtual_size: int,
+                 actual_size: Optional[int], dirty_flag: Optional[bool] = False,
+                 cluster_size: Optional[int] = None, backing_filename: Optional[str] = None,
+                 full_backing_filename: Optional[str] = None,
+                 backing_filename_format: Optional[str] = None,
+                 format_specific: Optional[Dict[str, Any]] = None,
+                 compressed_clusters: Optional[int] = None,
+                 snapshots: Optional[List[Snapshot]] = None,
+                 backing_chain: Optional[List[Tuple[str, str]]] = None,
+                 member: Optional[str] = None,
+                 backing_members: Optional[List[Optional[str]]] = None) -> None:
+        self.filename = filename
+        self.format = format
+        self.virtual_size = virtual_size
+        self.actual_size = actual_size
+        self.dirty_flag = dirty_flag
+        self.cluster_size = cluster_size
+        self.backing_filename = backing_filename
+        self.full_backing_filename = full_backing_filename
+        self.backing_filename_format = backing_filename_format
+        self.format_specific = format_specific
+        self.compressed_clusters = compressed_clusters
+        self.snapshots: List[Snapshot] = [] if snapshots is None else snapshots
+        self.backing_chain: List[Tuple[str, str]] = [] if backing_chain is None \
+            else backing_chain
+        self.member = member
+        self.backing_members: List[Optional[str]] = [] if backing_members is None \
+            else backing_members
 
     @property
     def qemu_virtual_size(self) -> int:

@@ -9,25 +9,24 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
+from ._defaults import DEST_FORMATS, JOURNAL_INTERVAL
 from .changes import compare_block, pack_ranges
 from .checksum import DEFAULT_ALGORITHM, DEFAULT_BLOCK_SIZE, ChecksumMismatch, image_checksum
 from .errors import ImageFormatError, Remedy
-from .image import Image, PathArg, _check_format
-from .journal import (DEFAULT_INTERVAL, covers, destination_identity, fsync_directory,
-                      options_text, parse_interval, partial_path, recorded_bytes, remaining,
-                      source_identity)
+from .image import Image, _check_format
 from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
-from .progress import Progress, _progress_adapter, close_progress, make_progress
-from .sizes import Size, parse_size
+from .progress import _progress_adapter, close_progress, make_progress
+from .sizes import parse_size
 
 if TYPE_CHECKING:
     from ._core import CacheStats, CopyReport
+    from .image import PathArg
+    from .progress import Progress
+    from .sizes import Size
 
 NULL_TARGET = "null:"
 # how a partial qcow2 is opened again (its metadata as the last checkpoint left it)
 _RESUME: Dict[str, Any] = {"resume": True}
-# the formats the C core writes, and "null", the null target's name
-DEST_FORMATS = _core.writable_formats() + ("null",)
 
 
 @dataclass
@@ -140,7 +139,7 @@ class CopySteps:
                  offset: Optional[int] = None, length: Optional[int] = None,
                  pool: Any = None, buffer_limit: int = 0,
                  bitmap: Optional[str] = None, journal: Optional[PathArg] = None,
-                 journal_interval: Any = DEFAULT_INTERVAL) -> None:
+                 journal_interval: Any = JOURNAL_INTERVAL) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -251,7 +250,11 @@ class CopySteps:
             self._validate_journal()
 
     def _validate_journal(self) -> None:
-        """journal=: what a journal cannot record, refused before anything opens."""
+        """journal=: what a journal cannot record, refused before anything opens.
+        (imgcopy.journal, and hashlib with it, is imported by journalled
+        copies alone: a copy without one starts without them.)"""
+        from .journal import parse_interval
+
         self.journal_path = os.fsdecode(os.fspath(self._journal_arg))
         self.journal_every = parse_interval(self._journal_interval)
         if self.offset is not None:
@@ -327,6 +330,8 @@ class CopySteps:
         """What names this copy in its journal: the source, the destination
         and the options that change the output.  Block digests are kept for
         a whole copy's checksum only (a copy of changes hashes apart)."""
+        from .journal import destination_identity, options_text, source_identity
+
         algorithm = self.algorithm if self.changed is None else None
         create = self.create_options.create_keywords() if self.create_options else {}
         opts = self.options
@@ -365,6 +370,8 @@ class CopySteps:
             raise
 
     def _open_partial(self, source: Image) -> _core.Image:
+        from .journal import covers, partial_path, recorded_bytes
+
         assert self.journal is not None and self.journal_path is not None
         options, journal = self.options, self.journal
         partial = partial_path(self.dst_name, self.journal_path)
@@ -450,6 +457,8 @@ class CopySteps:
         if self.journal is not None:
             # what an earlier run recorded is not copied again; a whole
             # copy's checksum takes those blocks' digests from the journal
+            from .journal import recorded_bytes, remaining
+
             done = self.journal.done
             self.resumed_bytes = recorded_bytes(done)
             changed, _ = remaining(done, source.size, self.changed)
@@ -480,6 +489,8 @@ class CopySteps:
             _uninterrupted(self._complete_journal)
 
     def _complete_journal(self) -> None:
+        from .journal import fsync_directory
+
         assert self.journal is not None
         if self.partial is not None and os.path.exists(self.partial):
             os.replace(self.partial, self.dst_name)

@@ -12,9 +12,10 @@ import os
 from array import array
 from typing import Any, Iterable, List, Optional, Tuple
 
+from ._defaults import JOURNAL_INTERVAL
 from .sizes import parse_size
 
-DEFAULT_INTERVAL = 5.0  # seconds between checkpoints
+DEFAULT_INTERVAL = JOURNAL_INTERVAL  # seconds between checkpoints
 
 
 def parse_interval(value: Any) -> Tuple[int, int]:

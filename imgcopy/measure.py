@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, Optional, Sequence, Union
 
 from .errors import ImageFormatError
 from .extents import _DATA, _EXTENT, _PRESENT, _ZERO, QEMU_SECTOR
 from ._keywords import suggest_keywords
-from .image import Bitmap, Image, PathArg, source_member
+from .image import Bitmap, Image, source_member
 from .measure_options import (INT64_MAX, MeasureError, check_output_format, parse_image_size,
                               qcow2_option_dict, raw_option_check, size_range_error)
 from .options import Qcow2Options
+
+if TYPE_CHECKING:
+    from .image import PathArg
 
 __all__ = ["MeasureError", "MeasureResult", "Qcow2Target", "measure", "measure_image",
            "measure_size"]
@@ -250,7 +253,8 @@ def qcow2_target(create_options: Optional[Qcow2Options] = None,
     return Qcow2Target.from_options(qcow2_option_dict(create_options, **keywords))
 
 
-Source = Union[PathArg, Image]
+if TYPE_CHECKING:
+    Source = Union[PathArg, Image]
 
 
 @suggest_keywords

@@ -20,14 +20,18 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
+from ._defaults import COPY_DEFAULTS
 from ._keywords import suggest_keywords
-from .sizes import Size, parse_size
+from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from .sizes import Size
 
 # the engine's defaults are the C core's (csrc/options.c says why these)
-_DEFAULTS = _core.copy_option_defaults()
+_DEFAULTS = COPY_DEFAULTS
 
 _Options = TypeVar("_Options", "CopyOptions", "CreateOptions")
 

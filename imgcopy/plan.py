@@ -1,15 +1,19 @@
 """Planning a copy: the exact requests convert() would make, without writing."""
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, NamedTuple, Optional
 
 from . import _core
 from .extents import packed_struct
 from ._keywords import suggest_keywords
-from .image import PathArg, source_member
+from .image import source_member
 from .job import NULL_TARGET, CopySteps
 from .options import CopyOptions
-from .sizes import Size, human_size
+from .sizes import human_size
+
+if TYPE_CHECKING:
+    from .image import PathArg
+    from .sizes import Size
 
 _KINDS = {_core.REQ_WRITE: "write", _core.REQ_ZERO: "zero", _core.REQ_SKIP: "skip"}
 # struct ic_request, as the C core packs requests: offset, length, kind

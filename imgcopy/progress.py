@@ -12,12 +12,15 @@ from __future__ import annotations
 import struct
 import sys
 import time
-from typing import IO, Any, Callable, Optional, Union
 
 from .sizes import human_size
 
-# what convert() and checksum() take as progress=
-Progress = Union[Callable[[int, int], Any], Any, None]
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import IO, Any, Callable, Optional, Union
+
+    # what convert() and checksum() take as progress= (a type checker's name only)
+    Progress = Union[Callable[[int, int], Any], Any, None]
 
 
 class TextBar:

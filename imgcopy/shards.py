@@ -4,9 +4,12 @@ from what each shard hashed, without reading anything again."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
-from .sizes import Size, parse_size
+from .sizes import parse_size
+
+if TYPE_CHECKING:
+    from .sizes import Size
 
 # a shard: (offset, length, block digests of the blocks it covers, in order)
 Shard = Tuple[int, int, bytes]

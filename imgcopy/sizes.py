@@ -4,9 +4,12 @@ sizes and shares with (human_size, share_text, the extent kinds' LABELS)."""
 from __future__ import annotations
 
 import math
-from typing import Union
 
-Size = Union[int, str]
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Union
+
+    Size = Union[int, str]  # (for annotations: a type checker's name only)
 
 _SUFFIXES = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
              "p": 1 << 50, "e": 1 << 60}

@@ -2,7 +2,9 @@
 ``nbds://...``) where a path goes, and the name qemu shows for them."""
 from __future__ import annotations
 
-from typing import Union
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Union
 
 NBD_SCHEMES = ("nbd", "nbds", "nbd+unix", "nbds+unix", "nbd+vsock", "nbds+vsock")
 NBD_DEFAULT_PORT = 10809

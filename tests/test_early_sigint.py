@@ -32,11 +32,19 @@ class _Interrupt:
 sys.meta_path.insert(0, _Interrupt())
 '''
 
-# the package's first module, its C core, modules deep in its import, the
-# command line's (imported by bin/imgcopy and __main__ after the package)
-MODULES = ["imgcopy._program", "imgcopy.errors", "imgcopy._core", "imgcopy.convert",
-           "imgcopy.measure", "imgcopy.cli", "imgcopy.cli_checksum", "imgcopy.cli_compare",
-           "imgcopy.cli_measure", "argparse"]
+# the package's first module, its C core, modules deep in a command's
+# import, the command line's (imported by bin/imgcopy and __main__ after the
+# package); each with arguments that import it and then end (the package
+# imports its modules as they are used: --version only the C core's side,
+# --help the command line, a command what it runs)
+MODULES = {"imgcopy._program": ["--version"], "imgcopy.errors": ["--version"],
+           "imgcopy._core": ["--version"], "imgcopy.features": ["--version"],
+           "imgcopy.convert": ["convert", "-T", "none", "--request-size", "4k", "SOURCE",
+                               "null:"],
+           "imgcopy.measure": ["measure", "--size", "1M"], "imgcopy.info": ["info", "SOURCE"],
+           "imgcopy.cli": ["--help"], "imgcopy.cli_checksum": ["--help"],
+           "imgcopy.cli_compare": ["--help"], "imgcopy.cli_measure": ["--help"],
+           "argparse": ["--help"]}
 
 
 @pytest.fixture
@@ -70,7 +78,8 @@ def commands(source):
 @pytest.mark.parametrize("how", ["script", "module"])
 @pytest.mark.parametrize("module", MODULES)
 def test_sigint_during_an_import(long_source, hooked_env, how, module):
-    cmd = commands(long_source)[how][:-6] + ["--version"]  # imports all, then ends
+    cmd = commands(long_source)[how][:-7] + [long_source if a == "SOURCE" else a
+                                             for a in MODULES[module]]
     if how == "script" and not cmd[0].endswith("imgcopy"):
         pytest.skip("no imgcopy console script next to %s" % sys.executable)
     env = dict(hooked_env, IMGCOPY_TEST_SIGINT_AT=module)
@@ -79,9 +88,11 @@ def test_sigint_during_an_import(long_source, hooked_env, how, module):
 
 
 def test_a_program_that_imports_imgcopy_gets_its_keyboardinterrupt(hooked_env):
-    """Only the command exits: another program sees the KeyboardInterrupt."""
+    """Only the command exits: another program sees the KeyboardInterrupt
+    (here while the package imports a name the program asks for: the
+    package imports its modules as their names are first used)."""
     code = ("try:\n"
-            "    import imgcopy\n"
+            "    from imgcopy import convert\n"
             "except KeyboardInterrupt:\n"
             "    print('caught')\n")
     env = dict(hooked_env, IMGCOPY_TEST_SIGINT_AT="imgcopy.convert")
@@ -123,6 +134,12 @@ def test_sigint_at_early_delays(long_source, imgcopy_env, how):
             # the interpreter ends) death by SIGINT, which a shell shows as 130
             assert p.returncode in (130, -signal.SIGINT) and out == b"", (delay, p.returncode)
             ours += 1
+        elif err.startswith("Exception ignored in: <function _get_module_lock.") and \
+                err.rstrip().endswith("KeyboardInterrupt:"):
+            # CPython's import machinery dropped it (raised in a module
+            # lock's weakref callback, any import's, it can only be
+            # printed): the command went on, whatever its version
+            assert PACKAGE_DIR not in err and p.returncode == 0, (delay, p.returncode, err)
         else:
             # Python's own start: no frame of imgcopy's, whatever it prints
             assert PACKAGE_DIR not in err, (delay, p.returncode, err)

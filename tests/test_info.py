@@ -421,3 +421,59 @@ def test_member_with_missing_backing_member(tmp_path):
         "base.qcow2", "d/base.qcow2", [])
     with pytest.raises(ValueError, match="no member 'd/base.qcow2'"):
         imgcopy.map(tar, member="d/top.qcow2")
+
+
+def test_results_behave_as_the_dataclasses_they_were():
+    """ImageInfo, Snapshot and Bitmap, CompareResult and CheckResult are
+    plain classes (importing dataclasses would cost `imgcopy info` most of
+    its start): a repr and == over their fields in order, Snapshot and
+    Bitmap frozen and hashable, the others mutable and unhashable; they
+    copy, pickle and match."""
+    import copy
+    import pickle
+
+    from imgcopy.info import Snapshot
+
+    a = ImageInfo("a.raw", "raw", 4096, None)
+    assert a.snapshots == [] and a.backing_chain == [] and a.backing_members == []
+    assert a.snapshots is not ImageInfo("b", "raw", 0, None).snapshots
+    assert repr(a).startswith("ImageInfo(filename='a.raw', format='raw', virtual_size=4096, "
+                              "actual_size=None, dirty_flag=False, cluster_size=None, ")
+    b = ImageInfo(filename="a.raw", format="raw", virtual_size=4096, actual_size=None)
+    assert a == b and not (a != b)
+    b.cluster_size = 65536
+    assert a != b and a != ("a.raw",)
+    with pytest.raises(TypeError):
+        hash(a)
+    assert pickle.loads(pickle.dumps(b)) == b and copy.deepcopy(b) == b
+
+    s = Snapshot(b"1", b"base", 0, 1, 2, 3, None)
+    t = Snapshot(id=b"1", name=b"base", vm_state_size=0, date_sec=1, date_nsec=2,
+                 vm_clock_nsec=3, icount=None)
+    assert s == t and hash(s) == hash(t) and len({s, t}) == 1
+    assert repr(s) == ("Snapshot(id=b'1', name=b'base', vm_state_size=0, date_sec=1, "
+                       "date_nsec=2, vm_clock_nsec=3, icount=None)")
+    with pytest.raises(AttributeError):
+        s.name = b"other"
+    with pytest.raises(AttributeError):
+        del s.name
+    assert pickle.loads(pickle.dumps(s)) == s and copy.copy(s) == s
+
+    bm = imgcopy.Bitmap("b0", 65536, False, True)
+    assert bm == imgcopy.Bitmap(name="b0", granularity=65536, in_use=False, auto=True)
+    assert bm.enabled and bm.consistent and hash(bm) == hash(imgcopy.Bitmap("b0", 65536, False,
+                                                                            True))
+    with pytest.raises(AttributeError):
+        bm.auto = False
+    assert pickle.loads(pickle.dumps(bm)) == bm
+    assert imgcopy.Bitmap.__match_args__ == ("name", "granularity", "in_use", "auto")
+
+    c = imgcopy.CompareResult(True, "identical", None, "Images are identical.", False, 1, 1,
+                              progress=[(100.0, False)])
+    assert "progress" not in repr(c) and repr(c).startswith("CompareResult(identical=True, ")
+    assert c == imgcopy.CompareResult(True, "identical", None, "Images are identical.", False,
+                                      1, 1, progress=[(100.0, False)])
+    assert imgcopy.CompareResult(False, "size", None, "", True, 1, 2).progress == []
+    k = imgcopy.CheckResult("a.qcow2", "qcow2", leaks=2)
+    assert (k.messages, k.member, k.ok, k.exit_code) == ([], None, False, 3)
+    assert pickle.loads(pickle.dumps(k)) == k and k != imgcopy.CheckResult("a.qcow2", "qcow2")

@@ -358,3 +358,35 @@ def test_checked_calls_keep_their_signatures():
     assert imgcopy.convert.__kwdefaults__["member"] is None
     assert imgcopy.convert.__name__ == "convert" and "moving only" in imgcopy.convert.__doc__
     assert CopyOptions(concurrency=2).concurrency == 2
+
+
+def test_keywords_read_from_code_are_inspects():
+    """suggest_keywords reads the names from the code object (importing
+    inspect would cost every command's start): the same names as
+    inspect.signature() gives, for every checked call and for the shapes a
+    signature can take."""
+    import functools
+    import inspect
+
+    from imgcopy import _keywords
+
+    def by_signature(func):
+        params = inspect.signature(func).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                               p.KEYWORD_ONLY))
+
+    def shapes(a, /, b, *args, c, d=1):
+        pass
+
+    def takes_any(a, **kwargs):
+        pass
+
+    checked = [imgcopy.convert, imgcopy.plan, imgcopy.info, imgcopy.check, imgcopy.compare,
+               imgcopy.checksum, imgcopy.measure, imgcopy.open, imgcopy.map,
+               imgcopy.Image.__init__, CopyOptions.__init__, Qcow2Options.__init__]
+    funcs = [f.__wrapped__ for f in checked] + [shapes, takes_any,
+                                                 functools.partial(shapes, 1)]
+    for func in funcs:
+        assert _keywords._keywords(func) == by_signature(func), func
