@@ -87,8 +87,12 @@ demo: deps-demo build
 test-c:
 	$(MAKE) -C tests/c check
 
+# two workers (pytest-xdist), each running whole test modules (but those
+# tests/conftest.py splits), the longest first: see tests/conftest.py
+PYTEST_PARALLEL ?= -n 2
+
 test: deps build-test
-	$(VENV)/bin/pytest -q -ra tests
+	$(VENV)/bin/pytest -q -ra $(PYTEST_PARALLEL) tests
 
 # Python itself is not built with ASan: preload the runtime, ignore its leaks;
 # libstdc++ comes with it, or ASan cannot intercept C++ exceptions thrown by

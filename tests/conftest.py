@@ -204,3 +204,82 @@ def plt():
 
     yield plt
     plt.close("all")
+
+
+# --------------------------------------------------------------------------
+# running in parallel: `make test` runs `pytest -n 2` (pytest-xdist)
+#
+# A test module is one unit of work, run whole by one worker: its
+# module-scoped fixtures are made once, and modules whose tests share
+# something outside tmp_path stay together (test_fuzz.py builds its
+# harnesses into tests/fuzz/, test_notebooks.py runs both notebooks once for
+# its four tests).  The tests of the SPLIT modules are units of their own
+# (each long and self-contained) but for those GROUPED, which share a
+# module fixture.  The longest units go first (HEAVY_FIRST, about longest
+# first), so that the two workers finish together; the rest keep the order
+# of collection.
+
+SPLIT = ("tests/test_packaging.py", "tests/test_c_units.py", "tests/test_copy_outcome.py")
+GROUPED = {
+    "tests/test_packaging.py::test_build_says_which_libraries_it_lacks": "packaging-build",
+    "tests/test_packaging.py::test_header_edit_rebuilds_the_extension": "packaging-build",
+}
+
+HEAVY_FIRST = (
+    "tests/test_packaging.py::test_build_says_which_libraries_it_lacks",
+    "tests/test_packaging.py::test_header_edit_rebuilds_the_extension",
+    "tests/test_packaging.py::test_sdist_builds_alone_and_converts_on_the_oldest_python",
+    "tests/test_packaging.py::test_wheel_bundles_the_optional_libraries",
+    "tests/test_packaging.py::test_clone_named_imgcopy_imports_from_its_parent",
+    "tests/test_fuzz.py",
+    "tests/test_c_units.py::test_c_unit_tests[check]",
+    "tests/test_c_units.py::test_c_unit_tests[tsan]",
+    "tests/test_copy_outcome.py::test_sigint_at_any_moment_agrees_with_the_destination",
+    "tests/test_overlay_layout.py",
+    "tests/test_qcow2_compression.py",
+    "tests/test_typing.py",
+    "tests/test_nbd.py",
+    "tests/test_qcow2_write.py",
+    "tests/test_check.py",
+    "tests/test_vpc.py",
+    "tests/test_sparse_threshold_qemu.py",
+    "tests/test_qcow2_map.py",
+    "tests/test_fleet.py",
+)
+
+
+def work_unit(nodeid):
+    """The unit of work (a name) a test belongs to: what one worker runs whole."""
+    module, _, name = nodeid.partition("::")
+    if module not in SPLIT:
+        return module
+    return GROUPED.get(nodeid.split("[")[0], nodeid)
+
+
+def _heavy_rank(nodeid):
+    for rank, prefix in enumerate(HEAVY_FIRST):
+        if nodeid == prefix or nodeid.startswith((prefix + "::", prefix + "[")):
+            return rank
+    return len(HEAVY_FIRST)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N`: xdist's load scheduling, by work_unit(), in the order
+    of collection (the items are sorted on the workers, which collect)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        order = {id(item): i for i, item in enumerate(items)}
+        items.sort(key=lambda item: (_heavy_rank(item.nodeid), order[id(item)]))

@@ -192,39 +192,64 @@ def _copy_tree(dest):
     return dest
 
 
-def test_build_says_which_libraries_it_lacks(tmp_path):
-    """On a machine without libzstd's headers (here: a zstd.h that fails
-    to compile ahead of the real one), the build prints that zstd is
-    missing and which packages bring it; IMGCOPY_REQUIRE=zstd makes that
-    an error before anything compiles, an unknown name too; the extension
-    built says so at run time."""
-    tree = _copy_tree(tmp_path / "tree")
-    shim = tmp_path / "no-zstd"
+class NoZstdBuild:
+    """A copy of the sources built in place by `setup.py build_ext
+    --inplace` on a machine without libzstd's headers (here: a zstd.h that
+    fails to compile ahead of the real one), after the builds that must
+    fail before anything compiles: what each printed."""
+
+    def __init__(self, tree, env):
+        self.tree, self.env = tree, env
+        self.refused = self.build("zstd,libdeflate")
+        self.no_so_after_refusal = not glob.glob(str(tree / "imgcopy" / "_core*.so"))
+        self.unknown = self.build("zstd,lzma")
+        self.both = run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tree),
+                        env=dict(env, IMGCOPY_REQUIRE="zstd", IMGCOPY_WITHOUT="zstd"))
+        # libdeflate is there: requiring it builds
+        self.built = self.build("libdeflate" if imgcopy.features()["libdeflate"] else "")
+
+    def build(self, require, *args):
+        return run([sys.executable, "setup.py", "build_ext", "--inplace", *args],
+                   cwd=str(self.tree), env=dict(self.env, IMGCOPY_REQUIRE=require), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def no_zstd_build(tmp_path_factory):
+    """NoZstdBuild, made once: the module's only compile of a source tree in
+    place (test_build_says_which_libraries_it_lacks reads what it printed,
+    test_header_edit_rebuilds_the_extension builds it again)."""
+    top = tmp_path_factory.mktemp("no-zstd-build")
+    tree = _copy_tree(top / "tree")
+    shim = top / "no-zstd"
     shim.mkdir()
     (shim / "zstd.h").write_text('#error "this machine has no libzstd-dev"\n')
     import sysconfig
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     env = dict(os.environ, CC=f"{cc} -I{shim}")
     env.pop("IMGCOPY_WITHOUT", None)
+    return NoZstdBuild(tree, env)
 
-    def build(require):
-        return run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tree),
-                   env=dict(env, IMGCOPY_REQUIRE=require), timeout=600)
 
-    p = build("zstd,libdeflate")
+def test_build_says_which_libraries_it_lacks(no_zstd_build):
+    """On a machine without libzstd's headers, the build prints that zstd is
+    missing and which packages bring it; IMGCOPY_REQUIRE=zstd makes that
+    an error before anything compiles, an unknown name too; the extension
+    built says so at run time."""
+    b = no_zstd_build
+    tree = b.tree
+    p = b.refused
     assert p.returncode != 0, "a build that requires the missing zstd succeeded"
     assert ("IMGCOPY_REQUIRE" in p.stderr and "zstd (zstd.h or -lzstd not found)" in p.stderr
             and "libzstd-dev" in p.stderr and "libzstd-devel" in p.stderr), p.stderr
     assert "module.c" not in p.stdout + p.stderr, "compiled before failing"
-    assert not glob.glob(str(tree / "imgcopy" / "_core*.so"))
-    p = build("zstd,lzma")
+    assert b.no_so_after_refusal
+    p = b.unknown
     assert p.returncode != 0 and "IMGCOPY_REQUIRE: unknown lzma" in p.stderr, p.stderr
-    p = run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tree),
-            env=dict(env, IMGCOPY_REQUIRE="zstd", IMGCOPY_WITHOUT="zstd"))
+    p = b.both
     assert p.returncode != 0 and "both name zstd" in p.stderr, p.stderr
 
     # libdeflate is there: requiring it builds, and the summary says so
-    p = build("libdeflate" if imgcopy.features()["libdeflate"] else "")
+    p = b.built
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     summary = {line.split()[0]: line for line in p.stderr.splitlines()
                if line.startswith("  ") and len(line.split()) > 1}
@@ -326,36 +351,47 @@ def test_only_the_init_function_is_exported():
     assert names == {"PyInit__core"}, sorted(names)
 
 
-def test_header_edit_rebuilds_the_extension(tmp_path):
+def test_header_edit_rebuilds_the_extension(no_zstd_build):
     """`setup.py build_ext --inplace` skips an up-to-date extension and
-    rebuilds it when a header changes (depends=)."""
-    for name in ("setup.py", "pyproject.toml", "README.md"):
-        shutil.copy(os.path.join(REPO, name), tmp_path)
-    shutil.copytree(os.path.join(REPO, "csrc"), tmp_path / "csrc")
-    shutil.copytree(os.path.join(REPO, "imgcopy"), tmp_path / "imgcopy",
-                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    rebuilds it when a header changes (depends=).  The tree no_zstd_build
+    compiled, built again as it was: the second time a dry run (--dry-run
+    decides as a build does, printing the compiler's command lines, and
+    runs none of them: what it decides is what this checks)."""
+    b = no_zstd_build
+    require = "libdeflate" if imgcopy.features()["libdeflate"] else ""
 
-    def build():
-        p = run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=str(tmp_path))
-        assert p.returncode == 0, p.stdout + p.stderr
+    def build(*args):
+        p = b.build(require, *args)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         return p.stdout + p.stderr
 
-    assert "module.c" in build()
+    assert b.built.returncode == 0 and "module.c" in b.built.stdout + b.built.stderr
     assert "module.c" not in build(), "an up-to-date extension was rebuilt"
-    # an edit made after the build (a build and an edit within one
-    # second are not told apart by file times)
-    header = tmp_path / "csrc" / "drivers" / "qcow2_format.h"
+    assert "module.c" not in build("--dry-run"), "a dry run compiles an up-to-date extension"
+    # an edit made after the build (a build and an edit within one second
+    # are not told apart by file times)
+    header = b.tree / "csrc" / "drivers" / "qcow2_format.h"
+    (so,) = glob.glob(str(b.tree / "imgcopy" / "_core*.so"))
+    built = os.stat(so).st_mtime_ns
+    edited = os.stat(header)
     later = time.time() + 5
     os.utime(header, (later, later))
-    assert "module.c" in build(), "editing a header did not rebuild the extension"
+    try:
+        assert "module.c" in build("--dry-run"), "editing a header did not rebuild the extension"
+    finally:
+        os.utime(header, ns=(edited.st_atime_ns, edited.st_mtime_ns))
+    assert os.stat(so).st_mtime_ns == built, "the dry run wrote the extension"
 
 
 def test_sdist_builds_alone_and_converts_on_the_oldest_python(tmp_path):
     """An sdist holds every source and header; installed into a fresh
     virtualenv of the oldest supported Python it converts an image, away
-    from the checkout."""
+    from the checkout.  Made from a clone with the checkout's edits (the
+    files a commit would hold), so that building it rewrites nothing in the
+    checkout (its imgcopy.egg-info), which other tests read meanwhile."""
+    clone = _clone(tmp_path / "src")
     p = run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir",
-             str(tmp_path / "dist"), REPO], timeout=300)
+             str(tmp_path / "dist"), str(clone)], timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (sdist,) = glob.glob(str(tmp_path / "dist" / "imgcopy-*.tar.gz"))
     with tarfile.open(sdist) as tar:
