@@ -243,18 +243,19 @@ TIME = "/usr/bin/time"
 
 
 def run_timed(argv: List[str], env: Optional[Dict[str, str]], timeout: float,
-              sync: bool) -> Dict[str, Any]:
+              sync: bool, stdout: bool = False) -> Dict[str, Any]:
     """`argv` (then `sync` if asked, when it succeeded): seconds of both, of
     the sync, return code, stderr's tail, the command's peak RSS (KiB, from
     GNU time's %M: a process forked from this one would start with our RSS as
-    its peak).  The command, in its own process group, is killed if it
-    outlasts `timeout` or we are interrupted."""
+    its peak); with `stdout`, what it printed there (else it is discarded).
+    The command, in its own process group, is killed if it outlasts
+    `timeout` or we are interrupted."""
     with tempfile.NamedTemporaryFile(prefix="imgcopy-bench-rss-") as rss_file, \
-            tempfile.TemporaryFile() as err:
+            tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
         wrap = [TIME, "-f", "%M", "-o", rss_file.name] if os.access(TIME, os.X_OK) else []
         t0 = time.perf_counter()
         p = subprocess.Popen(wrap + argv, cwd="/", stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=err, env=env,
+                             stdout=out if stdout else subprocess.DEVNULL, stderr=err, env=env,
                              start_new_session=True)
         killed: List[bool] = []
 
@@ -279,10 +280,15 @@ def run_timed(argv: List[str], env: Optional[Dict[str, str]], timeout: float,
         text = err.read().decode(errors="replace").strip()
         lines = open(rss_file.name).read().split()
         rss = int(lines[-1]) if wrap and lines and lines[-1].isdigit() else None
+        out.seek(0)
+        printed = out.read().decode(errors="replace") if stdout else None
     if killed:
         text = ("timed out after %.0f s; " % timeout) + text
-    return {"seconds": t2 - t0, "sync_seconds": t2 - t1, "rc": rc, "stderr": text[-2000:],
-            "rss_kib": rss}
+    rec = {"seconds": t2 - t0, "sync_seconds": t2 - t1, "rc": rc, "stderr": text[-2000:],
+           "rss_kib": rss}
+    if stdout:
+        rec["stdout"] = printed
+    return rec
 
 
 def compare(src: str, dst: str) -> Dict:

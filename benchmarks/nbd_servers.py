@@ -8,7 +8,13 @@ filter's file is counted by :meth:`NbdkitServer.totals`.
 copy with a round trip added by the delay filter (the log filter first, so
 it counts what the client sent): a file served read-only with delayed reads
 and block status, multi-conn or one serialising connection (VDDK-like), and
-a memory disk with delayed writes and zeroes."""
+a memory disk with delayed writes and zeroes.
+
+:class:`QemuNbdServer` serves a qcow2 image with qemu-nbd the same way (a
+private socket, started once its pid file is written, always stopped): the
+warm-copy benchmark's source, its dirty bitmap exported with ``-B NAME``."""
+import ctypes
+import ctypes.util
 import os
 import re
 import shutil
@@ -160,3 +166,44 @@ def target_export(size: int, delay_ms: float) -> NbdkitServer:
     return NbdkitServer("memory", [str(size), "delay-write=%gms" % delay_ms,
                                    "delay-zero=%gms" % delay_ms, "delay-trim=%gms" % delay_ms],
                         filters=["delay"])
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the benchmark dies (qemu-nbd
+    has no --exit-with-parent)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class QemuNbdServer(NbdkitServer):
+    """qemu-nbd --persistent --shared=0 --pid-file=PID -k SOCK [-r] [-B NAME ...]
+    -f FMT IMAGE, in its own session, stopped as nbdkit is (SIGTERM, then
+    SIGKILL); no log filter, so no :meth:`totals`.  --persistent: it serves
+    client after client; --shared=0: any number at once (nbdcopy and imgcopy
+    open several connections)."""
+
+    def __init__(self, image: str, fmt: str = "qcow2", read_only: bool = True,
+                 bitmaps: Sequence[str] = (), timeout: float = 20.0):
+        super().__init__("", timeout=timeout)
+        self.argv = (["qemu-nbd", "--persistent", "--shared=0",
+                      "--pid-file=" + os.path.join(self.dir, "pid"), "-k", self.socket,
+                      "--format=" + fmt] + (["--read-only"] if read_only else [])
+                     + [a for name in bitmaps for a in ("-B", name)] + [image])
+
+    def __enter__(self):
+        try:
+            with open(os.path.join(self.dir, "output"), "wb") as out:
+                self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            self._until(self._listening, "qemu-nbd did not start")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def totals(self):
+        raise NotImplementedError("qemu-nbd keeps no request log")
