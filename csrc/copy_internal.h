@@ -1,6 +1,6 @@
-/* The copy engine's shared state: copy.c runs the items (turns, workers'
- * state, life cycle) as a job (job.c), planner.c cuts the source into
- * work items. */
+/* The copy engine's shared state: copy.c runs the copy as a job (job.c),
+ * copy_item.c each work item (copy_worker.h), planner.c cuts the source
+ * into work items. */
 #ifndef IMGCOPY_COPY_INTERNAL_H
 #define IMGCOPY_COPY_INTERNAL_H
 
