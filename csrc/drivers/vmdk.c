@@ -1,4 +1,4 @@
-/* VMDK, read-only (see vmdk_internal.h for the parts): open, the extent
+/* VMDK, read-only (see vmdk_state.h for the parts): open, the extent
  * list with each extent's guest range, reads and block status routed to
  * extents, and what qemu-img info reports.
  *
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmdk_internal.h"
+#include "vmdk_state.h"
 
 /* Grain table entries a block-status walk classifies past the one asked
  * for. */

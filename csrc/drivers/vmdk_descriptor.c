@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vmdk_internal.h"
+#include "vmdk_state.h"
 
 struct line {
     const char *p, *end;

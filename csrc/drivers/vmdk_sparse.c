@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../compression.h"
-#include "vmdk_internal.h"
+#include "vmdk_state.h"
 
 void vmdk_sparse_decode(const uint8_t *b, struct vmdk_sparse_header *h)
 {

@@ -22,7 +22,7 @@
  *   sparse.vmdk  a small valid sparse extent (1 MiB, 4 KiB grains)
  *   desc.vmdk    the fixed two-extent descriptor */
 #include "fuzz_common.h"
-#include "drivers/vmdk_internal.h"
+#include "drivers/vmdk_state.h"
 #include "probe.h"
 
 enum { INPUT, BASE, FLAT, SPARSE, DESC };

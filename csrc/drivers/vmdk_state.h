@@ -7,8 +7,8 @@
  *   vmdk.c             the driver: open (a descriptor file, or a sparse
  *                      file and its embedded descriptor), the extent list,
  *                      reads and block status routed to extents, describe */
-#ifndef IMGCOPY_VMDK_INTERNAL_H
-#define IMGCOPY_VMDK_INTERNAL_H
+#ifndef IMGCOPY_VMDK_STATE_H
+#define IMGCOPY_VMDK_STATE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
