@@ -228,7 +228,8 @@ static int record_blocks(struct ic_checkpoint *k, const struct ic_range *snap, s
                          struct ic_range **rec, size_t *nrec, struct ic_error *err)
 {
     size_t lcap = 0, rcap = 0;
-    qsort(told, ntold, sizeof *told, by_first);
+    if (ntold)
+        qsort(told, ntold, sizeof *told, by_first);
     for (size_t t = 0; t < ntold; t++) {
         const struct told *r = &told[t];
         uint64_t b = r->first, end = r->first + r->count;

@@ -80,6 +80,8 @@ class _CopyChecksum(TypedDict, total=False):
     # set by the Python side for a shard's report
     offset: int
     length: int
+    # set by the Python side: what a journal had recorded before this run
+    bytes_resumed: int
 
 @type_check_only  # a type of the stubs only: dicts at run time
 class CopyOptionDefaults(TypedDict):
@@ -204,6 +206,7 @@ class Pool:
     @property
     def budget(self) -> int: ...
 
+@final
 class Journal:
     """A copy's journal (csrc/journal.h): made, or an earlier run's opened
     and checked against this identity (ValueError naming what differs;

@@ -247,15 +247,15 @@ class CopySteps:
             _check_existing_layout(create_options)
         self.dst_format, self.create_options = dst_format, create_options
         if self._journal_arg is not None:
-            self._validate_journal()
+            self._validate_journal(self._journal_arg)
 
-    def _validate_journal(self) -> None:
+    def _validate_journal(self, journal: "PathArg") -> None:
         """journal=: what a journal cannot record, refused before anything opens.
         (imgcopy.journal, and hashlib with it, is imported by journalled
         copies alone: a copy without one starts without them.)"""
         from .journal import parse_interval
 
-        self.journal_path = os.fsdecode(os.fspath(self._journal_arg))
+        self.journal_path = os.fsdecode(os.fspath(journal))
         self.journal_every = parse_interval(self._journal_interval)
         if self.offset is not None:
             raise ValueError("a shard is copied again whole: journal= is for whole copies, "
@@ -343,7 +343,7 @@ class CopySteps:
                             bitmap=self.bitmap)
         return dict(source=source_identity(os.fsdecode(os.fspath(self.src)), source.format,
                                            source.size, self.src_member),
-                    destination=destination_identity(self.dst_name, self.dst_format,
+                    destination=destination_identity(self.dst_name, self._dst_format(),
                                                      self.create),
                     size=source.size, options=text, algorithm=algorithm,
                     block_size=(self.block_size or DEFAULT_BLOCK_SIZE) if algorithm else 1)
@@ -353,8 +353,8 @@ class CopySteps:
         it is this copy's), and the destination: an existing one as it is;
         a new one in its partial file, resumed when the journal recorded
         some of it."""
-        assert self.journal_path is not None
-        self.journal = _core.Journal(self.journal_path, **self._journal_identity(source))
+        journal_path = self._journal_path()
+        self.journal = _core.Journal(journal_path, **self._journal_identity(source))
         try:
             if not self.create:
                 return self._open_existing(source)
@@ -372,9 +372,8 @@ class CopySteps:
     def _open_partial(self, source: Image) -> _core.Image:
         from .journal import covers, partial_path, recorded_bytes
 
-        assert self.journal is not None and self.journal_path is not None
-        options, journal = self.options, self.journal
-        partial = partial_path(self.dst_name, self.journal_path)
+        options, journal = self.options, self._journal()
+        partial = partial_path(self.dst_name, self._journal_path())
         done = journal.done if journal.resumed else b""
         if done and os.path.exists(partial):
             core = _core.Image(partial, self.dst_format, writable=True,
@@ -453,7 +452,8 @@ class CopySteps:
         # source is made apart (verify); a shard's checksum is its blocks'
         shard = self.offset is not None
         in_copy = self.algorithm if self.changed is None or shard else None
-        changed, journalled = self.changed, {}
+        changed = self.changed
+        journalled: Dict[str, Any] = {}
         if self.journal is not None:
             # what an earlier run recorded is not copied again; a whole
             # copy's checksum takes those blocks' digests from the journal
@@ -491,12 +491,27 @@ class CopySteps:
     def _complete_journal(self) -> None:
         from .journal import fsync_directory
 
-        assert self.journal is not None
+        journal = self._journal()
         if self.partial is not None and os.path.exists(self.partial):
             os.replace(self.partial, self.dst_name)
             fsync_directory(self.dst_name)
-        if not self.journal.closed:
-            self.journal.complete()
+        if not journal.closed:
+            journal.complete()
+
+    def _dst_format(self) -> str:
+        if self.dst_format is None:
+            raise RuntimeError("the destination's format is decided in validate()")
+        return self.dst_format
+
+    def _journal(self) -> "_core.Journal":
+        if self.journal is None:
+            raise RuntimeError("the journal is opened with the destination")
+        return self.journal
+
+    def _journal_path(self) -> str:
+        if self.journal_path is None:
+            raise RuntimeError("journal= is validated before the destination opens")
+        return self.journal_path
 
     def verify(self, result: CopyResult) -> CopyResult:
         """With verify=True, the committed destination read back: its

@@ -286,7 +286,8 @@ def test_seed(name, tmp_path, zygote):
         path = harness_dir(str(tmp_path), f.read())
     stages, rss_mb, _ = run_worker(path, "qcow2", zygote)
     check_outcome(stages, rss_mb, "any", name)
-    refused = ("datafile", "dirty", "extl2", "backing-self", "backing-qcow2") + \
+    # resume-*: images imgcopy's writer left incomplete (opened with resume=True only)
+    refused = ("datafile", "dirty", "extl2", "backing-self", "backing-qcow2", "resume") + \
         (() if HAVE_ZSTD else ("zstd",))
     if not any(r in name for r in refused):
         assert not [s for s in stages if "error" in s], stages
