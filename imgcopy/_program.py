@@ -56,7 +56,10 @@ def main() -> int:
             print(version_text())
             return 0
         from .cli import main as cli_main
+
+        # inside the try: a Ctrl-C between the import and cli_main()'s own
+        # handler is answered the same way
+        return cli_main()
     except KeyboardInterrupt:
         sys.stderr.write("imgcopy: interrupted\n")
         return 130
-    return cli_main()
