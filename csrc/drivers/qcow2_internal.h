@@ -7,7 +7,8 @@
  *   qcow2_tables.c  the snapshot table and bitmap directory
  *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
- *   qcow2_write.c   staged writes, zeros, checkpoints, finishing
+ *   qcow2_write.c   staged writes, zeros
+ *   qcow2_finish.c  checkpoints, finishing
  *   qcow2_create.c  new images, and writers of existing ones
  *   qcow2_resume.c  writers of images a crash left incomplete
  *   qcow2_check.c   qemu-img check: refcounts recomputed and compared
@@ -267,8 +268,6 @@ int qcow2_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off
 int qcow2_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                struct ic_error *err);
 int qcow2_flush(struct ic_image *img, struct ic_error *err);
-int qcow2_checkpoint(struct ic_image *img, struct ic_error *err);
-int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 uint64_t qcow2_write_alignment(const struct ic_image *img);
 /* With meta_lock held: the clusters under guest [off, end) get host
  * clusters of their own, which a write may fill. */
@@ -277,6 +276,10 @@ int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
 /* The header, marked complete or not (with meta_lock held, or before any
  * other thread has the image). */
 int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
+
+/* qcow2_finish.c */
+int qcow2_checkpoint(struct ic_image *img, struct ic_error *err);
+int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 
 /* qcow2_check.c: qemu-img check, read-only */
 int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err);
