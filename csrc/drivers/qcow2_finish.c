@@ -223,10 +223,11 @@ int qcow2_checkpoint(struct ic_image *img, struct ic_error *err)
     return ret;
 }
 
-/* The tables (as a checkpoint writes them), then the refcounts, which
- * count them (in clusters nothing on disk references any more), then the
- * header saying the image is complete.  A crash at any step leaves an
- * image a resumed writer opens (with `sync`). */
+/* The tables (as a checkpoint writes them), the bitmaps' tables and
+ * directory (qcow2_bitmaps_write.c), then the refcounts, which count them
+ * (in clusters nothing on disk references any more), then the header
+ * saying the image is complete (and naming the bitmaps).  A crash at any
+ * step leaves an image a resumed writer opens (with `sync`). */
 int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
 {
     struct qcow2_state *s = state(img);
@@ -240,9 +241,13 @@ int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err)
         goto out; /* nothing written since it was last complete */
     ret = write_tables(img, sync, 1, err);
     if (ret == 0)
+        ret = qcow2_store_bitmaps(img, err);
+    if (ret == 0)
         ret = qcow2_write_refcounts(img, err);
     if (ret == 0)
         ret = ic_image_truncate(s->file, w->host_end, err);
+    if (ret == 0)
+        w->file_size = w->host_end; /* what is appended later grows it again */
     /* the metadata is durable before the header says it is complete */
     if (ret == 0 && sync)
         ret = ic_image_flush(s->file, err);
