@@ -414,12 +414,18 @@ static void resumes(void)
     uint64_t size = (4u << 20) + 512;
     struct ic_range before = {0, size}, after = {1u << 20, 5000};
     const char *path = path_of("resumed.qcow2");
-    for (int v = 0; v < 2; v++) {
+    uint8_t data[8192];
+    memset(data, 7, sizeof data);
+    /* 0: no bitmap before the crash; 1: its bits were written (at the end
+     * of the file: cut off); 2: data after them (inside the file: free) */
+    for (int v = 0; v < 3; v++) {
         struct ic_image *img = create(path, size, 512, 0, 0);
         write_some(img, 4096);
         must(ic_image_checkpoint(img, &err), &err, "checkpoint");
         if (v) /* the crash comes after the bits were written */
             must(ic_image_add_bitmap(img, "x", 512, 0, &before, 1, &err), &err, "x");
+        if (v == 2)
+            must(ic_image_pwrite(img, data, sizeof data, 2u << 20, &err), &err, "write");
         must(ic_image_checkpoint(img, &err), &err, "checkpoint");
         ic_image_close(img); /* a crash: never finished */
         must(ic_image_open(path, "qcow2", IC_OPEN_RDWR | IC_OPEN_RESUME, &img, &err), &err,
@@ -432,6 +438,13 @@ static void resumes(void)
         struct model m = {"x", 4096, IC_BITMAP_AUTO, NULL};
         model_ranges(&m, size, &after, 1);
         expect_bitmaps(path, &m, 1, v ? "resumed after the bits" : "resumed");
+        if (v == 2) {
+            uint8_t back[sizeof data];
+            must(ic_image_open(path, "qcow2", 0, &img, &err), &err, "open");
+            must(ic_image_pread(img, back, sizeof back, 2u << 20, &err), &err, "read");
+            CHECK(memcmp(back, data, sizeof data) == 0, "the write after the bits is lost");
+            ic_image_close(img);
+        }
         check_clean(path, "resumed");
         free_models(&m, 1);
     }
