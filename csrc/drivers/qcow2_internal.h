@@ -8,7 +8,9 @@
  *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
  *   qcow2_write.c   staged writes, zeros
- *   qcow2_bitmaps_write.c  persistent bitmaps a writer stores
+ *   qcow2_bitmaps_write.c
+ *                   persistent bitmaps a writer stores (which a write
+ *                   after a finish drops: qcow2_write.c calls it back)
  *   qcow2_finish.c  checkpoints, finishing
  *   qcow2_create.c  new images, and writers of existing ones
  *   qcow2_resume.c  writers of images a crash left incomplete
