@@ -34,6 +34,11 @@ struct ic_image;
 
 enum ic_driver_kind { IC_PROTOCOL, IC_FORMAT };
 
+/* The dirty ranges of a bitmap being stored, one at a time into *out, in
+ * increasing order, not overlapping: 1, or 0 once there are no more, or
+ * -1 with `err`. */
+typedef int ic_dirty_next_fn(void *ctx, struct ic_range *out, struct ic_error *err);
+
 /* The end of an asynchronous request: `err` NULL, or what went wrong. */
 typedef void ic_aio_done_fn(void *ctx, const struct ic_error *err);
 
@@ -138,6 +143,14 @@ struct ic_driver {
      * thread. */
     int (*dirty_status)(struct ic_image *img, const char *bitmap, uint64_t start, uint64_t end,
                         struct ic_extent_list *out, struct ic_error *err);
+    /* Store a persistent bitmap (see ic_image_add_bitmap): `name` (not
+     * empty), a bit per 2^granularity_bits bytes, `flags` 0 or
+     * IC_BITMAP_AUTO, the dirty ranges from `next` (inside the image, as
+     * ic_dirty_next_fn says: the driver refuses others); the image layer
+     * has checked that the image is writable.  Without it: the format
+     * keeps no bitmaps (ENOTSUP). */
+    int (*add_bitmap)(struct ic_image *img, const char *name, unsigned granularity_bits,
+                      unsigned flags, ic_dirty_next_fn *next, void *ctx, struct ic_error *err);
     /* What the header says, and the format's facts, for info and measure
      * (`out` arrives zeroed). */
     void (*describe)(struct ic_image *img, struct ic_image_info *out);

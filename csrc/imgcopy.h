@@ -355,6 +355,37 @@ int ic_image_dirty_map(struct ic_image *img, const char *bitmap, uint64_t start,
 int ic_extents_mark_dirty(const struct ic_extent *ext, size_t n, const struct ic_extent *dirty,
                           size_t ndirty, struct ic_extent_list *out, struct ic_error *err);
 
+struct ic_range; /* below */
+
+/* Storing persistent bitmaps, as qemu-img convert --bitmaps stores the
+ * source's: in a qcow2 v3 image imgcopy creates (or resumes writing).
+ * Bitmap `name` (qcow2: 1 to 1023 bytes, unique), a bit per `granularity`
+ * bytes (a power of two; qcow2: 512 B to 2 GiB), `flags` 0 (disabled) or
+ * IC_BITMAP_AUTO (enabled: qemu marks what the guest writes from then
+ * on), its bits set for every granule the `n` ranges `dirty` touch (any
+ * order, overlapping or not, inside the image).  Its bits are written
+ * now; ic_image_finish() stores the bitmap (the image is incomplete until
+ * it does).  Writes before that finish do not change its bits; a write
+ * after it drops the image's stored bitmaps (imgcopy keeps none up to
+ * date).  The writer lists none (ic_image_bitmaps): the image opened
+ * again does.  Errors: IC_ERR_VALUE for what qemu refuses (the name, the
+ * granularity, too many bitmaps or too large a one, a qcow2 v2 image, an
+ * empty disk, a range outside the image), IC_ERR_OS with ENOTSUP for a
+ * format that keeps no bitmaps or an existing qcow2 image, a read-only
+ * image's error. */
+int ic_image_add_bitmap(struct ic_image *img, const char *name, uint64_t granularity,
+                        unsigned flags, const struct ic_range *dirty, size_t n,
+                        struct ic_error *err);
+/* Bitmap `name` of `src`'s own layer, stored into `dst` as
+ * ic_image_add_bitmap() stores one: its granularity, whether it is
+ * enabled, and its dirty map, read now a piece at a time.  `src` must
+ * list it (ic_image_bitmaps: a qcow2 image; else IC_ERR_VALUE, "Source
+ * lacks bitmap support") and qemu must be able to use it (in use:
+ * IC_ERR_FORMAT, "Cannot copy inconsistent bitmap"); `dst` at least as
+ * large as `src`. */
+int ic_image_copy_bitmap(struct ic_image *dst, struct ic_image *src, const char *name,
+                         struct ic_error *err);
+
 /* What qemu-img info reports of an image beyond its sizes, as its format's
  * driver parsed it (info never parses a header a second time). */
 enum ic_info_kind {

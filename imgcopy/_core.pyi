@@ -168,6 +168,24 @@ class Image:
         """The internal snapshots, packed (struct ic_snapshot array)."""
     def bitmaps(self) -> List[_Bitmap]:
         """The persistent bitmaps, in the order the image stores them."""
+    def add_bitmap(self, name: Union[str, bytes], granularity: int, ranges: bytes, *,
+                   enabled: bool = ...) -> None:
+        """A persistent bitmap the next ``finish()`` stores (a new qcow2 v3
+        image, or one resumed; the image is incomplete until then): a bit
+        per ``granularity`` bytes (a power of two, 512 B to 2 GiB), set for
+        every granule the packed (offset, length) ``ranges`` touch;
+        ``enabled``: qemu marks what the guest writes from then on (the
+        qcow2 auto flag).  Its bits are written now; writes before that
+        finish do not change them, a write after it drops the stored
+        bitmaps.  ValueError for what qemu refuses (the name: 1 to 1023
+        bytes, unique; the granularity; too many or too large; compat
+        0.10; an empty disk; a range outside the image), OSError ENOTSUP
+        for a format that keeps no bitmaps or an existing qcow2 image."""
+    def copy_bitmap(self, source: Image, name: Union[str, bytes]) -> None:
+        """``source``'s persistent bitmap ``name`` (granularity, enabled or
+        not, dirty map, read now), added as ``add_bitmap()`` adds one:
+        ``qemu-img convert --bitmaps``.  ValueError when ``source`` keeps
+        no bitmaps or not that one, ImageFormatError for one in use."""
     def describe(self, depth: int = ...) -> ImageDescription:
         """The image at ``depth`` of the backing chain (0: this one)."""
 

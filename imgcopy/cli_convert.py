@@ -92,6 +92,11 @@ def register(subparsers: Any) -> None:
     c.add_argument("--bitmap", default=None, metavar="NAME",
                    help="copy only what the source's dirty bitmap NAME marks changed (a qcow2 "
                         "persistent bitmap, an NBD export's qemu:dirty-bitmap:NAME)")
+    c.add_argument("--bitmaps", action="store_true",
+                   help="also store the source's persistent bitmaps in the new qcow2 "
+                        "destination (a qcow2 v3 source; refused if one is in use)")
+    c.add_argument("--skip-broken-bitmaps", dest="skip_broken_bitmaps", action="store_true",
+                   help="with --bitmaps: skip a bitmap in use (inconsistent) with a warning")
     c.add_argument("--compare-block-size", type=parse_size, default=None, metavar="SIZE",
                    help="the block --changed=compare compares and writes (default 64k)")
     c.add_argument("--offset", type=parse_size, default=None, metavar="N",
@@ -253,6 +258,26 @@ def _create_options(args: argparse.Namespace) -> Optional[Qcow2Options]:
 
 
 def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
+    if args.bitmaps:
+        return _warning_lines(_convert_now, args, bar)
+    return _convert_now(args, bar)
+
+
+def _warning_lines(call: Any, *args: Any) -> Any:
+    """The call's warnings (a bitmap skipped) as qemu-img prints them:
+    ``imgcopy: warning: ...`` on stderr."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            return call(*args)
+        finally:
+            for w in caught:
+                print(f"imgcopy: warning: {w.message}", file=sys.stderr)
+
+
+def _convert_now(args: argparse.Namespace, bar: Optional[QemuProgress]):
     from .convert import convert
 
     return convert(
@@ -263,7 +288,8 @@ def _convert(args: argparse.Namespace, bar: Optional[QemuProgress]):
         checksum=args.checksum, checksum_block_size=args.checksum_block_size,
         verify=args.verify, changed=_changed(args.changed),
         compare_block_size=args.compare_block_size, offset=args.offset, length=args.length,
-        bitmap=args.bitmap, journal=args.journal, journal_interval=args.journal_interval)
+        bitmap=args.bitmap, journal=args.journal, journal_interval=args.journal_interval,
+        bitmaps=args.bitmaps, skip_broken_bitmaps=args.skip_broken_bitmaps)
 
 
 def _interval(text: str):

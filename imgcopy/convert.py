@@ -44,7 +44,8 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
             compare_block_size: Optional[Size] = None, offset: Optional[int] = None,
             length: Optional[int] = None, bitmap: Optional[str] = None,
             journal: Optional[PathArg] = None,
-            journal_interval: Union[float, str] = JOURNAL_INTERVAL) -> CopyResult:
+            journal_interval: Union[float, str] = JOURNAL_INTERVAL,
+            bitmaps: bool = False, skip_broken_bitmaps: bool = False) -> CopyResult:
     """Copy ``src`` to ``dst``, moving only what matters (``qemu-img convert``).
 
     Source:
@@ -170,6 +171,20 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
     failure and renamed to ``dst`` when complete.  Not with a shard,
     ``changed="compare"`` or the null target.
 
+    Persistent bitmaps (``qemu-img convert --bitmaps``): ``bitmaps``: True
+    stores the source's persistent bitmaps in the destination, which must
+    be a new qcow2 image (``dst_format="qcow2"``, ``create=True``, compat
+    1.1; else ``ValueError``) of a qcow2 v3 source (another source:
+    ``ValueError``, "Source lacks bitmap support"): each with its name,
+    granularity and enabled state (qemu's auto flag) and its dirty bits as
+    the source holds them, copied after the data, before the destination
+    is finished (a resumed ``journal`` copy stores them when it finishes).
+    A bitmap in use in the source (inconsistent: a program had the image
+    open for writing and did not close it) is refused
+    (``ImageFormatError``, before the destination is made) unless
+    ``skip_broken_bitmaps``: True skips it with a warning.
+    ``CopyResult.bitmaps`` and ``bitmaps_skipped`` name them.
+
     Returns a CopyResult: bytes read, written, zeroed and skipped (written
     + zeroed + skipped is the source's size, less ``bytes_resumed``), requests of each kind, source
     extents, elapsed seconds, the source's extent-cache counters and the
@@ -206,5 +221,6 @@ def convert(src: PathArg, dst: PathArg, *, src_format: Optional[str] = None,
         progress=progress, checksum=checksum, checksum_block_size=checksum_block_size,
         verify=verify, changed=changed, compare_block_size=compare_block_size,
         offset=offset, length=length, pool=sharing.pool, buffer_limit=sharing.buffer_limit,
-        bitmap=bitmap, journal=journal, journal_interval=journal_interval)
+        bitmap=bitmap, journal=journal, journal_interval=journal_interval, bitmaps=bitmaps,
+        skip_broken_bitmaps=skip_broken_bitmaps)
     return steps.execute()

@@ -70,12 +70,18 @@ class CopyResult:
     # verify=True: the destination's, read back after the copy
     checksum: Optional[str] = None
     dst_checksum: Optional[str] = None
+    # bitmaps=True: the names of the source's persistent bitmaps stored in
+    # the destination, and of those skipped as inconsistent (in use) with
+    # skip_broken_bitmaps=True
+    bitmaps: Optional[List[str]] = None
+    bitmaps_skipped: Optional[List[str]] = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["options"]
         d.pop("block_digests", None)  # bytes: no JSON
-        for name in ("checksum", "dst_checksum", "offset", "length", "shards"):  # when asked for
+        for name in ("checksum", "dst_checksum", "offset", "length", "shards",  # when asked for
+                     "bitmaps", "bitmaps_skipped"):
             if d[name] is None:
                 del d[name]
         return d
@@ -114,8 +120,10 @@ class CopySteps:
     ``execute()``: ``validate`` (options, formats, the checksum algorithm;
     before anything is opened), ``open_source``, ``open_destination``
     (created, or the existing one opened), ``run`` (the C engine's copy,
-    with progress), ``commit`` (the destination finished: a new file renamed
-    into place), ``verify`` (read back, when asked).  Until the commit an
+    with progress), ``copy_bitmaps`` (bitmaps=True: the source's persistent
+    bitmaps added to the destination), ``commit`` (the destination
+    finished: a new file renamed into place), ``verify`` (read back, when
+    asked).  Until the commit an
     error, the progress callback or Ctrl-C cancels the copy and raises; once
     it is committed the steps return their result, a Ctrl-C arriving in
     between being too late to change anything.
@@ -139,7 +147,8 @@ class CopySteps:
                  offset: Optional[int] = None, length: Optional[int] = None,
                  pool: Any = None, buffer_limit: int = 0,
                  bitmap: Optional[str] = None, journal: Optional[PathArg] = None,
-                 journal_interval: Any = JOURNAL_INTERVAL) -> None:
+                 journal_interval: Any = JOURNAL_INTERVAL, bitmaps: bool = False,
+                 skip_broken_bitmaps: bool = False) -> None:
         self.src, self.dst = src, dst
         self.src_format, self.src_member = src_format, src_member
         self.src_external_files = src_external_files
@@ -158,6 +167,10 @@ class CopySteps:
         # a fleet's: the shared pool, and this copy's share of its memory
         self.pool, self.buffer_limit = pool, buffer_limit
         self.bitmap = bitmap
+        self.bitmaps, self.skip_broken_bitmaps = bitmaps, skip_broken_bitmaps
+        # bitmaps=True: the source's bitmaps to store, and those skipped (open_source)
+        self.bitmap_names: List[str] = []
+        self.bitmaps_skipped: List[str] = []
         self._journal_arg, self._journal_interval = journal, journal_interval
         self.journal_path: Optional[str] = None
         self.journal: Optional[_core.Journal] = None  # open_destination
@@ -194,7 +207,8 @@ class CopySteps:
                 raise
             _uninterrupted(core.close)
             _uninterrupted(source.close)
-            return _completed(report, time.monotonic() - self.t0, cache, self.options)
+            return self._with_bitmaps(_completed(report, time.monotonic() - self.t0, cache,
+                                                 self.options))
         return self.verify(result)
 
     def validate(self) -> None:
@@ -248,6 +262,31 @@ class CopySteps:
         self.dst_format, self.create_options = dst_format, create_options
         if self._journal_arg is not None:
             self._validate_journal(self._journal_arg)
+        self._validate_bitmaps()
+
+    def _validate_bitmaps(self) -> None:
+        """bitmaps=True (qemu-img convert --bitmaps): what cannot store the
+        source's bitmaps, refused before anything opens."""
+        for name in ("bitmaps", "skip_broken_bitmaps"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, not {type(getattr(self, name)).__name__}")
+        if self.skip_broken_bitmaps and not self.bitmaps:
+            raise ValueError("skip_broken_bitmaps=True needs bitmaps=True "
+                             "(--skip-broken-bitmaps needs --bitmaps)")
+        if not self.bitmaps:
+            return
+        if self.dst_format != "qcow2":
+            raise ValueError(f"bitmaps=True stores the source's persistent bitmaps in a qcow2 "
+                             f"destination, not {self.dst_format} (Format driver "
+                             f"'{self.dst_format}' does not support bitmaps): dst_format='qcow2'")
+        if not self.create:
+            raise ValueError("bitmaps=True stores the source's bitmaps in a new qcow2 image "
+                             "(create=True): not into an existing one (create=False, -n)")
+        if getattr(self.create_options, "compat", None) in ("0.10", "v2"):
+            raise ValueError("bitmaps=True: Cannot store dirty bitmaps in qcow2 v2 files: "
+                             "compat='0.10' holds no bitmaps (compat='1.1' does)")
+        if self.request_log:
+            raise ValueError("a plan stores no bitmaps")
 
     def _validate_journal(self, journal: "PathArg") -> None:
         """journal=: what a journal cannot record, refused before anything opens.
@@ -298,11 +337,38 @@ class CopySteps:
             raise exc.renamed({"format": "src_format", "member": "src_member",
                                "external_files": "src_external_files"})
         self.source_size = self.source.size
+        if self.bitmaps:
+            self._source_bitmaps(self.source)
         if self.bitmap is not None:
             # what changed: the dirty ranges of the source's own bitmap
             # (refused as qemu refuses it: missing, in use, corrupt)
             self.changed, _ = pack_ranges(self.source.dirty_map(self.bitmap))
         return self.source
+
+    def _source_bitmaps(self, source: Image) -> None:
+        """bitmaps=True: the source's bitmaps to store, checked before the
+        destination is made, as qemu-img convert checks them: a source that
+        keeps none is refused, an inconsistent (in-use) bitmap too, unless
+        skip_broken_bitmaps skips it with a warning."""
+        if not source._img.describe()["stores_bitmaps"]:
+            raise ValueError(f"{source.filename}: Source lacks bitmap support: a {source.format} "
+                             "image keeps no persistent bitmaps (bitmaps=True copies a qcow2 "
+                             "v3 source's)")
+        for b in source.bitmaps():
+            if b.consistent:
+                self.bitmap_names.append(b.name)
+            elif self.skip_broken_bitmaps:
+                import warnings
+
+                warnings.warn(f"{source.filename}: Skipping inconsistent bitmap '{b.name}'",
+                              stacklevel=2)
+                self.bitmaps_skipped.append(b.name)
+            else:
+                raise ImageFormatError(
+                    f"Cannot copy inconsistent bitmap '{b.name}' (a program had the image "
+                    "open for writing and did not close it, so its bits may be stale): "
+                    "skip_broken_bitmaps=True (--skip-broken-bitmaps) skips it, 'qemu-img "
+                    "bitmap --remove' deletes it", filename=source.filename)
 
     def open_destination(self) -> _core.Image:
         """The destination: the null target, a new image (under a temporary
@@ -426,6 +492,7 @@ class CopySteps:
         try:
             bar = make_progress(self.progress, source.size, os.path.basename(source.filename))
             self.run(bar)
+            self.copy_bitmaps()
             self.commit()
         except KeyboardInterrupt:
             if not core.finished:
@@ -441,7 +508,15 @@ class CopySteps:
         report, cache = self.report, self.cache
         if report is None or cache is None:  # cannot be: the copy ran to its end
             raise RuntimeError("the copy ended without its report")
-        return _completed(report, time.monotonic() - self.t0, cache, self.options)
+        return self._with_bitmaps(_completed(report, time.monotonic() - self.t0, cache,
+                                             self.options))
+
+    def _with_bitmaps(self, result: CopyResult) -> CopyResult:
+        """bitmaps=True: the result names the bitmaps stored and skipped."""
+        if self.bitmaps:
+            result.bitmaps = list(self.bitmap_names)
+            result.bitmaps_skipped = list(self.bitmaps_skipped)
+        return result
 
     def run(self, bar: Any = None) -> None:
         """The C engine's copy, reporting to ``bar`` (a progress as convert()
@@ -479,6 +554,20 @@ class CopySteps:
         self.cache = source.cache_stats()
         if self.algorithm is not None and in_copy is None and not shard:
             self.report["checksum"] = image_checksum(source, self.algorithm, self.block_size)
+
+    def copy_bitmaps(self) -> None:
+        """bitmaps=True: after the data, each of the source's bitmaps (its
+        dirty map read now, its granularity, enabled or not) added to the
+        destination, which commit() finishes with them.  A destination that
+        lists one already is an earlier run's complete copy (journal=): it
+        keeps its own."""
+        if not self.bitmaps:
+            return
+        source, core = self._open_source(), self._open_destination()
+        stored = {name for name, _, _ in core.bitmaps()}
+        for name in self.bitmap_names:
+            if name not in stored:
+                core.copy_bitmap(source._img, name)
 
     def commit(self) -> None:
         """The destination finished (flushed unless told not to); with a

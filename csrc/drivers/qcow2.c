@@ -32,6 +32,7 @@ static void qcow2_close(struct ic_image *img)
     qcow2_l2_free(s);
     if (s->w) {
         qcow2_alloc_free(s->w);
+        qcow2_new_bitmaps_free(s->w);
         free(s->w);
     }
     free(s->l1);
@@ -209,6 +210,7 @@ const struct ic_driver ic_format_qcow2 = {
     .snapshots = qcow2_snapshots,
     .bitmaps = qcow2_bitmaps,
     .dirty_status = qcow2_dirty_status,
+    .add_bitmap = qcow2_add_bitmap,
     .describe = qcow2_describe,
     .check = qcow2_check,
     .write_alignment = qcow2_write_alignment,

@@ -139,6 +139,7 @@ int qcow2_open_writer(struct ic_image *img, struct ic_error *err)
         return -1;
     if (qcow2_l1_hold_all(img, err) < 0)
         return -1;
+    w->resumed = resume;
     if (resume)
         return qcow2_resume_rebuild(img, err); /* marked incomplete already */
     return qcow2_alloc_load(img, err); /* marked incomplete at the first write */

@@ -325,14 +325,14 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
 
 /* ---- bitmap directory -------------------------------------------------- */
 
-#define BITMAP_ENTRY_FIXED 24
-#define BITMAP_MAX_TABLE_SIZE 0x8000000u
-#define BITMAP_MAX_PHYS_SIZE 0x20000000u
-#define BITMAP_MIN_GRANULARITY 9
-#define BITMAP_MAX_GRANULARITY 31
-#define BITMAP_MAX_NAME 1023
+#define BITMAP_ENTRY_FIXED QCOW2_BITMAP_ENTRY_FIXED
+#define BITMAP_MAX_TABLE_SIZE QCOW2_BITMAP_MAX_TABLE_SIZE
+#define BITMAP_MAX_PHYS_SIZE QCOW2_BITMAP_MAX_PHYS_SIZE
+#define BITMAP_MIN_GRANULARITY QCOW2_BITMAP_MIN_GRANULARITY
+#define BITMAP_MAX_GRANULARITY QCOW2_BITMAP_MAX_GRANULARITY
+#define BITMAP_MAX_NAME QCOW2_BITMAP_MAX_NAME
 #define BITMAP_KNOWN_FLAGS (QCOW2_BITMAP_IN_USE | QCOW2_BITMAP_AUTO)
-#define BITMAP_TYPE_DIRTY 1
+#define BITMAP_TYPE_DIRTY QCOW2_BITMAP_TYPE_DIRTY
 
 /* qemu's constraints on one directory entry */
 static int bitmap_entry_ok(const uint8_t *e, const struct qcow2_header *h)
@@ -457,19 +457,34 @@ int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32
 void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h, size_t *len)
 {
     int v2 = q->version == 2;
-    *len = v2 ? QCOW2_HEADER_V2_LEN : QCOW2_HEADER_V3_LEN;
+    int bitmaps = complete && !v2 && q->has_bitmaps;
+    size_t pos = v2 ? QCOW2_HEADER_V2_LEN : QCOW2_HEADER_V3_LEN;
     memset(h, 0, QCOW2_HEADER_MAX);
+    /* the extensions, the end marker, then the backing file name */
     if (q->backing_name[0]) {
-        size_t flen = strlen(q->backing_format), nlen = strlen(q->backing_name);
-        uint8_t *ext = h + *len;
-        qcow2_put_be32(ext, QCOW2_EXT_BACKING_FORMAT);
-        qcow2_put_be32(ext + 4, (uint32_t)flen);
-        memcpy(ext + 8, q->backing_format, flen);
-        size_t name_off = *len + 8 + (flen + 7) / 8 * 8 + 8; /* after the end marker */
-        memcpy(h + name_off, q->backing_name, nlen);
-        qcow2_put_be64(h + 8, name_off);
+        size_t flen = strlen(q->backing_format);
+        qcow2_put_be32(h + pos, QCOW2_EXT_BACKING_FORMAT);
+        qcow2_put_be32(h + pos + 4, (uint32_t)flen);
+        memcpy(h + pos + 8, q->backing_format, flen);
+        pos += 8 + (flen + 7) / 8 * 8;
+    }
+    if (bitmaps) {
+        qcow2_put_be32(h + pos, QCOW2_EXT_BITMAPS);
+        qcow2_put_be32(h + pos + 4, QCOW2_BITMAPS_EXT_LEN);
+        qcow2_put_be32(h + pos + 8, q->nb_bitmaps); /* then 4 reserved bytes */
+        qcow2_put_be64(h + pos + 16, q->bitmap_directory_size);
+        qcow2_put_be64(h + pos + 24, q->bitmap_directory_offset);
+        pos += 8 + QCOW2_BITMAPS_EXT_LEN;
+    }
+    *len = pos;
+    if (q->backing_name[0] || bitmaps)
+        *len = pos + 8; /* the end marker: zeros */
+    if (q->backing_name[0]) {
+        size_t nlen = strlen(q->backing_name);
+        memcpy(h + *len, q->backing_name, nlen);
+        qcow2_put_be64(h + 8, *len);
         qcow2_put_be32(h + 16, (uint32_t)nlen);
-        *len = name_off + nlen;
+        *len += nlen;
     }
     /* an incomplete v2 image has no magic: nothing takes it for qcow2 */
     if (complete || !v2)
@@ -483,6 +498,7 @@ void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h,
     qcow2_put_be32(h + 56, q->refcount_table_clusters);
     if (!v2) {
         qcow2_put_be64(h + 72, complete ? 0 : QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT);
+        qcow2_put_be64(h + 88, bitmaps ? QCOW2_AUTOCLEAR_BITMAPS : 0);
         qcow2_put_be32(h + 96, q->refcount_order);
         qcow2_put_be32(h + 100, QCOW2_HEADER_V3_LEN);
         if (q->compression_type != QCOW2_COMPRESSION_ZLIB) {

@@ -28,6 +28,14 @@
 /* The bitmaps extension and directory: qemu's limits */
 #define QCOW2_MAX_BITMAPS 65535u
 #define QCOW2_MAX_BITMAP_DIRECTORY (1024u * 65535u)
+#define QCOW2_BITMAPS_EXT_LEN 24
+#define QCOW2_BITMAP_ENTRY_FIXED 24
+#define QCOW2_BITMAP_MAX_TABLE_SIZE 0x8000000u
+#define QCOW2_BITMAP_MAX_PHYS_SIZE 0x20000000u /* a table's clusters of bits, in bytes */
+#define QCOW2_BITMAP_MIN_GRANULARITY 9
+#define QCOW2_BITMAP_MAX_GRANULARITY 31
+#define QCOW2_BITMAP_MAX_NAME 1023
+#define QCOW2_BITMAP_TYPE_DIRTY 1
 /* Reads at or past this offset fail in qemu (INT64_MAX aligned down to 1 GiB) */
 #define QCOW2_MAX_OFFSET ((1ull << 63) - (1ull << 30))
 
@@ -176,10 +184,14 @@ int qcow2_parse_snapshot_entry(const uint8_t fixed[QCOW2_SNAPSHOT_FIXED], uint32
                                const char *path, struct ic_error *err);
 
 /* Room for a header imgcopy writes: the v3 header, a backing format
- * extension, the end marker and a backing file name. */
-#define QCOW2_HEADER_MAX (QCOW2_HEADER_V3_LEN + 8 + 64 + 8 + QCOW2_MAX_BACKING_NAME + 1)
+ * extension, the bitmaps extension, the end marker and a backing file
+ * name. */
+#define QCOW2_HEADER_MAX                                                                   \
+    (QCOW2_HEADER_V3_LEN + 8 + 64 + 8 + QCOW2_BITMAPS_EXT_LEN + 8 + QCOW2_MAX_BACKING_NAME + 1)
 /* A new image's header (`h`: QCOW2_HEADER_MAX bytes): incomplete, it is
- * marked dirty and corrupt (v3) or has no magic (v2). */
+ * marked dirty and corrupt (v3) or has no magic (v2).  Complete, with
+ * q->has_bitmaps (v3), it has the bitmaps extension q's bitmap fields
+ * describe, and auto-clear bit 0 says it is valid. */
 void qcow2_encode_header(const struct qcow2_header *q, int complete, uint8_t *h, size_t *len);
 /* An existing image keeps its header (`found`) and extensions; only the
  * refcount table, the feature bits (the in-progress marks; auto-clear

@@ -7,7 +7,11 @@
  *   qcow2_tables.c  the snapshot table and bitmap directory
  *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
- *   qcow2_write.c   staged writes, zeros, checkpoints, finishing
+ *   qcow2_write.c   staged writes, zeros
+ *   qcow2_bitmaps_write.c
+ *                   persistent bitmaps a writer stores (which a write
+ *                   after a finish drops: qcow2_write.c calls it back)
+ *   qcow2_finish.c  checkpoints, finishing
  *   qcow2_create.c  new images, and writers of existing ones
  *   qcow2_resume.c  writers of images a crash left incomplete
  *   qcow2_check.c   qemu-img check: refcounts recomputed and compared
@@ -56,9 +60,14 @@ struct l2_store {
     uint64_t tick;
 };
 
+struct qcow2_new_bitmap; /* qcow2_bitmaps_write.c */
+
 /* What a writable image keeps beyond the reader's state. */
 struct qcow2_writer {
     int existing; /* opened, not created: its header is patched, not rewritten */
+    /* opened with IC_OPEN_RESUME: an image imgcopy's writer laid out, whose
+     * header is written anew (as a new image's) */
+    int resumed;
     uint8_t header[QCOW2_HEADER_READ]; /* existing: the header as found */
     int compress;
     enum ic_compression_type compression; /* the header's compression_type */
@@ -72,6 +81,17 @@ struct qcow2_writer {
     uint64_t file_size;   /* the host file's size, >= host_end */
     uint64_t comp_cursor; /* where the next compressed cluster may go; 0: none */
     uint64_t ref_start, ref_clusters; /* refcount structures finish() wrote */
+    /* persistent bitmaps to store (qcow2_bitmaps_write.c): their bits are
+     * written when they are added, their tables and the directory by
+     * finish(); `stored`: the last finish() stored them (the complete
+     * header names that directory) */
+    struct qcow2_new_bitmap **new_bitmaps;
+    size_t nnew_bitmaps;
+    uint64_t bitmap_dir_bytes; /* the directory's size, entries of new_bitmaps */
+    int bitmaps_stored;
+    uint64_t bitmap_dir_off; /* the directory finish() wrote (0: none), in clusters: */
+    uint64_t bitmap_dir_clusters;
+    size_t header_written; /* bytes of the header last written (a shorter one pads with zeros) */
 };
 
 struct qcow2_state {
@@ -267,8 +287,6 @@ int qcow2_pwrite(struct ic_image *img, const void *buf, size_t len, uint64_t off
 int qcow2_zero(struct ic_image *img, uint64_t off, uint64_t len, unsigned flags,
                struct ic_error *err);
 int qcow2_flush(struct ic_image *img, struct ic_error *err);
-int qcow2_checkpoint(struct ic_image *img, struct ic_error *err);
-int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 uint64_t qcow2_write_alignment(const struct ic_image *img);
 /* With meta_lock held: the clusters under guest [off, end) get host
  * clusters of their own, which a write may fill. */
@@ -277,6 +295,32 @@ int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
 /* The header, marked complete or not (with meta_lock held, or before any
  * other thread has the image). */
 int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
+/* The first change after opening or after finish() marks the image
+ * incomplete until the next finish(); with `drop_bitmaps` (a write of the
+ * guest's data) the bitmaps the last finish() stored are dropped: imgcopy
+ * keeps no bitmap up to date.  Takes meta_lock. */
+int qcow2_mark_written(struct ic_image *img, int drop_bitmaps, struct ic_error *err);
+
+/* qcow2_bitmaps_write.c: persistent bitmaps a writer stores (a new image,
+ * v3, or one resumed), as qemu-img convert --bitmaps stores them.  Without
+ * meta_lock: the driver's add_bitmap (driver.h), whose bits are written
+ * at once, into clusters of their own (none for a cluster without a bit
+ * set). */
+int qcow2_add_bitmap(struct ic_image *img, const char *name, unsigned granularity_bits,
+                     unsigned flags, ic_dirty_next_fn *next, void *ctx, struct ic_error *err);
+/* With meta_lock held: */
+/* finish(): every bitmap's table, then the directory, in new clusters
+ * (those the last finish() wrote freed); the header then names them. */
+int qcow2_store_bitmaps(struct ic_image *img, struct ic_error *err);
+/* A write after the finish() that stored them: the bitmaps and every
+ * cluster of theirs go. */
+void qcow2_drop_bitmaps(struct qcow2_state *s);
+/* Any state: what the writer keeps of them, freed (close). */
+void qcow2_new_bitmaps_free(struct qcow2_writer *w);
+
+/* qcow2_finish.c */
+int qcow2_checkpoint(struct ic_image *img, struct ic_error *err);
+int qcow2_finish(struct ic_image *img, int sync, struct ic_error *err);
 
 /* qcow2_check.c: qemu-img check, read-only */
 int qcow2_check(struct ic_image *img, struct ic_check_result *out, struct ic_error *err);

@@ -75,6 +75,12 @@ int glue_call_run(struct glue_call *c, struct ic_error *err)
         return check_image(c, err);
     case GLUE_DIRTY_MAP:
         return ic_image_dirty_map(c->img, c->name, c->offset, c->length, &c->list, err);
+    case GLUE_ADD_BITMAP:
+        return ic_image_add_bitmap(c->img, c->name, c->size, c->flags, c->ranges, c->nranges,
+                                   err);
+    case GLUE_COPY_BITMAP:
+        /* into c->img, from c->dst: the other image of the call */
+        return ic_image_copy_bitmap(c->img, c->dst, c->name, err);
     case GLUE_FORMAT_DIRTY:
         c->text = c->name ? ic_format_dirty_human(c->extents, c->extent_count, c->name, err)
                           : ic_format_dirty_json(c->extents, c->extent_count, c->offset, err);

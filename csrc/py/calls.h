@@ -30,6 +30,8 @@ enum glue_op {
     GLUE_FORMAT_MAP,
     GLUE_DIRTY_MAP,
     GLUE_FORMAT_DIRTY,
+    GLUE_ADD_BITMAP,
+    GLUE_COPY_BITMAP,
 };
 
 struct glue_call {
@@ -51,9 +53,12 @@ struct glue_call {
      * chain, NUL-separated in `names_length` bytes */
     const char *names;
     size_t names_length;
-    /* dirty_map: the bitmap's name; format_dirty: the file human output
-     * names (NULL: JSON) */
+    /* dirty_map, add_bitmap, copy_bitmap: the bitmap's name; format_dirty:
+     * the file human output names (NULL: JSON) */
     const char *name;
+    /* add_bitmap: its dirty ranges (granularity: `size`, flags: `flags`) */
+    const struct ic_range *ranges;
+    size_t nranges;
     /* what it gives */
     struct ic_image *image; /* open, create */
     int fresh;              /* create */

@@ -217,6 +217,59 @@ static PyObject *image_dirty_map(ImageObject *self, PyObject *args, PyObject *kw
     return res;
 }
 
+/* add_bitmap(name, granularity, ranges, *, enabled=True): a persistent
+ * bitmap stored by the next finish(), its dirty ranges packed (offset,
+ * length) pairs of native uint64 */
+static PyObject *image_add_bitmap(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "granularity", "ranges", "enabled", NULL};
+    PyObject *name = NULL;
+    struct u64_arg granularity = {"add_bitmap", "granularity", 0};
+    Py_buffer ranges = {0};
+    int enabled = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&O&y*|$p:add_bitmap", kwlist,
+                                     PyUnicode_FSConverter, &name, u64_converter, &granularity,
+                                     &ranges, &enabled))
+        return NULL;
+    int ret = -1;
+    if (ranges.len % (Py_ssize_t)sizeof(struct ic_range)) {
+        PyErr_SetString(PyExc_ValueError, "add_bitmap() ranges must be packed (offset, length) "
+                        "pairs of 64-bit integers");
+    } else {
+        struct glue_call call = {.op = GLUE_ADD_BITMAP, .name = PyBytes_AS_STRING(name),
+                                 .size = granularity.value,
+                                 .flags = enabled ? IC_BITMAP_AUTO : 0, .ranges = ranges.buf,
+                                 .nranges = (size_t)ranges.len / sizeof(struct ic_range)};
+        ret = run_on_image(self, &call);
+    }
+    PyBuffer_Release(&ranges);
+    Py_DECREF(name);
+    return ret < 0 ? NULL : Py_NewRef(Py_None);
+}
+
+/* copy_bitmap(source, name): source's persistent bitmap `name` stored by
+ * the next finish(), read from source now */
+static PyObject *image_copy_bitmap(ImageObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"source", "name", NULL};
+    PyObject *name = NULL;
+    ImageObject *source;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O&:copy_bitmap", kwlist, Py_TYPE(self),
+                                     &source, PyUnicode_FSConverter, &name))
+        return NULL;
+    struct glue_call call = {.op = GLUE_COPY_BITMAP, .name = PyBytes_AS_STRING(name)};
+    int ret = -1;
+    if (source == self)
+        PyErr_SetString(PyExc_ValueError, "copy_bitmap(): the source is this image");
+    else if ((call.dst = image_usable(source))) {
+        image_enter(source);
+        ret = run_on_image(self, &call);
+        image_leave(source);
+    }
+    Py_DECREF(name);
+    return ret < 0 ? NULL : Py_NewRef(Py_None);
+}
+
 static PyObject *image_read(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"offset", "length", NULL};
@@ -484,6 +537,8 @@ static PyMethodDef image_methods[] = {
     {"reads_file", (PyCFunction)image_reads_file, METH_O, NULL},
     {"snapshots", (PyCFunction)image_snapshots, METH_NOARGS, NULL},
     {"bitmaps", (PyCFunction)image_bitmaps, METH_NOARGS, NULL},
+    {"add_bitmap", KEYWORDS(image_add_bitmap), NULL},
+    {"copy_bitmap", KEYWORDS(image_copy_bitmap), NULL},
     {"describe", KEYWORDS(image_describe), NULL},
     {"chain", (PyCFunction)image_chain, METH_NOARGS, NULL},
     {"chain_members", (PyCFunction)image_chain_members, METH_NOARGS, NULL},
