@@ -1,12 +1,12 @@
 /* qcow2 (docs/interop/qcow2.txt in QEMU): the driver's state from open or
  * create to close, and its table of operations.  The parts, by data
- * structure, are listed in qcow2_internal.h. */
+ * structure, are listed in qcow2_state.h. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 static struct qcow2_state *state_new(struct ic_image *img, struct ic_error *err)
 {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* The host file grows in steps, not one ftruncate per cluster. */
 #define GROW_STEP (64ull << 20)

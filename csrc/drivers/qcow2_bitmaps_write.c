@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 struct qcow2_new_bitmap {
     char *name;
@@ -282,7 +282,9 @@ int qcow2_add_bitmap(struct ic_image *img, const char *name, unsigned granularit
     b->flags = (flags & IC_BITMAP_AUTO) ? QCOW2_BITMAP_AUTO : 0;
     b->table_size = (uint32_t)table_size;
     /* the image is incomplete from now on, until finish() */
-    ret = qcow2_mark_written(img, 0, err);
+    pthread_mutex_lock(&s->meta_lock);
+    ret = qcow2_mark_written_locked(img, err) < 0 ? -1 : 0;
+    pthread_mutex_unlock(&s->meta_lock);
     if (ret == 0)
         ret = build(&bd, next, ctx, err);
     free(bd.bits);

@@ -4,7 +4,7 @@
 #define IMGCOPY_QCOW2_CHECK_INTERNAL_H
 
 #include "../check_messages.h"
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* The work of one check is bounded by what its file holds.  In an image
  * qemu wrote, tables never overlap: its L1 tables together hold at most

@@ -5,7 +5,7 @@
 
 #include "compression.h"
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* The entry's host offset takes the low 62 - (cluster_bits - 8) bits; the
  * bits above count the 512-byte sectors it touches, less one. */

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* Entries of a bitmap table read at once: 4 KiB. */
 #define TABLE_WINDOW 512u

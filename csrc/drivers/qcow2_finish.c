@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 static struct qcow2_state *state(struct ic_image *img)
 {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 #define FREE_SLOT UINT64_MAX
 

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* ---- cluster classification ------------------------------------------- */
 

@@ -15,7 +15,7 @@
  * stay free (finish() may put the refcounts there). */
 #include <stdlib.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* qemu's masks of reserved bits (the COPIED bit of an L1 entry is none) */
 #define L1E_RESERVED 0x7f000000000001ffull

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* Reads a table front to back through a window, so that a table of
  * thousands of small entries costs a few reads. */

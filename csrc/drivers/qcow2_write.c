@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "qcow2_internal.h"
+#include "qcow2_state.h"
 
 /* One guest cluster of a compressed write. */
 struct blob {
@@ -119,38 +119,6 @@ int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end, stru
     return 0;
 }
 
-/* ---- the header ------------------------------------------------------- */
-
-int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err)
-{
-    struct qcow2_state *s = state(img);
-    struct qcow2_writer *w = s->w;
-    uint8_t h[QCOW2_HEADER_MAX];
-    size_t len;
-    if (w->existing && !w->resumed) {
-        qcow2_patch_header(w->header, &s->h, complete, h, &len);
-    } else {
-        /* the bitmaps the last finish() stored, named by a complete header */
-        struct qcow2_header q = s->h;
-        q.has_bitmaps = w->bitmaps_stored;
-        q.nb_bitmaps = (uint32_t)w->nnew_bitmaps;
-        q.bitmap_directory_size = w->bitmap_dir_bytes;
-        q.bitmap_directory_offset = w->bitmap_dir_off;
-        qcow2_encode_header(&q, complete, h, &len);
-        /* what a longer header before it left (an extension) becomes zeros */
-        if (len < w->header_written)
-            len = w->header_written;
-        w->header_written = len;
-    }
-    if (ic_image_pwrite(s->file, h, len, 0, err) < 0)
-        return -1;
-    /* the auto-clear bits are cleared (we keep no bitmap up to date): the
-     * image's bitmaps, if any, are stale from now on (those a writer
-     * stores are listed when the image is opened again) */
-    w->bitmaps_dropped = 1;
-    return 0;
-}
-
 uint64_t qcow2_write_alignment(const struct ic_image *img)
 {
     const struct qcow2_state *s = img->drv_state;
@@ -162,29 +130,19 @@ uint64_t qcow2_write_alignment(const struct ic_image *img)
 
 /* ---- staged writes ------------------------------------------------------ */
 
-int qcow2_mark_written(struct ic_image *img, int drop_bitmaps, struct ic_error *err)
-{
-    struct qcow2_state *s = state(img);
-    pthread_mutex_lock(&s->meta_lock);
-    int ret = 0;
-    if (!s->w->marked) {
-        ret = qcow2_write_header(img, 0, err);
-        if (ret == 0)
-            s->w->marked = 1;
-        /* the header on disk names them no more: their clusters may go */
-        if (ret == 0 && drop_bitmaps && s->w->bitmaps_stored)
-            qcow2_drop_bitmaps(s);
-    }
-    pthread_mutex_unlock(&s->meta_lock);
-    return ret;
-}
-
 /* A write of the guest's data: the image is marked incomplete. */
 static int writable(struct ic_image *img, struct ic_error *err)
 {
-    if (!state(img)->w)
+    struct qcow2_state *s = state(img);
+    if (!s->w)
         return ic_error_readonly(err, img->path);
-    return qcow2_mark_written(img, 1, err);
+    pthread_mutex_lock(&s->meta_lock);
+    int r = qcow2_mark_written_locked(img, err);
+    /* the header on disk names them no more: their clusters may go */
+    if (r > 0 && s->w->bitmaps_stored)
+        qcow2_drop_bitmaps(s);
+    pthread_mutex_unlock(&s->meta_lock);
+    return r < 0 ? -1 : 0;
 }
 
 int qcow2_stage(struct ic_image *img, struct ic_staged_write *sw, struct ic_error *err)

@@ -7,17 +7,19 @@
  *   qcow2_tables.c  the snapshot table and bitmap directory
  *   qcow2_dirty.c   a persistent bitmap's bits, read as a dirty map
  *   qcow2_read.c    reads and block status
- *   qcow2_write.c   staged writes, zeros
+ *   qcow2_header_write.c
+ *                   the header a writer writes, marked incomplete first
  *   qcow2_bitmaps_write.c
- *                   persistent bitmaps a writer stores (which a write
- *                   after a finish drops: qcow2_write.c calls it back)
+ *                   persistent bitmaps a writer stores
+ *   qcow2_write.c   staged writes, zeros (a write after a finish drops
+ *                   the bitmaps it stored)
  *   qcow2_finish.c  checkpoints, finishing
  *   qcow2_create.c  new images, and writers of existing ones
  *   qcow2_resume.c  writers of images a crash left incomplete
  *   qcow2_check.c   qemu-img check: refcounts recomputed and compared
  *   qcow2.c         the state's life (open, create, close), the driver table */
-#ifndef IMGCOPY_QCOW2_INTERNAL_H
-#define IMGCOPY_QCOW2_INTERNAL_H
+#ifndef IMGCOPY_QCOW2_STATE_H
+#define IMGCOPY_QCOW2_STATE_H
 
 #include <pthread.h>
 #include <string.h>
@@ -292,14 +294,15 @@ uint64_t qcow2_write_alignment(const struct ic_image *img);
  * clusters of their own, which a write may fill. */
 int qcow2_ensure_clusters(struct ic_image *img, uint64_t off, uint64_t end,
                           struct ic_error *err);
-/* The header, marked complete or not (with meta_lock held, or before any
- * other thread has the image). */
+/* qcow2_header_write.c: the header a writer writes.  Marked complete or
+ * not (with meta_lock held, or before any other thread has the image). */
 int qcow2_write_header(struct ic_image *img, int complete, struct ic_error *err);
 /* The first change after opening or after finish() marks the image
- * incomplete until the next finish(); with `drop_bitmaps` (a write of the
- * guest's data) the bitmaps the last finish() stored are dropped: imgcopy
- * keeps no bitmap up to date.  Takes meta_lock. */
-int qcow2_mark_written(struct ic_image *img, int drop_bitmaps, struct ic_error *err);
+ * incomplete until the next finish(): 1 marked now, 0 it was already, -1
+ * an error.  A write of the guest's data that marks it drops the bitmaps
+ * the last finish() stored (imgcopy keeps no bitmap up to date).
+ * meta_lock held. */
+int qcow2_mark_written_locked(struct ic_image *img, struct ic_error *err);
 
 /* qcow2_bitmaps_write.c: persistent bitmaps a writer stores (a new image,
  * v3, or one resumed), as qemu-img convert --bitmaps stores them.  Without
