@@ -148,7 +148,8 @@ static int take_spans(struct ic_copy *c, struct ic_error *err)
     c->spans = malloc((n ? n : 1) * sizeof *c->spans);
     if (!c->spans)
         return ic_error_nomem(err);
-    memcpy(c->spans, c->opt.changed, n * sizeof *c->spans);
+    if (n) /* changed=[]: opt.changed may be NULL */
+        memcpy(c->spans, c->opt.changed, n * sizeof *c->spans);
     if (ic_ranges_normalize(c->spans, &n, size, err) < 0)
         goto fail;
     uint64_t unit = c->write_align;

@@ -394,7 +394,8 @@ int journal_add_loaded(struct ic_journal *j, const struct ic_range *ranges, uint
 {
     if (journal_reserve(&j->done, &j->done_cap, j->ndone + n, sizeof *j->done) < 0)
         return ic_error_nomem(err);
-    memcpy(j->done + j->ndone, ranges, n * sizeof *ranges);
+    if (n)
+        memcpy(j->done + j->ndone, ranges, n * sizeof *ranges);
     j->ndone += n;
     if (!j->digest_size)
         return 0;

@@ -18,7 +18,8 @@ int ic_ranges_normalize(struct ic_range *r, size_t *n, uint64_t size, struct ic_
             return ic_error_value(err, "changed range %llu+%llu is outside the source "
                                   "(%llu bytes)", (unsigned long long)r[i].offset,
                                   (unsigned long long)r[i].length, (unsigned long long)size);
-    qsort(r, *n, sizeof *r, by_offset);
+    if (*n > 1) /* r may be NULL when *n is 0: not even qsort may have it */
+        qsort(r, *n, sizeof *r, by_offset);
     size_t out = 0;
     for (size_t i = 0; i < *n; i++) {
         if (r[i].length == 0)
