@@ -274,14 +274,16 @@ static unsigned copy_slots(const struct ic_copy *c, const struct ic_copy_options
 void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
                       struct ic_copy_facts *out)
 {
-    (void)src; /* no rule reads the source yet */
     *out = (struct ic_copy_facts){
+        .src_serial_cost = ic_image_request_cost(src),
         .dst_preferred = ic_image_preferred_size(dst),
         .dst_write_align = ic_image_write_alignment(dst),
         .dst_places_in_order = ic_image_places_in_order(dst),
         .dst_fresh = ic_image_fresh(dst),
         .dst_discards = strcmp(ic_image_format(dst), "null") == 0,
     };
+    if (!ic_image_serialises(src)) /* asked after the cost, which measures it */
+        out->src_serial_cost = 0;
 }
 
 void ic_copy_options_used(const struct ic_copy *c, struct ic_copy_options *out)

@@ -205,6 +205,9 @@ struct ic_driver {
      * cheap), and the requests the endpoint keeps in flight at most. */
     uint64_t (*request_cost)(const struct ic_image *img);
     unsigned (*requests_in_flight)(const struct ic_image *img);
+    /* 1: the endpoint answers one request after another (as measured by
+     * request_cost, which is asked first), so a round trip is paid whole */
+    int (*serialises)(const struct ic_image *img);
     /* copy in the kernel to another image of the same driver; -1 with
      * errnum ENOTSUP when it cannot */
     int (*copy_range)(struct ic_image *src, struct ic_image *dst, uint64_t off, uint64_t len,

@@ -144,6 +144,9 @@ int ic_image_aio_writes(const struct ic_image *img);
  * no asynchronous I/O). */
 uint64_t ic_image_request_cost(const struct ic_image *img);
 unsigned ic_image_requests_in_flight(const struct ic_image *img);
+/* After ic_image_request_cost(): 1 when the endpoint was seen answering
+ * one request after another (a VDDK-like server) */
+int ic_image_serialises(const struct ic_image *img);
 
 /* Internal to the image layer (image.c, image_io.c). */
 struct ic_image *ic_image_new(const char *path, const struct ic_driver *drv, unsigned flags,

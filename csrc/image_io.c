@@ -385,6 +385,11 @@ uint64_t ic_image_request_cost(const struct ic_image *img)
     return img->drv->request_cost ? img->drv->request_cost(img) : 0;
 }
 
+int ic_image_serialises(const struct ic_image *img)
+{
+    return img->drv->serialises ? img->drv->serialises(img) : 0;
+}
+
 unsigned ic_image_requests_in_flight(const struct ic_image *img)
 {
     return img->drv->requests_in_flight ? img->drv->requests_in_flight(img) : 0;

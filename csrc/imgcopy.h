@@ -572,6 +572,9 @@ struct ic_copy_facts {
     int dst_places_in_order;  /* allocates host space in guest order (qcow2) */
     int dst_fresh;            /* ic_image_create() made it, reading as zeros */
     int dst_discards;         /* the null sink: nothing to make durable */
+    /* a serialising source's round trip, in bytes (0: the source answers
+     * requests together, or they are cheap) */
+    uint64_t src_serial_cost;
 };
 void ic_copy_facts_of(const struct ic_image *src, const struct ic_image *dst,
                       struct ic_copy_facts *out);

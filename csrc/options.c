@@ -88,6 +88,21 @@ static void at_least_preferred(struct ic_copy_options *o, uint64_t preferred)
         o->request_size = round_up(preferred, MIN_REQUEST_SIZE);
 }
 
+/* A source whose round trips are dear (a serialising NBD server: a VDDK
+ * source) is read in requests whose bytes take at least ROUND_TRIPS_PER
+ * times their round trip (the round trip then costs at most a fifth of
+ * the request), up to LONG_REQUEST_SIZE: nbdcopy --request-size=4M's
+ * advice for VDDK, made a rule and measured (benchmarks/bench_nbd.py). */
+#define LONG_REQUEST_SIZE (8u << 20)
+#define ROUND_TRIPS_PER 4u
+static void as_long_as_round_trips(struct ic_copy_options *o, uint64_t cost)
+{
+    uint64_t want = cost > LONG_REQUEST_SIZE / ROUND_TRIPS_PER ? LONG_REQUEST_SIZE
+                                                               : cost * ROUND_TRIPS_PER;
+    if (o->request_size < want)
+        o->request_size = round_up(want, MIN_REQUEST_SIZE);
+}
+
 /* Whole units only: a hole is a unit of zeros, nothing less (as qemu-img
  * aligns -S up to the destination's request alignment); a format that
  * writes whole clusters in guest order (compression) judges each cluster
@@ -124,6 +139,7 @@ int ic_copy_options_effective(const struct ic_copy_options *asked,
         o.offload = 0;
     }
     at_least_preferred(&o, f->dst_preferred);
+    as_long_as_round_trips(&o, f->src_serial_cost);
     whole_units(&o, f->dst_write_align, f->dst_places_in_order);
     /* compared blocks tile the requests, none straddling two items */
     if (o.compare_block_size)

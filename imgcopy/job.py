@@ -406,7 +406,10 @@ class CopySteps:
                             sparse_threshold=parse_size(opts.sparse_threshold,
                                                         "sparse_threshold"),
                             target_is_zero=opts.target_is_zero, changed=self.changed,
-                            bitmap=self.bitmap)
+                            bitmap=self.bitmap,
+                            # bitmaps change the output: a resume must not switch them
+                            **({"bitmaps": True, "skip_broken_bitmaps": self.skip_broken_bitmaps}
+                               if self.bitmaps else {}))
         return dict(source=source_identity(os.fsdecode(os.fspath(self.src)), source.format,
                                            source.size, self.src_member),
                     destination=destination_identity(self.dst_name, self._dst_format(),

@@ -251,6 +251,9 @@ def test_resumed_copy_stores_them(source, tmp_path):
                         journal_interval="512k", request_size="256k", concurrency=1,
                         progress=stop)
     assert os.path.exists(journal) and not os.path.exists(dst)
+    # the journal names bitmaps=True among the options that change the output
+    with pytest.raises(ValueError, match="bitmaps"):
+        imgcopy.convert(source, dst, dst_format="qcow2", journal=journal)
     result = imgcopy.convert(source, dst, dst_format="qcow2", bitmaps=True, journal=journal)
     assert result.bytes_resumed > 0 and result.bitmaps == NAMES
     assert not os.path.exists(journal)

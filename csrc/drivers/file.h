@@ -1,5 +1,6 @@
-/* The file protocol's state, shared by file.c (I/O, block status, locks)
- * and file_create.c (new destinations). */
+/* The file protocol's state, shared by file.c (I/O, block status, locks),
+ * file_create.c (new destinations) and file_beneath.c (files an image
+ * names, confined to its directory). */
 #ifndef IMGCOPY_FILE_H
 #define IMGCOPY_FILE_H
 
@@ -39,7 +40,7 @@ int ic_file_adopt(struct ic_image *img, int fd, struct ic_error *err);
 /* Keep regular files and block devices (blocking again); close anything
  * else with an error. */
 int ic_file_disk_or_file(int fd, const struct stat *st, const char *path, struct ic_error *err);
-/* Open `name` (relative) beneath the directory `dirfd`: every step of the
+/* file_beneath.c.  Open `name` (relative) beneath the directory `dirfd`: every step of the
  * way, symbolic links included, stays inside it (openat2 RESOLVE_BENEATH;
  * without openat2, or with use_openat2 0, a walk that follows no link and
  * never goes up).  The descriptor, or -errno: -EXDEV for a way out,

@@ -312,11 +312,13 @@ static uint64_t nbd_write_alignment(const struct ic_image *img)
 
 /* What a request costs, in bytes: many are in flight, so a round trip
  * costs its share of the server's concurrency (taken as 16, nbdkit's
- * threads), during which the link (taken as 1 GiB/s, a fast network's or
+ * threads; 1 when the server is seen answering one request after
+ * another), during which the link (taken as 1 GiB/s, a fast network's or
  * a local socket's order) carries this many bytes.  A hole shorter than
- * that is cheaper read through than asked around: at 5 ms, 320 KiB.  A
- * round trip under NBD_LOCAL_RTT is a local socket's (~0.1 ms, more on a
- * busy machine): there no hole is worth reading. */
+ * that is cheaper read through than asked around: at 5 ms, 320 KiB (5 MiB
+ * from a serialising server).  A round trip under NBD_LOCAL_RTT is a local
+ * socket's (~0.1 ms, more on a busy machine): there no hole is worth
+ * reading. */
 #define NBD_LOCAL_RTT 1000000ull /* ns */
 #define NBD_ASSUMED_BANDWIDTH 1073741824ull /* bytes per second */
 #define NBD_ASSUMED_CONCURRENCY 16u
@@ -324,6 +326,68 @@ static uint64_t nbd_write_alignment(const struct ic_image *img)
 /* Round trips measured before a cost is told: one can be slowed by
  * anything (a busy machine, a cold server), the shortest of a few not */
 #define NBD_RTT_SAMPLES 4u
+/* Requests sent at once to see whether the server answers them together */
+#define NBD_CONCURRENCY_PROBES 4u
+
+/* A tiny question of the export: block status of its start (a read where
+ * it has none) */
+static int make_probe(struct nbd_state *st, const struct ic_image *img, struct nbd_request *r)
+{
+    uint64_t len = st->min_block > 4096 ? st->min_block : 4096;
+    if (len > img->size)
+        len = img->size;
+    *r = (struct nbd_request){.op = st->has_alloc || st->has_depth ? OP_STATUS : OP_READ,
+                              .off = 0, .len = len, .flags = 0};
+    if (len == 0)
+        return -1;
+    if (r->op == OP_READ && !(r->buf = malloc((size_t)len)))
+        return -1;
+    return 0;
+}
+
+static void free_probe(struct nbd_request *r)
+{
+    if (r->op == OP_READ)
+        free(r->buf);
+    free(r->alloc);
+    free(r->depth);
+}
+
+/* Whether the server answers requests one after another: a few sent at
+ * once come back together from a server that serves them in parallel,
+ * one round trip apart from one that does not.  Asked once; unknown (a
+ * failed probe) counts as together. */
+static int nbd_serialises(struct nbd_state *st, const struct ic_image *img, uint64_t rtt)
+{
+    int known = atomic_load(&st->serialises);
+    if (known)
+        return known == 2;
+    struct nbd_request r[NBD_CONCURRENCY_PROBES];
+    unsigned made = 0, sent = 0;
+    int failed = 0;
+    uint64_t t0 = nbd_now_ns();
+    for (; made < NBD_CONCURRENCY_PROBES && !failed; made++) {
+        if (make_probe(st, img, &r[made]) < 0) {
+            failed = 1;
+            break;
+        }
+        if (nbd_submit_waited(st, &r[made], NULL))
+            failed = 1;
+        else
+            sent++;
+    }
+    for (unsigned i = 0; i < sent; i++)
+        failed |= nbd_wait(st, &r[i]) != 0;
+    uint64_t took = nbd_now_ns() - t0;
+    for (unsigned i = 0; i < made; i++)
+        free_probe(&r[i]);
+    if (failed)
+        return 0;
+    /* together: about one round trip; one by one: one each */
+    int serial = took > rtt * (NBD_CONCURRENCY_PROBES + 1) / 2;
+    atomic_store(&st->serialises, serial ? 2 : 1);
+    return serial;
+}
 
 static uint64_t nbd_request_cost(const struct ic_image *img)
 {
@@ -331,26 +395,23 @@ static uint64_t nbd_request_cost(const struct ic_image *img)
     /* tiny questions of the export until it has answered a few */
     for (unsigned probe = 0; probe < NBD_RTT_SAMPLES &&
                              atomic_load(&st->rtt_samples) < NBD_RTT_SAMPLES; probe++) {
-        uint64_t len = st->min_block > 4096 ? st->min_block : 4096;
-        if (len > img->size)
-            len = img->size;
-        struct nbd_request r = {.op = st->has_alloc || st->has_depth ? OP_STATUS : OP_READ,
-                                .off = 0, .len = len, .flags = 0};
-        uint8_t *buf = r.op == OP_READ ? malloc((size_t)len ? (size_t)len : 1) : NULL;
-        if (r.op == OP_READ && !buf)
-            break;
-        r.buf = buf;
-        int e = len ? nbd_run_waited(st, &r, NULL) : -1;
-        free(buf);
-        free(r.alloc);
-        free(r.depth);
+        struct nbd_request r;
+        int e = make_probe(st, img, &r) < 0 || nbd_run_waited(st, &r, NULL);
+        free_probe(&r);
         if (e)
             break;
     }
     uint64_t rtt = atomic_load(&st->min_rtt); /* ns */
     if (rtt < NBD_LOCAL_RTT)
         return 0;
-    return rtt * (NBD_ASSUMED_BANDWIDTH / NBD_ASSUMED_CONCURRENCY) / 1000000000ull;
+    uint64_t concurrency = nbd_serialises(st, img, rtt) ? 1 : NBD_ASSUMED_CONCURRENCY;
+    return rtt * (NBD_ASSUMED_BANDWIDTH / concurrency) / 1000000000ull;
+}
+
+static int nbd_serialised(const struct ic_image *img)
+{
+    const struct nbd_state *st = img->drv_state;
+    return atomic_load(&st->serialises) == 2;
 }
 
 static unsigned nbd_requests_in_flight(const struct ic_image *img)
@@ -387,5 +448,6 @@ const struct ic_driver ic_protocol_nbd = {
     .aio_pread = nbd_aio_pread,
     .aio_pwrite = nbd_aio_pwrite,
     .request_cost = nbd_request_cost,
+    .serialises = nbd_serialised,
     .requests_in_flight = nbd_requests_in_flight,
 };

@@ -35,7 +35,7 @@ int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char
                        msg ? msg : "libnbd nbd_failed");
 }
 
-static uint64_t now_ns(void)
+uint64_t nbd_now_ns(void)
 {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -152,7 +152,7 @@ static void complete(struct nbd_request *r, int error)
     if (r->waited) {
         r->error = error;
         r->done = 1;
-        note_rtt(st, r, now_ns() - r->t0);
+        note_rtt(st, r, nbd_now_ns() - r->t0);
     } else if (r->op == OP_READ) {
         r->error = error;
         told = r;
@@ -323,12 +323,12 @@ void nbd_shut_down(struct nbd_conn *c)
 static int pause_unless_aborted(struct nbd_conn *c, uint64_t ms)
 {
     struct nbd_state *st = c->st;
-    uint64_t until = now_ns() + ms * 1000000u;
+    uint64_t until = nbd_now_ns() + ms * 1000000u;
     for (;;) {
         pthread_mutex_lock(&st->lock);
         int aborted = st->aborted;
         pthread_mutex_unlock(&st->lock);
-        uint64_t now = now_ns();
+        uint64_t now = nbd_now_ns();
         if (aborted)
             return -1;
         if (now >= until)
@@ -507,7 +507,7 @@ static void enqueue_locked(struct nbd_state *st, struct nbd_request *r)
  * when the image was aborted (nothing was sent). */
 int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on)
 {
-    r->t0 = now_ns();
+    r->t0 = nbd_now_ns();
     r->waited = 1;
     r->st = st;
     pthread_mutex_lock(&st->lock);

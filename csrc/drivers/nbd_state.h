@@ -134,6 +134,10 @@ struct nbd_state {
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
     atomic_uint rtt_samples;
+    /* whether the server answers requests in flight together (nbdkit's
+     * threads, qemu-nbd) or one after another (a VDDK source, nbdkit's
+     * noparallel filter): 0 not known yet, 1 together, 2 one by one */
+    atomic_int serialises;
     /* a dropped connection is made again this many times (0: never), the
      * first after retry_delay_ms, doubling; its unanswered requests are
      * sent again (a server's own error answer is never retried) */
@@ -164,6 +168,8 @@ int nbd_handle_error(struct ic_image *img, const struct nbd_lib *lib, const char
 void nbd_shut_down(struct nbd_conn *c);
 void *nbd_conn_thread(void *arg);
 void nbd_wake(struct nbd_conn *c);
+/* CLOCK_MONOTONIC, in ns */
+uint64_t nbd_now_ns(void);
 int nbd_run_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
 int nbd_submit_waited(struct nbd_state *st, struct nbd_request *r, struct nbd_conn *on);
 int nbd_wait(struct nbd_state *st, struct nbd_request *r);

@@ -103,6 +103,16 @@ static void check_effective_options(void)
           "%llu %llu", (unsigned long long)o.sparse_threshold,
           (unsigned long long)o.request_size);
 
+    /* a source whose round trip costs a good part of a request (a
+     * serialising server at 1 ms: 1 MiB) is read in requests four times
+     * that, up to 8 MiB; cheaper round trips change nothing */
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 1u << 20});
+    CHECK(o.request_size == 4u << 20, "%llu", (unsigned long long)o.request_size);
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 80u << 20});
+    CHECK(o.request_size == 8u << 20, "%llu", (unsigned long long)o.request_size);
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 320u << 10});
+    CHECK(o.request_size == 2u << 20, "%llu", (unsigned long long)o.request_size);
+
     /* a qcow2 destination writing whole 64 KiB clusters in guest order
      * (compression): each cluster judged on its own */
     const struct ic_copy_facts clusters = {.dst_write_align = 64 << 10,
