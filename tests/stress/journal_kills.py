@@ -5,7 +5,10 @@
 Each round copies a data-and-holes image from a slow NBD source (nbdkit's
 delay filter) with --journal and --checksum, SIGKILLs the command at a
 random point of its progress (sometimes several times in a row), resumes
-it to the end, and checks: the result equals the source (qemu-img compare),
+it to the end, into a raw file or a qcow2 image (compressed or not: its
+tables checkpointed, the partial image reopened with resume=True), and
+checks: the result equals the source (qemu-img compare; a qcow2 one also
+passes qemu-img check with no leak),
 its checksum is the source's, the resuming run copied exactly what the
 journal did not hold, and no journal or partial file is left.  Exit 1 on
 the first failure, with the round's seed."""
@@ -26,11 +29,13 @@ from ..test_journal import INTERVAL, SIZE, SLACK, convert_argv, make_source, run
 def one_round(workdir, seed):
     rng = random.Random(seed)
     src = make_source(os.path.join(workdir, "src.raw"), seed=seed)
-    dst, journal = os.path.join(workdir, "dst.raw"), os.path.join(workdir, "j")
     kills = rng.choice([1, 1, 1, 2, 3])
+    output = rng.choice([[], [], ["-O", "qcow2"], ["-O", "qcow2", "-c"]])
+    fmt = "qcow2" if output else "raw"
+    dst, journal = os.path.join(workdir, "dst." + fmt), os.path.join(workdir, "j")
     with nbdkit("file", src, "rdelay=%dms" % rng.choice([20, 50, 100]), filters=["delay"],
                 log=False, extra=["--threads=1"]) as server:
-        argv = convert_argv(server.uri, dst, journal, "--checksum=sha256")
+        argv = convert_argv(server.uri, dst, journal, "--checksum=sha256", *output)
         fraction = 0.0
         for _ in range(kills):
             fraction = run_killed(argv, rng.uniform(0.05, 0.95))
@@ -43,13 +48,19 @@ def one_round(workdir, seed):
         problems.append(f"lost {fraction * SIZE - stats['bytes_resumed']:.0f} bytes")
     if stats["checksum"] != imgcopy.checksum(src):
         problems.append("checksum differs")
-    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", "raw", src, dst])
+    same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", fmt, src, dst])
     if same.returncode != 0:
         problems.append("content differs")
+    if fmt == "qcow2":
+        check = subprocess.run(["qemu-img", "check", "-f", "qcow2", dst], capture_output=True,
+                               text=True)
+        if check.returncode != 0 or "No errors were found" not in check.stdout or \
+                "leaked" in check.stdout:
+            problems.append("qemu-img check: " + (check.stdout + check.stderr).strip()[-300:])
     left = [n for n in os.listdir(workdir) if n.endswith(".partial") or n == "j"]
     if left:
         problems.append(f"left behind: {left}")
-    return problems, stats["bytes_resumed"], kills
+    return problems, stats["bytes_resumed"], kills, " ".join(output) or "raw"
 
 
 def main(argv=None):
@@ -61,10 +72,10 @@ def main(argv=None):
         seed = args.seed * 100003 + r
         workdir = tempfile.mkdtemp(prefix="journal-stress-")
         try:
-            problems, resumed, kills = one_round(workdir, seed)
+            problems, resumed, kills, output = one_round(workdir, seed)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        print(f"round {r + 1}/{args.rounds} seed {seed}: {kills} kill(s), "
+        print(f"round {r + 1}/{args.rounds} seed {seed}: {output}, {kills} kill(s), "
               f"{resumed} bytes resumed: {'; '.join(problems) or 'ok'}", flush=True)
         if problems:
             return 1
