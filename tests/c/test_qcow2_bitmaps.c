@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "image_checks.h"
 #include "image.h"
 #include "imgcopy.h"
 
@@ -86,15 +87,8 @@ static void check_clean(const char *path, const char *what)
 {
     struct ic_error err = {0};
     struct ic_image *img;
-    struct ic_check_result r;
     must(ic_image_open(path, "qcow2", 0, &img, &err), &err, what);
-    must(ic_image_check(img, &r, &err), &err, "check");
-    CHECK(r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0 && !r.failed_errno,
-          "%s: %llu corruptions, %llu leaks, %llu errors:\n%.*s", what,
-          (unsigned long long)r.corruptions, (unsigned long long)r.leaks,
-          (unsigned long long)r.check_errors, (int)(r.messages_len < 2000 ? r.messages_len : 2000),
-          r.messages ? r.messages : "");
-    ic_check_result_free(&r);
+    check_image_clean(img, what);
     ic_image_close(img);
 }
 

@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "image_checks.h"
 #include "imgcopy.h"
 
 #ifdef __SANITIZE_THREAD__
@@ -399,14 +400,7 @@ static void resume(const struct config *c, const struct step *steps, const char 
 
     /* complete, consistent, and what the steps wrote */
     must(ic_image_open(path, "qcow2", 0, &img, &err), &err, "open the finished image");
-    struct ic_check_result r;
-    must(ic_image_check(img, &r, &err), &err, "check");
-    CHECK(r.corruptions == 0 && r.leaks == 0 && r.check_errors == 0 && !r.failed_errno,
-          "%s: %llu corruptions, %llu leaks, %llu errors:\n%.*s", what,
-          (unsigned long long)r.corruptions, (unsigned long long)r.leaks,
-          (unsigned long long)r.check_errors, (int)(r.messages_len < 2000 ? r.messages_len : 2000),
-          r.messages ? r.messages : "");
-    ic_check_result_free(&r);
+    check_image_clean(img, what);
     must(ic_image_pread(img, now, c->size, 0, &err), &err, "read the finished image");
     for (uint64_t o = 0; o < c->size; o++)
         CHECK(now[o] == expected[o], "%s: byte %llu is %u, not %u", what,
