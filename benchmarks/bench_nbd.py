@@ -50,7 +50,8 @@ rotating from round to round; medians of ``--runs`` rounds:
   baseline         PYTHON -m imgcopy ... with --baseline PYTHON (another
                    build, run as it is, in the same rounds)
 
-imgcopy runs from a private copy of the venv's package taken at the start.
+imgcopy runs from a private copy of the venv's package taken at the start,
+byte-compiled as pip compiles an installed package.
 Each run: wall time from the command's start to its exit (then ``sync``'s,
 for a file destination), the peak RSS of the command's process (wait4's
 ru_maxrss), and from the servers' logs: reads, block-status queries,

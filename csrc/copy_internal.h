@@ -67,7 +67,13 @@ struct ic_copy {
     unsigned nworkers;
     int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
     int may_merge;      /* neighbouring runs may share a read; holes */
-    uint64_t merge_gap; /* up to this long are read through (0: none; the planner's) */
+    uint64_t merge_gap; /* up to this long join a read (0: none; the planner's) */
+    /* a shared read's data parts go out as reads of their own and its
+     * holes are not read: a source that answers requests in parallel, where
+     * a request costs little and every byte read costs the CPU (else the
+     * holes are read through, one request for the whole item) */
+    int read_parts;
+    uint64_t read_through; /* read_parts: holes up to this long are read through */
     int merge_known;    /* merge_gap decided (after the first block status) */
     /* what to copy: the changed ranges (sorted, merged, whole units of the
      * destination's writes), or, has_spans 0, the whole source */

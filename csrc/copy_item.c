@@ -259,6 +259,13 @@ static void read_done(void *ctx, const struct ic_error *err)
     item_read(w);
 }
 
+static void part_read_done(void *ctx, const struct ic_error *err)
+{
+    struct worker *w = ctx;
+    aio_failed(w, err);
+    item_read(w);
+}
+
 static void dst_read_done(void *ctx, const struct ic_error *err)
 {
     struct worker *w = ctx;
@@ -329,26 +336,76 @@ static int offload_item(struct worker *w)
     return 0;
 }
 
-/* One read of the item's range into `buf`: asynchronously where `img`
+/* One read of [off, off + len) into `buf`: asynchronously where `img`
  * can (1: out, counted in w->pending), else at once (0); -1 failed. */
 static int start_read(struct worker *w, struct ic_image *img, int async, uint8_t *buf,
-                      ic_aio_done_fn *done)
+                      uint64_t off, uint64_t len, ic_aio_done_fn *done)
 {
-    const struct work_item *it = w->it;
-    uint64_t len = it->end - it->start;
     if (async) {
         atomic_fetch_add(&w->pending, 1);
-        int r = ic_image_aio_pread(img, buf, (size_t)len, it->start, done, w, &w->err);
+        int r = ic_image_aio_pread(img, buf, (size_t)len, off, done, w, &w->err);
         if (r > 0)
             return 1;
         atomic_fetch_sub(&w->pending, 1);
         if (r < 0)
             return -1;
     }
-    if (ic_image_pread(img, buf, (size_t)len, it->start, &w->err) < 0)
+    if (ic_image_pread(img, buf, (size_t)len, off, &w->err) < 0)
         return -1;
     if (img == w->c->src)
         count_read(w->c, len);
+    return 0;
+}
+
+static int has_holes(const struct work_item *it)
+{
+    for (unsigned i = 0; i < it->nparts; i++)
+        if (!it->parts[i].data)
+            return 1;
+    return 0;
+}
+
+/* A shared read's data parts, read apart: a hole between two goes unread
+ * unless it is short enough that its bytes cost less than a request
+ * (c->read_through); unread holes are zeroed in the buffer only where the
+ * whole buffer is used (a checksum hashes it, compare mode compares it). */
+static int start_part_reads(struct worker *w)
+{
+    struct ic_copy *c = w->c;
+    const struct work_item *it = w->it;
+    int whole_buffer = c->hash || c->compare;
+    w->parts_read = 0;
+    w->parts_reads = 0;
+    uint64_t pos = it->start;
+    for (unsigned i = 0; i < it->nparts;) {
+        uint64_t end = it->parts[i].end;
+        if (!it->parts[i].data) {
+            if (whole_buffer)
+                memset(w->buf + (pos - it->start), 0, (size_t)(end - pos));
+            pos = end;
+            i++;
+            continue;
+        }
+        /* a data part, and the short holes and data parts after it */
+        unsigned last = i;
+        for (unsigned j = i + 1; j < it->nparts; j++) {
+            if (it->parts[j].data)
+                last = j;
+            else if (it->parts[j].end - it->parts[j - 1].end > c->read_through)
+                break;
+        }
+        end = it->parts[last].end;
+        int r = start_read(w, c->src, 1, w->buf + (pos - it->start), pos, end - pos,
+                           part_read_done);
+        if (r < 0)
+            return -1;
+        if (r > 0) { /* a read done at once counted itself */
+            w->parts_read += end - pos;
+            w->parts_reads++;
+        }
+        pos = end;
+        i = last + 1;
+    }
     return 0;
 }
 
@@ -359,11 +416,17 @@ static int read_item(struct worker *w)
     w->step = STEP_SPLIT;
     atomic_store(&w->aio_failed, 0);
     atomic_store(&w->pending, 1); /* ours, until every read is out */
+    const struct work_item *it = w->it;
     int r = 0;
-    if (w->it->kind == RUN_DATA)
-        r = start_read(w, c->src, c->aio_reads, w->buf, read_done);
+    w->parts_reads = 0;
+    if (it->kind == RUN_DATA && c->read_parts && has_holes(it))
+        r = start_part_reads(w);
+    else if (it->kind == RUN_DATA)
+        r = start_read(w, c->src, c->aio_reads, w->buf, it->start, it->end - it->start,
+                       read_done);
     if (r >= 0 && c->compare)
-        r = start_read(w, c->dst, ic_image_aio_reads(c->dst), w->dbuf, dst_read_done);
+        r = start_read(w, c->dst, ic_image_aio_reads(c->dst), w->dbuf, it->start,
+                       it->end - it->start, dst_read_done);
     if (r < 0)
         aio_failed(w, &w->err); /* told once the reads out are in */
     return atomic_fetch_sub(&w->pending, 1) != 1 ? IC_JOB_PENDING : 0;
@@ -408,6 +471,11 @@ static int split_item(struct worker *w)
     if (atomic_load(&w->aio_failed)) {
         w->err = w->aio_err;
         return -1;
+    }
+    if (w->parts_reads) {
+        atomic_fetch_add(&c->bytes_read, w->parts_read);
+        atomic_fetch_add(&c->read_requests, w->parts_reads);
+        w->parts_reads = 0;
     }
     if (it->kind == RUN_DATA && c->hash &&
         ic_blkhash_update(c->hash, it->start, w->buf, (size_t)len, &w->err) < 0)

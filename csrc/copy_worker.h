@@ -79,6 +79,8 @@ struct worker {
     enum step step;
     struct turns t;
     atomic_uint pending;   /* asynchronous requests of the item in flight */
+    uint64_t parts_read;   /* bytes of the item's parts read apart (counted once in) */
+    unsigned parts_reads;
     atomic_int aio_failed; /* one of them failed: */
     struct ic_error aio_err;
 };

@@ -221,6 +221,11 @@ static int plan_span(struct ic_job *job, struct ic_copy *c, struct aligner *al, 
         if (!c->merge_known && c->may_merge) {
             /* what a round trip costs is known once one was made */
             uint64_t cost = ic_image_request_cost(c->src);
+            c->read_through = cost;
+            /* holes left unread cost nothing: any joins, and the items
+             * in flight each carry several runs */
+            if (c->read_parts)
+                cost = c->opt.request_size;
             c->merge_gap = cost < c->opt.request_size / 2 ? cost : c->opt.request_size / 2;
         }
         c->merge_known = 1;

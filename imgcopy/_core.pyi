@@ -125,7 +125,7 @@ class Image:
                  direct: bool = ..., force: bool = ..., force_share: bool = ...,
                  source: bool = ..., member: Optional[str] = ...,
                  external_files: bool = ..., no_backing: bool = ..., share_write: bool = ...,
-                 resume: bool = ...) -> None:
+                 resume: bool = ..., writeback: bool = ...) -> None:
         """``member``: the image is that member of the tar archive at
         ``path``, read in place (read-only); ``external_files``: a vmdk may
         name extent files outside its directory; ``no_backing``: the image
@@ -133,7 +133,9 @@ class Image:
         ``resume`` (with ``writable``): carry on writing a qcow2 image a
         crash left incomplete (name the format: an incomplete compat 0.10
         image has no magic), with every write a completed ``checkpoint()``
-        made durable; finish() then completes it."""
+        made durable; finish() then completes it; ``writeback`` (a raw
+        file written): start each write's writeback as it is made, so that
+        the final flush finds little left to do."""
     def close(self, *, finish: bool = ...) -> None:
         """Close once calls in flight end (idempotent); ``finish`` first
         writes held metadata and marks the image complete."""

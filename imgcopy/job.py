@@ -478,7 +478,7 @@ class CopySteps:
         options = self.options
         # a shard's destination is written by the other shards too
         core = _core.Image(self.dst, self.dst_format, writable=True,
-                           direct=options.destination_direct,
+                           direct=options.destination_direct, writeback=options.flush,
                            share_write=self.offset is not None)
         if core.size < source.size:
             dst_size = core.size

@@ -323,11 +323,13 @@ static uint64_t nbd_write_alignment(const struct ic_image *img)
 #define NBD_ASSUMED_BANDWIDTH 1073741824ull /* bytes per second */
 #define NBD_ASSUMED_CONCURRENCY 16u
 
-/* Round trips measured before a cost is told: one can be slowed by
- * anything (a busy machine, a cold server), the shortest of a few not */
-#define NBD_RTT_SAMPLES 4u
-/* Requests sent at once to see whether the server answers them together */
-#define NBD_CONCURRENCY_PROBES 4u
+/* Requests sent at once to learn what a round trip costs: the shortest
+ * of a few is the round trip (one alone can be slowed by anything, a
+ * busy machine, a cold server), and whether they came back together or
+ * one after another tells whether the server answers them in parallel.
+ * One batch, so that a 5 ms server costs one round trip here (four for a
+ * serialising one), not one per sample. */
+#define NBD_PROBES 4u
 
 /* A tiny question of the export: block status of its start (a read where
  * it has none) */
@@ -353,20 +355,19 @@ static void free_probe(struct nbd_request *r)
     free(r->depth);
 }
 
-/* Whether the server answers requests one after another: a few sent at
- * once come back together from a server that serves them in parallel,
- * one round trip apart from one that does not.  Asked once; unknown (a
- * failed probe) counts as together. */
-static int nbd_serialises(struct nbd_state *st, const struct ic_image *img, uint64_t rtt)
+/* The probes, sent at once (asked once): each answer is a round-trip
+ * sample (note_rtt), and a server that serves them in parallel answers
+ * them together, one that does not one round trip apart.  A failed probe
+ * leaves the server counted as answering together. */
+static void probe_server(struct nbd_state *st, const struct ic_image *img)
 {
-    int known = atomic_load(&st->serialises);
-    if (known)
-        return known == 2;
-    struct nbd_request r[NBD_CONCURRENCY_PROBES];
+    if (atomic_load(&st->serialises))
+        return;
+    struct nbd_request r[NBD_PROBES];
     unsigned made = 0, sent = 0;
     int failed = 0;
     uint64_t t0 = nbd_now_ns();
-    for (; made < NBD_CONCURRENCY_PROBES && !failed; made++) {
+    for (; made < NBD_PROBES && !failed; made++) {
         if (make_probe(st, img, &r[made]) < 0) {
             failed = 1;
             break;
@@ -381,30 +382,23 @@ static int nbd_serialises(struct nbd_state *st, const struct ic_image *img, uint
     uint64_t took = nbd_now_ns() - t0;
     for (unsigned i = 0; i < made; i++)
         free_probe(&r[i]);
-    if (failed)
-        return 0;
+    uint64_t rtt = atomic_load(&st->min_rtt);
     /* together: about one round trip; one by one: one each */
-    int serial = took > rtt * (NBD_CONCURRENCY_PROBES + 1) / 2;
+    int serial = !failed && rtt && took > rtt * (NBD_PROBES + 1) / 2;
     atomic_store(&st->serialises, serial ? 2 : 1);
-    return serial;
 }
 
 static uint64_t nbd_request_cost(const struct ic_image *img)
 {
     struct nbd_state *st = img->drv_state;
-    /* tiny questions of the export until it has answered a few */
-    for (unsigned probe = 0; probe < NBD_RTT_SAMPLES &&
-                             atomic_load(&st->rtt_samples) < NBD_RTT_SAMPLES; probe++) {
-        struct nbd_request r;
-        int e = make_probe(st, img, &r) < 0 || nbd_run_waited(st, &r, NULL);
-        free_probe(&r);
-        if (e)
-            break;
-    }
+    probe_server(st, img);
     uint64_t rtt = atomic_load(&st->min_rtt); /* ns */
     if (rtt < NBD_LOCAL_RTT)
         return 0;
-    uint64_t concurrency = nbd_serialises(st, img, rtt) ? 1 : NBD_ASSUMED_CONCURRENCY;
+    pthread_mutex_lock(&st->lock);
+    uint64_t connections = st->nactive ? st->nactive : 1;
+    pthread_mutex_unlock(&st->lock);
+    uint64_t concurrency = atomic_load(&st->serialises) == 2 ? 1 : NBD_ASSUMED_CONCURRENCY * connections;
     return rtt * (NBD_ASSUMED_BANDWIDTH / concurrency) / 1000000000ull;
 }
 

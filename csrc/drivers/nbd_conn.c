@@ -51,7 +51,6 @@ static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t
     uint64_t seen = atomic_load(&st->min_rtt);
     while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
         ;
-    atomic_fetch_add(&st->rtt_samples, 1);
 }
 
 /* ---- the I/O thread of a connection ------------------------------------ */
@@ -355,7 +354,7 @@ static int reconnect(struct nbd_conn *c)
             return -1;
         delay = delay * 2 < 60000 ? delay * 2 : 60000;
         struct nbd_handle *h = lib->create();
-        int ok = h != NULL && lib->set_uri_allow_local_file(h, 1) >= 0;
+        int ok = h != NULL && nbd_prepare_handle(lib, h) >= 0;
         for (size_t i = 0; ok && i < sizeof c->contexts / sizeof *c->contexts && c->contexts[i];
              i++)
             ok = lib->add_meta_context(h, c->contexts[i]) >= 0;

@@ -40,6 +40,7 @@ static void load(void)
         {"nbd_set_opt_mode", NULL, (void **)&lib.set_opt_mode, 0},
         {"nbd_opt_list_meta_context", NULL, (void **)&lib.opt_list_meta_context, 0},
         {"nbd_opt_abort", NULL, (void **)&lib.opt_abort, 0},
+        {"nbd_set_pread_initialize", NULL, (void **)&lib.set_pread_initialize, 0},
     };
     ic_runtime_lib_load(&libnbd, symbols, sizeof symbols / sizeof symbols[0], NULL);
 }

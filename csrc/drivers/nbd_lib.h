@@ -86,6 +86,9 @@ struct nbd_lib {
     int (*set_opt_mode)(struct nbd_handle *h, _Bool enable);
     int (*opt_list_meta_context)(struct nbd_handle *h, nbd_context_callback context);
     int (*opt_abort)(struct nbd_handle *h);
+    /* libnbd 1.12: reads into buffers it does not zero first; NULL where
+     * the library lacks it */
+    int (*set_pread_initialize)(struct nbd_handle *h, _Bool request);
 };
 
 /* libnbd's functions, loaded on first use; NULL with `err` set (naming the

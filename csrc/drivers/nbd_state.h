@@ -133,7 +133,6 @@ struct nbd_state {
     /* the shortest round trip seen of a small request (ns; 0: none yet):
      * what a request costs beyond its bytes */
     _Atomic uint64_t min_rtt;
-    atomic_uint rtt_samples;
     /* whether the server answers requests in flight together (nbdkit's
      * threads, qemu-nbd) or one after another (a VDDK source, nbdkit's
      * noparallel filter): 0 not known yet, 1 together, 2 one by one */
@@ -177,6 +176,9 @@ int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
 /* nbd_connect.c */
+/* A new handle's settings, for a first connection and a remade one: 0,
+ * or -1 (libnbd's error set) */
+int nbd_prepare_handle(const struct nbd_lib *lib, struct nbd_handle *h);
 int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
                 struct ic_error *err);
 void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c);

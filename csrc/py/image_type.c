@@ -50,22 +50,22 @@ static int image_init(ImageObject *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"path", "format", "writable", "direct", "force", "force_share",
                              "source", "member", "external_files", "no_backing", "share_write",
-                             "resume", NULL};
+                             "resume", "writeback", NULL};
     struct path_arg path = {0};
     int writable = 0, direct = 0, force = 0, force_share = 0, source = 0, external = 0;
-    int no_backing = 0, share_write = 0, resume = 0;
+    int no_backing = 0, share_write = 0, resume = 0, writeback = 0;
     struct glue_call call = {.op = GLUE_OPEN};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzpppp:Image", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O&|z$pppppzppppp:Image", kwlist,
                                      path_converter, &path, &call.format, &writable, &direct,
                                      &force, &force_share, &source, &call.member, &external,
-                                     &no_backing, &share_write, &resume))
+                                     &no_backing, &share_write, &resume, &writeback))
         return -1;
     call.path = path.path;
     call.flags = (writable ? IC_OPEN_RDWR : 0) | (direct ? IC_OPEN_DIRECT : 0) |
                  (force ? IC_OPEN_FORCE : 0) | (force_share ? IC_OPEN_FORCE_SHARE : 0) |
                  (source ? IC_OPEN_SOURCE : 0) | (external ? IC_OPEN_EXTERNAL_FILES : 0) |
                  (no_backing ? IC_OPEN_NO_BACKING : 0) | (share_write ? IC_OPEN_SHARE_WRITE : 0) |
-                 (resume ? IC_OPEN_RESUME : 0);
+                 (resume ? IC_OPEN_RESUME : 0) | (writeback ? IC_OPEN_WRITEBACK : 0);
     core_state *st = type_state(Py_TYPE(self));
     int ret = -1;
     if (self->img)
