@@ -334,7 +334,7 @@ int ic_copy_start(struct ic_image *src, struct ic_image *dst, const struct ic_co
      * once it has made one); not into whole clusters, nor for an overlay,
      * whose runs are cut by layer */
     c->may_merge = c->write_align == 1 && !ic_image_has_backing_file(dst);
-    c->read_parts = c->aio_reads && !ic_image_serialises(src);
+    c->read_parts = (c->aio_reads || c->aio_writes) && !ic_image_serialises(src);
     unsigned slots = copy_slots(c, opt);
     size_t queue_depth = 4 * (size_t)slots;
     c->workers = calloc(slots, sizeof *c->workers);

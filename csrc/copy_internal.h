@@ -18,11 +18,13 @@ enum {
     RUN_BACKING = 2, /* the destination's backing file holds it: skip it */
 };
 
-/* Runs one read may cover (planner.c): data runs whose host bytes are not
+/* Runs one item may cover (planner.c): data runs whose host bytes are not
  * contiguous (a fragmented qcow2: 32 clusters of 64 KiB fill a 2 MiB
- * request, which the format reads at once), and a costly source's short
- * holes, read through rather than asked around */
-#define ITEM_PARTS 32
+ * request, which the format reads at once), a costly source's short
+ * holes, read through rather than asked around (a serialising server's
+ * 16 MiB requests hold a hundred runs of a busy disk), and the runs of a
+ * parallel source, read apart */
+#define ITEM_PARTS 128
 
 struct work_item {
     uint64_t start, end;         /* guest range of this item            */
@@ -35,10 +37,16 @@ struct work_item {
      * 0: one run, [start, end) of the extent [ext_start, ext_end). */
     unsigned nparts;
     struct {
-        uint64_t end;
-        int data;
+        uint32_t end; /* from `start` (an item is at most 1 GiB long) */
+        uint32_t data;
     } parts[ITEM_PARTS];
 };
+
+/* Where part i of a shared read ends, in the guest */
+static inline uint64_t item_part_end(const struct work_item *it, unsigned i)
+{
+    return it->start + it->parts[i].end;
+}
 
 /* known_zeros.c: the destination's zero ranges before the copy wrote */
 struct ic_known_zeros {
@@ -68,10 +76,13 @@ struct ic_copy {
     int aio_reads, aio_writes; /* the source reads, the destination writes asynchronously */
     int may_merge;      /* neighbouring runs may share a read; holes */
     uint64_t merge_gap; /* up to this long join a read (0: none; the planner's) */
-    /* a shared read's data parts go out as reads of their own and its
-     * holes are not read: a source that answers requests in parallel, where
-     * a request costs little and every byte read costs the CPU (else the
-     * holes are read through, one request for the whole item) */
+    /* items carry several runs, a shared read's data parts go out as
+     * reads of their own and its holes are not read: a source that answers
+     * requests in parallel (where a request costs little and every byte
+     * read costs the CPU), or any but a serialising one into a destination
+     * that writes asynchronously (the items in flight then bound the
+     * writes in flight, not the runs' count).  Else the holes are read
+     * through, one request for the whole item. */
     int read_parts;
     uint64_t read_through; /* read_parts: holes up to this long are read through */
     int merge_known;    /* merge_gap decided (after the first block status) */

@@ -191,7 +191,7 @@ static int split_data(struct worker *w)
                                it->ext_end, emit_piece, &ctx);
     uint64_t pos = it->start;
     for (unsigned i = 0; i < it->nparts; i++) {
-        uint64_t end = it->parts[i].end;
+        uint64_t end = item_part_end(it, i);
         if (!it->parts[i].data)
             add_zeros(w, pos, end - pos);
         else if (w->c->opt.sparse_threshold == 0)
@@ -378,7 +378,7 @@ static int start_part_reads(struct worker *w)
     w->parts_reads = 0;
     uint64_t pos = it->start;
     for (unsigned i = 0; i < it->nparts;) {
-        uint64_t end = it->parts[i].end;
+        uint64_t end = item_part_end(it, i);
         if (!it->parts[i].data) {
             if (whole_buffer)
                 memset(w->buf + (pos - it->start), 0, (size_t)(end - pos));
@@ -394,7 +394,7 @@ static int start_part_reads(struct worker *w)
             else if (it->parts[j].end - it->parts[j - 1].end > c->read_through)
                 break;
         }
-        end = it->parts[last].end;
+        end = item_part_end(it, last);
         int r = start_read(w, c->src, 1, w->buf + (pos - it->start), pos, end - pos,
                            part_read_done);
         if (r < 0)

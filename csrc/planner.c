@@ -106,8 +106,8 @@ static int flush_group(struct merger *m, uint64_t *seq)
         item.ext_start = item.start;
         item.ext_end = item.end;
         for (unsigned i = 0; i < ndata; i++) {
-            item.parts[i].end = m->parts[i].end;
-            item.parts[i].data = m->parts[i].data;
+            item.parts[i].end = (uint32_t)(m->parts[i].end - item.start);
+            item.parts[i].data = (uint32_t)m->parts[i].data;
         }
         r = ic_job_push(c->job, &item);
     }

@@ -153,6 +153,11 @@ def copy_many(jobs: Sequence[CopyJob], *, client: Any, max_parallel: Optional[in
             if stop and not running:
                 break
             future = next(ac)
+            if future.status not in ("finished", "error", "cancelled"):
+                # done, then lost with the worker that held its result:
+                # Dask runs it again, and it completes a second time
+                ac.add(future)
+                continue
             i = running.pop(future)
             per_host[source_host(jobs[i].src)] -= 1
             if future.status == "finished":
@@ -162,7 +167,8 @@ def copy_many(jobs: Sequence[CopyJob], *, client: Any, max_parallel: Optional[in
                              "done_bytes": r.bytes_changed, "total_bytes": r.bytes_changed,
                              "elapsed": r.elapsed, "result": r.to_dict()})
             else:
-                exc = future.exception()
+                exc = (future.exception() if future.status == "error"
+                       else Cancelled(f"job {i} was cancelled"))
                 results[i] = exc
                 events.emit({"job": i, "src": jobs[i].src, "dst": jobs[i].dst,
                              "event": "failed", "error": type(exc).__name__,

@@ -24,6 +24,7 @@ import pytest
 import imgcopy
 
 from .oracles import needs_qemu, qemu_img, qemu_io
+from .page_cache import evict, is_cold
 from .units import KiB, MiB
 
 pytestmark = [needs_qemu,
@@ -60,36 +61,6 @@ def _make(path, fmt, layout):
     return path
 
 
-def _evict(path):
-    """Drop the file's pages.  Twice: pages another CPU has just added to
-    its LRU batches stay through the first (the kernel drains only the
-    caller's CPU's)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        for _ in range(2):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            time.sleep(0.05)
-    finally:
-        os.close(fd)
-
-
-def _cold(path, host_offset):
-    """Whether the page cache let go of the image (tmpfs keeps everything:
-    nothing there is ever read from a disk).  One run is asked: a miss
-    starts a read of it, which the trace's own eviction drops again."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.preadv(fd, [bytearray(4096)], host_offset, os.RWF_NOWAIT)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False  # no RWF_NOWAIT here: cannot tell
-    finally:
-        os.close(fd)
-
-
 def _host_runs(path):
     """Host offsets of the data runs (imgcopy's map: qemu maps a vhdx
     without host offsets)."""
@@ -101,7 +72,7 @@ def _trace(tmp_path, src, fmt, extra):
     prefix = str(tmp_path / "trace")
     for f in glob.glob(prefix + ".*"):
         os.unlink(f)
-    _evict(src)
+    evict(src)
     cmd = ["strace", "-ff", "-qq", "-o", prefix, "-e",
            "trace=openat,pread64,preadv,preadv2,fadvise64,io_uring_setup,io_uring_enter",
            sys.executable, "-m", "imgcopy", "convert", "-f", fmt, "-O", "raw", "-m", "1",
@@ -130,8 +101,8 @@ def scattered(request, tmp_path):
     unit = FORMATS[fmt][1]
     assert len(runs) == SIZE // unit, runs  # every unit its own run
     for _ in range(3):
-        _evict(path)
-        if _cold(path, runs[len(runs) // 2]):
+        evict(path)
+        if is_cold(path, runs[len(runs) // 2]):
             break
     else:
         pytest.skip("the page cache here cannot be emptied of the image (tmpfs?)")

@@ -27,6 +27,7 @@ struct raw_state {
     atomic_int no_seek_hole;
     atomic_int no_nowait; /* preadv2 refused RWF_NOWAIT here */
     atomic_uint zero_refused;
+    int keep_cache; /* a copy's source found in the page cache: its pages stay */
     /* IC_CREATE_ATOMIC: written under tmp_path until finish() renames it
      * over rename_to (`path`, through symlinks); the file it replaces stays
      * locked as written meanwhile (guard_fd) */

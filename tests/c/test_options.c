@@ -104,13 +104,15 @@ static void check_effective_options(void)
           (unsigned long long)o.request_size);
 
     /* a source whose round trip costs a good part of a request (a
-     * serialising server at 1 ms: 1 MiB) is read in requests four times
-     * that, up to 8 MiB; cheaper round trips change nothing */
-    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 1u << 20});
+     * serialising server at 0.25 ms: 256 KiB) is read in requests 16 times
+     * that, up to 16 MiB; cheaper round trips change nothing */
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 256u << 10});
     CHECK(o.request_size == 4u << 20, "%llu", (unsigned long long)o.request_size);
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 1u << 20});
+    CHECK(o.request_size == 16u << 20, "%llu", (unsigned long long)o.request_size);
     o = effective(d, (struct ic_copy_facts){.src_serial_cost = 80u << 20});
-    CHECK(o.request_size == 8u << 20, "%llu", (unsigned long long)o.request_size);
-    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 320u << 10});
+    CHECK(o.request_size == 16u << 20, "%llu", (unsigned long long)o.request_size);
+    o = effective(d, (struct ic_copy_facts){.src_serial_cost = 64u << 10});
     CHECK(o.request_size == 2u << 20, "%llu", (unsigned long long)o.request_size);
 
     /* a qcow2 destination writing whole 64 KiB clusters in guest order
