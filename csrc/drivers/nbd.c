@@ -392,6 +392,13 @@ static void probe_server(struct nbd_state *st, const struct ic_image *img)
 {
     if (atomic_load(&st->serialises))
         return;
+    /* a server that offers multi-conn asks for connections served side
+     * by side: it is taken at its word, and its round trip learnt from the
+     * copy's own first requests, not from a round trip spent asking */
+    if (st->multi_conn) {
+        atomic_store(&st->serialises, 1);
+        return;
+    }
     uint64_t shortest = UINT64_MAX;
     int serial = 0;
     for (unsigned batch = 0; batch < NBD_PROBE_BATCHES; batch++) {
