@@ -206,6 +206,7 @@ def parse_log(text: str) -> LogParse:
         if m:
             d = {k: _value(v) for k, v in _KEYVAL.findall(m.group(3))}
             d["connection"] = int(m.group(2))
+            d["at"] = _when(m.group(1))
             conns.append(d)
             continue
         m = _DISCONNECT.match(line)
@@ -546,7 +547,8 @@ class Nbdkit(Server):
 
     def connections(self, settle=True) -> List[dict]:
         """The Connect lines: what the server offered each client (size, minsize,
-        prefsize, maxsize, write, flush, trim, zero, fua, extents, cache, fast_zero)."""
+        prefsize, maxsize, write, flush, trim, zero, fua, extents, cache, fast_zero),
+        and when ("at", seconds since the epoch)."""
         return self.parse(settle).connections
 
     def count(self, kind, ok=None, settle=True) -> int:

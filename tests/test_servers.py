@@ -3,6 +3,7 @@ nbdinfo, nbdcopy, libnbd through ctypes; never imgcopy): what the log filter
 records is what was sent, the filters do what the NBD tests will rely on,
 and every server is stopped and reaped whatever happens."""
 
+import datetime
 import json
 import os
 import signal
@@ -117,7 +118,8 @@ def test_parse_log_failed_and_unanswered_requests():
     assert x.extents == ((0, 2048, ""), (2048, 2048, "hole,zero")) and x.flags == {"req_one"}
     assert (r.done, r.ok, r.end, r.seconds) == (False, False, None, None)
     assert abs(w.seconds - 2e-6) < 1e-6, w
-    assert p.connections == [{"connection": 2, "export": "", "size": 4096, "zero": 0}]
+    at = datetime.datetime(2026, 1, 1, 0, 0, 0, 1).timestamp()
+    assert p.connections == [{"connection": 2, "export": "", "size": 4096, "zero": 0, "at": at}]
     assert p.disconnected == [2]
 
 

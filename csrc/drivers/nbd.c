@@ -98,6 +98,47 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     return 0;
 }
 
+struct connecting {
+    struct ic_image *img;
+    struct nbd_conn *c;
+    struct ic_error err;
+    int r;
+};
+
+static void *connect_thread(void *arg)
+{
+    struct connecting *k = arg;
+    k->r = connect_one(k->img, k->c, &k->err);
+    return NULL;
+}
+
+/* Connections [from, to) made side by side: a handshake is a few round
+ * trips, which over a real network would add up one connection after
+ * another.  0, or -1 with the first failure (in connection order). */
+static int connect_more(struct ic_image *img, unsigned from, unsigned to, struct ic_error *err)
+{
+    struct nbd_state *st = nbd_state_of(img);
+    struct connecting k[NBD_MAX_CONNECTIONS];
+    pthread_t threads[NBD_MAX_CONNECTIONS];
+    int started[NBD_MAX_CONNECTIONS] = {0};
+    for (unsigned i = from; i < to; i++) {
+        k[i] = (struct connecting){.img = img, .c = &st->conns[i]};
+        started[i] = pthread_create(&threads[i], NULL, connect_thread, &k[i]) == 0;
+        if (!started[i]) /* no thread to spare: made here, in turn */
+            connect_thread(&k[i]);
+    }
+    int r = 0;
+    for (unsigned i = from; i < to; i++) {
+        if (started[i])
+            pthread_join(threads[i], NULL);
+        if (k[i].r < 0 && r == 0) {
+            *err = k[i].err;
+            r = -1;
+        }
+    }
+    return r;
+}
+
 /* A copy's connections and requests in flight.  More than one connection
  * only where the server says they see each other's writes (multi-conn);
  * the default then is 4. */
@@ -113,11 +154,11 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     if (requests)
         st->max_requests = requests;
     pthread_mutex_unlock(&st->lock);
-    for (unsigned i = have; i < want; i++) {
+    if (want > have) {
         /* connected outside the lock: requests keep going to the others */
-        int r = connect_one(img, &st->conns[i], err);
+        int r = connect_more(img, have, want, err);
         pthread_mutex_lock(&st->lock);
-        st->nconns = i + 1; /* closed with the rest, even half made */
+        st->nconns = want; /* closed with the rest, even half made */
         pthread_mutex_unlock(&st->lock);
         if (r < 0)
             return -1;
