@@ -42,12 +42,6 @@ struct work_item {
     } parts[ITEM_PARTS];
 };
 
-/* Where part i of a shared read ends, in the guest */
-static inline uint64_t item_part_end(const struct work_item *it, unsigned i)
-{
-    return it->start + it->parts[i].end;
-}
-
 /* known_zeros.c: the destination's zero ranges before the copy wrote */
 struct ic_known_zeros {
     struct ic_extent_list runs; /* sorted, disjoint, neighbours merged */

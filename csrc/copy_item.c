@@ -97,6 +97,12 @@ void ic_copy_interrupt_turns(struct ic_copy *c)
 
 /* ---- reading and cutting ----------------------------------------------- */
 
+/* Where part i of a shared read ends, in the guest */
+static uint64_t item_part_end(const struct work_item *it, unsigned i)
+{
+    return it->start + it->parts[i].end;
+}
+
 static void count_read(struct ic_copy *c, uint64_t len)
 {
     atomic_fetch_add(&c->bytes_read, len);

@@ -27,6 +27,8 @@ static void nbd_close_image(struct ic_image *img)
     struct nbd_state *st = nbd_state_of(img);
     if (!st)
         return;
+    if (st->prober_started) /* its requests end with the connections' answers */
+        pthread_join(st->prober, NULL);
     for (unsigned i = 0; i < st->nconns; i++)
         nbd_stop_conn(st, &st->conns[i]);
     nbd_status_free(st);
@@ -422,6 +424,13 @@ static uint64_t probe_batch(struct nbd_state *st, const struct ic_image *img)
     return failed ? 0 : took;
 }
 
+static void *probe_thread(void *arg)
+{
+    const struct ic_image *img = arg;
+    (void)probe_batch(img->drv_state, img);
+    return NULL;
+}
+
 /* Batches of probes (asked once): a server that serves them in parallel
  * answers a batch together, in about one round trip, one that does not in
  * one round trip per probe.  A busy machine blurs both: a batch neither
@@ -434,10 +443,12 @@ static void probe_server(struct nbd_state *st, const struct ic_image *img)
     if (atomic_load(&st->serialises))
         return;
     /* a server that offers multi-conn asks for connections served side
-     * by side: it is taken at its word, and its round trip learnt from the
-     * copy's own first requests, not from a round trip spent asking */
+     * by side: it is taken at its word, and nobody waits for its round
+     * trip: the probes go out on a thread of their own, ahead of the
+     * copy's first block status, whose answer finds their samples in */
     if (st->multi_conn) {
         atomic_store(&st->serialises, 1);
+        st->prober_started = pthread_create(&st->prober, NULL, probe_thread, (void *)img) == 0;
         return;
     }
     uint64_t shortest = UINT64_MAX;

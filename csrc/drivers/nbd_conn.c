@@ -354,7 +354,7 @@ static int reconnect(struct nbd_conn *c)
             return -1;
         delay = delay * 2 < 60000 ? delay * 2 : 60000;
         struct nbd_handle *h = lib->create();
-        int ok = h != NULL && nbd_prepare_handle(lib, h) >= 0;
+        int ok = h != NULL && ic_nbd_prepare_handle(lib, h) >= 0;
         for (size_t i = 0; ok && i < sizeof c->contexts / sizeof *c->contexts && c->contexts[i];
              i++)
             ok = lib->add_meta_context(h, c->contexts[i]) >= 0;

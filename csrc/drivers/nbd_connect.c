@@ -10,20 +10,6 @@
 
 #include "nbd_state.h"
 
-int nbd_prepare_handle(const struct nbd_lib *lib, struct nbd_handle *h)
-{
-    /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
-     * may be read, as qemu-img and nbdcopy read them */
-    if (lib->set_uri_allow_local_file(h, 1) < 0)
-        return -1;
-    /* a read's buffer is used only once the read succeeded, and libnbd
-     * fails a read whose reply does not cover it: zeroing it first would
-     * cost a pass over every byte read */
-    if (lib->set_pread_initialize && lib->set_pread_initialize(h, 0) < 0)
-        return -1;
-    return 0;
-}
-
 int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
                 struct ic_error *err)
 {
@@ -43,7 +29,7 @@ int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *con
         if (n + 1 < sizeof c->contexts / sizeof *c->contexts && !(c->contexts[n++] = strdup(*name)))
             return ic_error_nomem(err);
     }
-    if (nbd_prepare_handle(lib, c->h) < 0)
+    if (ic_nbd_prepare_handle(lib, c->h) < 0)
         return nbd_handle_error(img, lib, "cannot set up the NBD handle", err);
     if (lib->connect_uri(c->h, img->path) < 0)
         return nbd_handle_error(img, lib, "cannot connect", err);

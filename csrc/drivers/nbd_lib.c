@@ -77,3 +77,17 @@ const char *ic_nbd_lib_version(void)
     pthread_once(&versioned, find_version);
     return version;
 }
+
+int ic_nbd_prepare_handle(const struct nbd_lib *calls, struct nbd_handle *h)
+{
+    /* the URI is the caller's own: its files (tls-psk-file, tls-certificates)
+     * may be read, as qemu-img and nbdcopy read them */
+    if (calls->set_uri_allow_local_file(h, 1) < 0)
+        return -1;
+    /* a read's buffer is used only once the read succeeded, and libnbd
+     * fails a read whose reply does not cover it: zeroing it first would
+     * cost a pass over every byte read */
+    if (calls->set_pread_initialize && calls->set_pread_initialize(h, 0) < 0)
+        return -1;
+    return 0;
+}

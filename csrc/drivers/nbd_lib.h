@@ -95,6 +95,9 @@ struct nbd_lib {
  * package to install) when the library or one of its 1.14 calls is
  * missing.  `uri` names what needed it. */
 const struct nbd_lib *ic_nbd_lib(const char *uri, struct ic_error *err);
+/* A new handle's settings, for a first connection and a remade one: 0,
+ * or -1 (libnbd's error set) */
+int ic_nbd_prepare_handle(const struct nbd_lib *calls, struct nbd_handle *h);
 /* The version of the libnbd loaded ("1.14.2"), loading it; NULL when it
  * is missing or too old for ic_nbd_lib(). */
 const char *ic_nbd_lib_version(void);

@@ -137,6 +137,9 @@ struct nbd_state {
      * threads, qemu-nbd) or one after another (a VDDK source, nbdkit's
      * noparallel filter): 0 not known yet, 1 together, 2 one by one */
     atomic_int serialises;
+    /* a multi-conn server's round-trip samples, sent without waiting */
+    pthread_t prober;
+    int prober_started;
     /* a dropped connection is made again this many times (0: never), the
      * first after retry_delay_ms, doubling; its unanswered requests are
      * sent again (a server's own error answer is never retried) */
@@ -176,9 +179,6 @@ int nbd_failed(struct ic_image *img, struct ic_error *err);
 int nbd_queue_unwaited(struct ic_image *img, struct nbd_request *r, struct ic_error *err);
 int nbd_drain(struct ic_image *img, struct ic_error *err);
 /* nbd_connect.c */
-/* A new handle's settings, for a first connection and a remade one: 0,
- * or -1 (libnbd's error set) */
-int nbd_prepare_handle(const struct nbd_lib *lib, struct nbd_handle *h);
 int nbd_connect(struct ic_image *img, struct nbd_conn *c, const char *const *contexts,
                 struct ic_error *err);
 void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c);
