@@ -265,14 +265,9 @@ static void read_done(void *ctx, const struct ic_error *err)
     item_read(w);
 }
 
-static void part_read_done(void *ctx, const struct ic_error *err)
-{
-    struct worker *w = ctx;
-    aio_failed(w, err);
-    item_read(w);
-}
-
-static void dst_read_done(void *ctx, const struct ic_error *err)
+/* A read counted elsewhere: the destination's (compare mode), or a part
+ * of a shared read (counted once all are in) */
+static void uncounted_read_done(void *ctx, const struct ic_error *err)
 {
     struct worker *w = ctx;
     aio_failed(w, err);
@@ -381,7 +376,6 @@ static int start_part_reads(struct worker *w)
     const struct work_item *it = w->it;
     int whole_buffer = c->hash || c->compare;
     w->parts_read = 0;
-    w->parts_reads = 0;
     uint64_t pos = it->start;
     for (unsigned i = 0; i < it->nparts;) {
         uint64_t end = item_part_end(it, i);
@@ -402,7 +396,7 @@ static int start_part_reads(struct worker *w)
         }
         end = item_part_end(it, last);
         int r = start_read(w, c->src, 1, w->buf + (pos - it->start), pos, end - pos,
-                           part_read_done);
+                           uncounted_read_done);
         if (r < 0)
             return -1;
         if (r > 0) { /* a read done at once counted itself */
@@ -432,7 +426,7 @@ static int read_item(struct worker *w)
                        read_done);
     if (r >= 0 && c->compare)
         r = start_read(w, c->dst, ic_image_aio_reads(c->dst), w->dbuf, it->start,
-                       it->end - it->start, dst_read_done);
+                       it->end - it->start, uncounted_read_done);
     if (r < 0)
         aio_failed(w, &w->err); /* told once the reads out are in */
     return atomic_fetch_sub(&w->pending, 1) != 1 ? IC_JOB_PENDING : 0;

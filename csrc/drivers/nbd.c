@@ -477,7 +477,8 @@ static uint64_t nbd_request_cost(const struct ic_image *img)
     pthread_mutex_lock(&st->lock);
     uint64_t connections = st->nactive ? st->nactive : 1;
     pthread_mutex_unlock(&st->lock);
-    uint64_t concurrency = atomic_load(&st->serialises) == 2 ? 1 : NBD_ASSUMED_CONCURRENCY * connections;
+    uint64_t concurrency =
+        atomic_load(&st->serialises) == 2 ? 1 : NBD_ASSUMED_CONCURRENCY * connections;
     return rtt * (NBD_ASSUMED_BANDWIDTH / concurrency) / 1000000000ull;
 }
 
