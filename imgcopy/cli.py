@@ -108,7 +108,7 @@ def _main(argv: Optional[List[str]]) -> int:
     # a finished copy's process); a caller's process gets its handler back,
     # or the programs it starts later would inherit SIG_IGN.
     if program:
-        return _run(argv)
+        return _run(argv, program=True)
     import signal
     import threading
 
@@ -121,11 +121,17 @@ def _main(argv: Optional[List[str]]) -> int:
             signal.signal(signal.SIGINT, sigint)
 
 
-def _run(argv: List[str]) -> int:
+def _run(argv: List[str], program: bool = False) -> int:
     try:
         args, extra = _build_parser().parse_known_args(argv)
         if extra:  # the command's own usage, not the top level's
             args.parser.error("unrecognized arguments: " + " ".join(extra))
+        if program and getattr(args, "option_objects", False):
+            # the option objects are dataclasses: this process is the
+            # command's own, so they come without inspect
+            from ._inspect_on_demand import import_dataclasses
+
+            import_dataclasses()
         return args.func(args)
     except (OSError, ValueError, Error) as exc:
         print(f"imgcopy: {describe(exc)}", file=sys.stderr)

@@ -113,7 +113,7 @@ def register(subparsers: Any) -> None:
                         "SIZE more is done")
     c.add_argument("source")
     c.add_argument("destination")
-    c.set_defaults(func=run, parser=c)
+    c.set_defaults(func=run, parser=c, option_objects=True)
 
 
 def _changed(spec: Optional[str]) -> Any:

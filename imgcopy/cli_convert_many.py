@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
     c.add_argument("--events", choices=("json",), default=None,
                    help="print every event (start, progress, done, failed) as a JSON "
                         "object per line on stdout")
-    c.set_defaults(func=run, parser=c)
+    c.set_defaults(func=run, parser=c, option_objects=True)
 
 
 def _load_jobs(path: str) -> List[CopyJob]:

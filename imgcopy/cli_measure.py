@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
                                               "(like qemu-img measure)",
                        add_help=False, prefix_chars="\x01")
     p.add_argument("argv", nargs=argparse.REMAINDER)
-    p.set_defaults(func=run, parser=p)
+    p.set_defaults(func=run, parser=p, option_objects=True)
 
 
 def _report(*lines: str) -> None:

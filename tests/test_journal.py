@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -26,6 +27,11 @@ INTERVAL = 4 * MiB  # --journal-interval: a checkpoint once this much more is do
 # items a checkpoint does not see: finished while it flushes (slow on a loaded
 # machine: the source gives some 10 MiB/s), or in flight
 SLACK = 12 * MiB
+# ... and more when items finish in a burst: a compressed qcow2's clusters
+# are placed in guest order, so the items behind a slow one finish at once,
+# and a kill that comes as the progress shows them comes before the
+# checkpoint they started can record them (the work lost is then at most
+# INTERVAL + SLACK + the largest step the progress took)
 
 needs_nbdkit = pytest.mark.skipif(NBDKIT is None, reason="needs nbdkit")
 
@@ -59,10 +65,28 @@ def progress_of(text):
     return float(found[-1]) / 100 if found else 0.0
 
 
+def largest_step(text):
+    """The largest step between two percentages -p printed (from 0), as a
+    fraction of the run's work."""
+    found = [0.0] + [float(f) / 100 for f in re.findall(r"\((\d+\.\d+)/100%\)", text)]
+    return max((b - a for a, b in zip(found, found[1:])), default=0.0)
+
+
+class Killed(NamedTuple):
+    fraction: float  # the last progress printed before the signal
+    step: float  # the largest step the progress took (largest_step)
+
+
 def run_killed(argv, at, sig=signal.SIGKILL):
     """Start, send `sig` once its progress (-p, on stderr) reaches `at` (a
     fraction of its work); the last progress it printed."""
+    return kill_at_progress(argv, at, sig).fraction
+
+
+def kill_at_progress(argv, at, sig=signal.SIGKILL) -> Killed:
+    """run_killed(), with the largest step the progress took."""
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert p.stderr is not None
     text, deadline = "", time.monotonic() + 120
     try:
         while progress_of(text) < at and time.monotonic() < deadline:
@@ -75,7 +99,7 @@ def run_killed(argv, at, sig=signal.SIGKILL):
         rest = p.communicate(timeout=60)[1]
     expected = 130 if sig == signal.SIGINT else -sig
     assert p.returncode == expected, text + rest.decode(errors="replace")
-    return progress_of(text)
+    return Killed(progress_of(text), largest_step(text))
 
 
 def run_to_end(argv):
@@ -98,15 +122,15 @@ def test_sigkill_then_resume(tmp_path, seed):
     kill_at = random.Random(seed).uniform(0.15, 0.85)
     with slow_source(src) as server:
         argv = convert_argv(server.uri, dst, journal, "--checksum=sha256")
-        fraction = run_killed(argv, kill_at)
+        killed = kill_at_progress(argv, kill_at)
         assert os.path.exists(journal) and not os.path.exists(dst)
         stats = run_to_end(argv)
     resumed = stats["bytes_resumed"]
     moved = stats["bytes_written"] + stats["bytes_zeroed"] + stats["bytes_skipped"]
     assert moved == SIZE - resumed  # nothing recorded is copied again
     assert resumed % (64 << 10) == 0  # whole blkhash blocks
-    done_at_kill = fraction * SIZE
-    assert done_at_kill - resumed <= INTERVAL + SLACK, (done_at_kill, resumed)
+    done_at_kill = killed.fraction * SIZE
+    assert done_at_kill - resumed <= INTERVAL + SLACK + killed.step * SIZE, (killed, resumed)
     assert not os.path.exists(journal)
     assert [n for n in os.listdir(tmp_path) if n.endswith(".partial")] == []
     assert_same_content(src, dst)

@@ -81,9 +81,13 @@ NEVER = {"inspect", "ast", "dis", "tokenize", "shutil", "difflib"}
 # one of them needs typing at run time), JSON is printed on demand
 LATER = {"dataclasses", "typing", "json"}
 
+# what the commands whose options are dataclasses import for them (their
+# process is the command's own: dataclasses come without inspect)
+LEAN = {"imgcopy._inspect_on_demand"}
+
 # what a copy imports
-CONVERT = {"imgcopy.convert", "imgcopy.job", "imgcopy.options", "imgcopy.checksum",
-           "imgcopy.changes", "imgcopy.progress", "imgcopy._sharing"}
+CONVERT = LEAN | {"imgcopy.convert", "imgcopy.job", "imgcopy.options", "imgcopy.checksum",
+                  "imgcopy.changes", "imgcopy.progress", "imgcopy._sharing"}
 
 # command: (its arguments, imgcopy's modules it imports, standard modules it must not)
 COMMANDS = {
@@ -101,25 +105,26 @@ COMMANDS = {
     "compare": (["compare", "RAW", "QCOW2"], CLI | READ | {"imgcopy.compare"}, NEVER | LATER),
     "check": (["check", "QCOW2"], CLI | READ | {"imgcopy.check", "imgcopy.info"},
               NEVER | LATER),
-    # the option objects' dataclasses import inspect
+    # the option objects are dataclasses, imported without inspect
     "measure": (["measure", "-O", "qcow2", "RAW"],
-                CLI | READ | {"imgcopy.measure", "imgcopy.measure_options", "imgcopy.options"},
-                {"shutil", "difflib", "json"}),
+                CLI | READ | LEAN | {"imgcopy.measure", "imgcopy.measure_options",
+                                     "imgcopy.options"},
+                NEVER | {"json"}),
     # a fleet's sharing (its pool, its memory) reaches convert() through
     # _sharing's context variable; a single copy imports no fleet
     "convert": (["convert", "-O", "raw", "QCOW2", "OUT"], CLI | READ | CONVERT,
-                {"shutil", "difflib", "json", "threading", "hashlib", "imgcopy.fleet",
-                 "imgcopy.distributed", "imgcopy.shards"}),
+                NEVER | {"json", "threading", "hashlib", "imgcopy.fleet",
+                         "imgcopy.distributed", "imgcopy.shards"}),
     # --bitmap: the changed ranges from the source's dirty map, no more
     "convert --bitmap": (["convert", "-n", "-O", "raw", "--bitmap", "b0", "BITMAPS", "COPY"],
                          CLI | READ | CONVERT,
-                         {"shutil", "difflib", "json", "threading", "imgcopy.fleet"}),
+                         NEVER | {"json", "threading", "imgcopy.fleet"}),
     # --journal: the journal's module (and hashlib) for a journalled copy only
     "convert --journal": (["convert", "-O", "raw", "--journal", "JOURNAL", "QCOW2", "RESUMED"],
                           CLI | READ | CONVERT | {"imgcopy.journal"},
-                          {"shutil", "difflib", "json", "imgcopy.fleet"}),
+                          NEVER | {"json", "imgcopy.fleet"}),
     "convert-many": (["convert-many", "JOBS"], CLI | READ | CONVERT | {"imgcopy.fleet"},
-                     {"shutil", "difflib", "imgcopy.distributed"}),
+                     NEVER | {"imgcopy.distributed"}),
 }
 
 
@@ -187,6 +192,43 @@ def test_a_command_imports_what_it_uses(modules_of, command):
     loaded = modules_of(["-m", "imgcopy"] + args)
     assert {m for m in loaded if m.split(".")[0] == "imgcopy"} == ours
     assert loaded & never == set()
+
+
+# dataclasses imported as the commands import them, then used as any
+# program would: the stand-in gives way to the real inspect whenever asked
+WITHOUT_INSPECT = """
+import sys
+from imgcopy._inspect_on_demand import import_dataclasses
+import_dataclasses()
+import dataclasses
+assert "inspect" not in sys.modules and "dataclasses" in sys.modules
+from imgcopy import CopyOptions
+assert dataclasses.replace(CopyOptions(), concurrency=2).concurrency == 2
+assert "inspect" not in sys.modules
+if sys.argv[1] == "import-first":
+    import inspect
+    assert type(inspect.signature).__name__ == "function"
+@dataclasses.dataclass
+class Point:
+    x: int = 1
+assert Point.__doc__ == "Point(x: int = 1)", Point.__doc__
+import inspect
+assert sys.modules["inspect"] is inspect and dataclasses.inspect is inspect
+assert str(inspect.signature(Point)) == "(x: int = 1) -> None"
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", ["import-first", "dataclass-first"])
+def test_dataclasses_without_inspect_behave(order):
+    """The commands' dataclasses without inspect: a class without a
+    docstring still gets dataclasses' own, and ``import inspect`` the one
+    real module, before or after."""
+    from .convert_helpers import imgcopy_child_env
+
+    p = subprocess.run([sys.executable, "-c", WITHOUT_INSPECT, order], env=imgcopy_child_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert (p.returncode, p.stdout.strip()) == (0, "ok"), p.stderr
 
 
 def test_the_help_is_as_wide_as_shutil_says(monkeypatch):

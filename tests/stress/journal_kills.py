@@ -23,7 +23,8 @@ import tempfile
 import imgcopy
 
 from ..servers import nbdkit
-from ..test_journal import INTERVAL, SIZE, SLACK, convert_argv, make_source, run_killed, run_to_end
+from ..test_journal import (INTERVAL, SIZE, SLACK, Killed, convert_argv, kill_at_progress,
+                            make_source, run_to_end)
 
 
 def one_round(workdir, seed):
@@ -36,16 +37,18 @@ def one_round(workdir, seed):
     with nbdkit("file", src, "rdelay=%dms" % rng.choice([20, 50, 100]), filters=["delay"],
                 log=False, extra=["--threads=1"]) as server:
         argv = convert_argv(server.uri, dst, journal, "--checksum=sha256", *output)
-        fraction = 0.0
+        killed = Killed(0.0, 0.0)
         for _ in range(kills):
-            fraction = run_killed(argv, rng.uniform(0.05, 0.95))
+            killed = kill_at_progress(argv, rng.uniform(0.05, 0.95))
         stats = run_to_end(argv)
     moved = stats["bytes_written"] + stats["bytes_zeroed"] + stats["bytes_skipped"]
     problems = []
     if moved != SIZE - stats["bytes_resumed"]:
         problems.append(f"moved {moved}, resumed {stats['bytes_resumed']}")
-    if kills == 1 and fraction * SIZE - stats["bytes_resumed"] > INTERVAL + SLACK:
-        problems.append(f"lost {fraction * SIZE - stats['bytes_resumed']:.0f} bytes")
+    lost = killed.fraction * SIZE - stats["bytes_resumed"]
+    if kills == 1 and lost > INTERVAL + SLACK + killed.step * SIZE:
+        problems.append(f"lost {lost:.0f} bytes (the progress's largest step: "
+                        f"{killed.step * SIZE:.0f})")
     if stats["checksum"] != imgcopy.checksum(src):
         problems.append("checksum differs")
     same = subprocess.run(["qemu-img", "compare", "-q", "-f", "raw", "-F", fmt, src, dst])
