@@ -59,7 +59,39 @@ def main() -> int:
 
         # inside the try: a Ctrl-C between the import and cli_main()'s own
         # handler is answered the same way
-        return cli_main()
+        status = cli_main()
     except KeyboardInterrupt:
         sys.stderr.write("imgcopy: interrupted\n")
-        return 130
+        status = 130
+    end_now(status)
+    return status
+
+
+def end_now(status: int) -> None:
+    """Ends the program's process with `status` as its exit does (the atexit
+    functions run, the output is flushed), without the interpreter tearing
+    down every module first (~5 ms, an eighth of a short copy's start and
+    end).  Returns, for the usual exit, in a program that imports imgcopy,
+    while another Python thread runs, or when the output cannot be
+    flushed (the usual exit reports it)."""
+    threading = sys.modules.get("threading")
+    if not is_the_program() or (threading is not None and threading.active_count() > 1):
+        return
+    import atexit
+
+    if not _flushed():
+        return
+    atexit._run_exitfuncs()
+    atexit._clear()
+    if _flushed():
+        os._exit(status)
+
+
+def _flushed() -> bool:
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except (OSError, ValueError):
+        return False
+    return True

@@ -241,3 +241,39 @@ def test_the_help_is_as_wide_as_shutil_says(monkeypatch):
     for columns in ("57", "200", "", "x", "-1"):
         monkeypatch.setenv("COLUMNS", columns)
         assert cli._columns() == shutil.get_terminal_size().columns, columns
+
+
+# at the program's exit: a line printed by an atexit function
+AT_EXIT = '''import atexit, sys
+atexit.register(lambda: print("atexit ran"))
+'''
+
+
+@pytest.mark.parametrize("args", [["map", "--output", "json", "RAW"], ["--bogus"]],
+                         ids=["map", "usage-error"])
+def test_the_program_ends_as_its_exit_would(tmp_path, args):
+    """The program ends its process without tearing every module down
+    (_program.end_now): its atexit functions still run, every byte it
+    printed is out (a map larger than a pipe holds), and its status is the
+    command's."""
+    from .convert_helpers import imgcopy_child_env
+    from .gen.sparse import make_sparse
+
+    raw = tmp_path / "many.raw"
+    make_sparse(str(raw), 64 << 20, [(off, b"x" * 4096) for off in range(0, 64 << 20, 64 << 10)])
+    (tmp_path / "hook").mkdir()
+    (tmp_path / "hook" / "sitecustomize.py").write_text(AT_EXIT)
+    env = imgcopy_child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook")] +
+                                        [p for p in [env.get("PYTHONPATH")] if p])
+    argv = [str(raw) if a == "RAW" else a for a in args]
+    p = subprocess.run([sys.executable, "-m", "imgcopy"] + argv, env=env, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    printed, _, last = p.stdout.rstrip("\n").rpartition("\n")
+    assert last == "atexit ran", p.stdout[-200:] + p.stderr
+    if args[0] == "map":
+        assert p.returncode == 0, p.stderr
+        assert len(printed) > 1 << 16
+        assert len(json.loads(printed)) == 2 * 1024  # data and hole, 1024 times
+    else:
+        assert p.returncode == 2 and "usage" in p.stderr, p.stderr

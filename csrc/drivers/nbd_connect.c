@@ -53,7 +53,13 @@ void nbd_stop_conn(struct nbd_state *st, struct nbd_conn *c)
         pthread_join(c->thread, NULL);
     }
     if (c->h) {
-        st->lib->shutdown(c->h, 0);
+        /* nothing in flight: NBD_CMD_DISC, then the socket closed without
+         * waiting for the server to close its side (nbdkit takes some 7 ms
+         * to end its threads: a copy paid it for each connection); with
+         * answers outstanding (a failed copy), they are waited for, as
+         * nbdkit before 1.33.10 dies when a client hangs up on replies */
+        if (st->lib->aio_in_flight(c->h) != 0 || st->lib->aio_disconnect(c->h, 0) < 0)
+            st->lib->shutdown(c->h, 0);
         st->lib->close(c->h);
     }
     if (c->wake_fd >= 0)

@@ -34,7 +34,7 @@ static void load(void)
         SYMBOL(aio_pwrite), SYMBOL(aio_zero), SYMBOL(aio_flush), SYMBOL(aio_block_status),
         SYMBOL(aio_get_fd), SYMBOL(aio_get_direction), SYMBOL(aio_notify_read),
         SYMBOL(aio_notify_write), SYMBOL(aio_in_flight), SYMBOL(aio_is_dead),
-        SYMBOL(aio_is_closed),
+        SYMBOL(aio_is_closed), SYMBOL(aio_disconnect),
 #undef SYMBOL
         {"nbd_get_version", NULL, (void **)&get_version, 0}, /* 1.4 and later */
         {"nbd_set_opt_mode", NULL, (void **)&lib.set_opt_mode, 0},

@@ -81,6 +81,7 @@ struct nbd_lib {
     int64_t (*aio_in_flight)(struct nbd_handle *h);
     int (*aio_is_dead)(struct nbd_handle *h);
     int (*aio_is_closed)(struct nbd_handle *h);
+    int (*aio_disconnect)(struct nbd_handle *h, uint32_t flags);
     /* option negotiation (libnbd 1.6): listing an export's meta contexts;
      * NULL where the library lacks them */
     int (*set_opt_mode)(struct nbd_handle *h, _Bool enable);
