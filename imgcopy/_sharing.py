@@ -5,12 +5,17 @@ them around each of its copies (each runs in a thread, with its own
 context)."""
 
 import contextvars
-from typing import Any, NamedTuple, Optional
+from collections import namedtuple
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, NamedTuple, Optional
 
-class Sharing(NamedTuple):
-    pool: Optional[Any] = None
-    buffer_limit: int = 0
+    class Sharing(NamedTuple):
+        pool: Optional[Any] = None
+        buffer_limit: int = 0
+else:
+    Sharing = namedtuple("Sharing", ["pool", "buffer_limit"], defaults=[None, 0])
 
 
 SHARING: "contextvars.ContextVar[Sharing]" = contextvars.ContextVar("imgcopy_sharing",

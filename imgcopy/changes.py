@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from array import array
 from operator import index
-from typing import Any, Iterable, Tuple
-
 from .sizes import parse_size
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Iterable, Tuple
 
 DEFAULT_COMPARE_BLOCK = 64 << 10
 COMPARE = "compare"

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Optional, Tuple, Union
-
 from ._defaults import JOURNAL_INTERVAL
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
@@ -12,7 +10,10 @@ from .image import source_member
 from .job import DEST_FORMATS, NULL_TARGET, CopyResult, CopySteps  # noqa: F401 (convert's names)
 from .options import CopyOptions, CreateOptions
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
 if TYPE_CHECKING:
+    from typing import Any, Optional, Tuple, Union
+
     from .image import PathArg
     from .progress import Progress
     from .sizes import Size

@@ -6,7 +6,6 @@ import os
 import stat
 import time
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from . import _core
 from ._defaults import DEST_FORMATS, JOURNAL_INTERVAL
@@ -18,7 +17,10 @@ from .options import CopyOptions, CreateOptions, Qcow2Options, with_keywords
 from .progress import _progress_adapter, close_progress, make_progress
 from .sizes import parse_size
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
 if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
     from ._core import CacheStats, CopyReport
     from .image import PathArg
     from .progress import Progress

@@ -10,10 +10,13 @@ import errno
 import hashlib
 import os
 from array import array
-from typing import Any, Iterable, List, Optional, Tuple
 
 from ._defaults import JOURNAL_INTERVAL
 from .sizes import parse_size
+
+TYPE_CHECKING = False  # typing's import is not paid to start a command
+if TYPE_CHECKING:
+    from typing import Any, Iterable, List, Optional, Tuple
 
 DEFAULT_INTERVAL = JOURNAL_INTERVAL  # seconds between checkpoints
 

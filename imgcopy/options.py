@@ -20,20 +20,22 @@ from __future__ import annotations
 import copy
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
 
 from . import _core
 from ._defaults import COPY_DEFAULTS
 from ._keywords import suggest_keywords
 from .sizes import parse_size
 
+TYPE_CHECKING = False  # typing's import is not paid to start a command
 if TYPE_CHECKING:
+    from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, TypeVar, Union
+
     from .sizes import Size
+
+    _Options = TypeVar("_Options", "CopyOptions", "CreateOptions")
 
 # the engine's defaults are the C core's (csrc/options.c says why these)
 _DEFAULTS = COPY_DEFAULTS
-
-_Options = TypeVar("_Options", "CopyOptions", "CreateOptions")
 
 # fields the copy engine does not take: they apply when images are opened
 _AT_OPEN = {"at_open": True}
@@ -180,7 +182,12 @@ class CreateOptions:
     """How a new image of ``format`` is laid out: the base of each format's
     options (``Qcow2Options``)."""
 
-    format: ClassVar[str] = ""
+    # the format's name: no field (unannotated, as dataclasses tells a
+    # ClassVar annotation apart only when typing is loaded)
+    if TYPE_CHECKING:
+        format: ClassVar[str] = ""
+    else:
+        format = ""
 
     def create_keywords(self) -> Dict[str, Any]:
         """The keywords of ``_core.create()``: the fields that are set."""
@@ -217,7 +224,10 @@ class Qcow2Options(CreateOptions):
 
     An invalid option raises ValueError here, before anything is opened."""
 
-    format: ClassVar[str] = "qcow2"
+    if TYPE_CHECKING:
+        format: ClassVar[str] = "qcow2"
+    else:
+        format = "qcow2"
 
     cluster_size: Optional[Size] = None
     compat: str = "1.1"

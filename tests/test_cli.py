@@ -141,6 +141,31 @@ def _all_parsers():
     return out
 
 
+def test_one_command_parser_answers_as_all_of_them(capsys):
+    """`imgcopy COMMAND ...` builds that command's parser alone: its name is
+    the one the module registers, the arguments parse the same, and its
+    usage errors and --help say the same as with every parser built."""
+    from imgcopy.cli import COMMANDS, _build_parser, command_name
+
+    registered = dict(_all_parsers()[1:])
+    assert sorted(command_name(c) for c in COMMANDS) == sorted(registered)
+    for argv in (["convert", "-O", "qcow2", "-c", "a", "b"], ["map", "--output", "json", "x"],
+                 ["convert-many", "jobs.json"], ["convert", "a"], ["map", "-x", "y"],
+                 ["measure", "--help"], ["checksum", "a", "b", "c"]):
+        said = []
+        for parser in (_build_parser(argv), _build_parser()):
+            try:
+                args, extra = parser.parse_known_args(argv)
+                if extra:
+                    args.parser.error("unrecognized arguments: " + " ".join(extra))
+                said.append({k: v for k, v in vars(args).items()
+                             if k not in ("func", "parser")})
+            except SystemExit as e:
+                said.append(e.code)
+            said.append(capsys.readouterr())
+        assert said[:2] == said[2:], argv
+
+
 def test_no_abbreviations_on_any_parser():
     parsers = _all_parsers()
     assert {"map", "info", "convert", "checksum", "check"} <= {n for n, _ in parsers}

@@ -77,8 +77,8 @@ READ = {"imgcopy.image", "imgcopy.extents", "imgcopy.sizes", "imgcopy.uris",
 # it), shutil (argparse asks it the terminal's width), difflib (only for
 # a misspelt keyword)
 NEVER = {"inspect", "ast", "dis", "tokenize", "shutil", "difflib"}
-# ... and those only some need: the option objects are dataclasses (and
-# one of them needs typing at run time), JSON is printed on demand
+# ... and those only some need: the option objects are dataclasses, JSON is
+# printed on demand
 LATER = {"dataclasses", "typing", "json"}
 
 # what the commands whose options are dataclasses import for them (their
@@ -113,16 +113,16 @@ COMMANDS = {
     # a fleet's sharing (its pool, its memory) reaches convert() through
     # _sharing's context variable; a single copy imports no fleet
     "convert": (["convert", "-O", "raw", "QCOW2", "OUT"], CLI | READ | CONVERT,
-                NEVER | {"json", "threading", "hashlib", "imgcopy.fleet",
+                NEVER | {"json", "typing", "threading", "hashlib", "imgcopy.fleet",
                          "imgcopy.distributed", "imgcopy.shards"}),
     # --bitmap: the changed ranges from the source's dirty map, no more
     "convert --bitmap": (["convert", "-n", "-O", "raw", "--bitmap", "b0", "BITMAPS", "COPY"],
                          CLI | READ | CONVERT,
-                         NEVER | {"json", "threading", "imgcopy.fleet"}),
+                         NEVER | {"json", "typing", "threading", "imgcopy.fleet"}),
     # --journal: the journal's module (and hashlib) for a journalled copy only
     "convert --journal": (["convert", "-O", "raw", "--journal", "JOURNAL", "QCOW2", "RESUMED"],
                           CLI | READ | CONVERT | {"imgcopy.journal"},
-                          NEVER | {"json", "imgcopy.fleet"}),
+                          NEVER | {"json", "typing", "imgcopy.fleet"}),
     "convert-many": (["convert-many", "JOBS"], CLI | READ | CONVERT | {"imgcopy.fleet"},
                      NEVER | {"imgcopy.distributed"}),
 }
