@@ -1,9 +1,11 @@
 """The imgcopy command's entry (the console script's and ``python -m
 imgcopy``'s): a Ctrl-C that comes while it starts, before ``cli.main()``
 answers it, ends the command with ``imgcopy: interrupted`` and exit status
-130, as one that comes later does, instead of a traceback.  The package
-imports this first; it uses nothing but sys and os (loaded with the
-interpreter), so it is there when the package's other imports fail."""
+130, as one that comes later does, instead of a traceback; once the
+command is done, the process ends without the interpreter's teardown
+(end_now).  The package imports this first; it uses nothing but sys and os
+(loaded with the interpreter; atexit, built in, at the end), so it is there
+when the package's other imports fail."""
 
 import os
 import sys
@@ -79,10 +81,12 @@ def end_now(status: int) -> None:
         return
     import atexit
 
-    if not _flushed():
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)  # CPython's own
+    clear = getattr(atexit, "_clear", None)
+    if run_exitfuncs is None or clear is None or not _flushed():
         return
-    atexit._run_exitfuncs()
-    atexit._clear()
+    run_exitfuncs()
+    clear()
     if _flushed():
         os._exit(status)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from array import array
 from operator import index
+
 from .sizes import parse_size
 
 TYPE_CHECKING = False  # typing's import is not paid to start a command

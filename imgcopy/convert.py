@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+
 from ._defaults import JOURNAL_INTERVAL
 from .checksum import DEFAULT_BLOCK_SIZE
 from ._keywords import suggest_keywords
