@@ -72,6 +72,14 @@ terms counts.  A cell's bound is the lowest of its commands' bounds (the
 fewest requests anyone needed); imgcopy / bound says how close imgcopy
 comes to what the round trips allow.
 
+What the servers allow besides: each run's CPU seconds, the command's
+(GNU time) and the servers' (/proc, read once the client has gone), over
+the command's wall time ("cores": 2 on two cores is a copy with every core
+busy, which fewer round trips cannot speed up), and each cell's 0 ms floor,
+the fastest command in the cell without latency of the same image,
+direction and source (the bound counts the bytes at a plain local copy's
+speed; the floor, what moving them through nbdkit costs too).
+
 Issue 25's aims, printed for every cell, met or not:
   at D >= 1 ms    imgcopy <= 0.8 x the best anchor (nbdcopy or qemu-img)
   at D = 0        imgcopy no slower than the fastest nbdcopy
@@ -250,10 +258,11 @@ def run_timed(argv: List[str], env: Optional[Dict[str, str]], timeout: float,
     GNU time's %M: a process forked from this one would start with our RSS as
     its peak); with `stdout`, what it printed there (else it is discarded).
     The command, in its own process group, is killed if it outlasts
-    `timeout` or we are interrupted."""
+    `timeout` or we are interrupted.  Also the command's CPU seconds (user +
+    system, GNU time's %U and %S)."""
     with tempfile.NamedTemporaryFile(prefix="imgcopy-bench-rss-") as rss_file, \
             tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
-        wrap = [TIME, "-f", "%M", "-o", rss_file.name] if os.access(TIME, os.X_OK) else []
+        wrap = [TIME, "-f", "%M %U %S", "-o", rss_file.name] if os.access(TIME, os.X_OK) else []
         t0 = time.perf_counter()
         p = subprocess.Popen(wrap + argv, cwd="/", stdin=subprocess.DEVNULL,
                              stdout=out if stdout else subprocess.DEVNULL, stderr=err, env=env,
@@ -279,17 +288,38 @@ def run_timed(argv: List[str], env: Optional[Dict[str, str]], timeout: float,
         t2 = time.perf_counter()
         err.seek(0)
         text = err.read().decode(errors="replace").strip()
-        lines = open(rss_file.name).read().split()
-        rss = int(lines[-1]) if wrap and lines and lines[-1].isdigit() else None
+        rss, cpu = time_output(open(rss_file.name).read()) if wrap else (None, None)
         out.seek(0)
         printed = out.read().decode(errors="replace") if stdout else None
     if killed:
         text = ("timed out after %.0f s; " % timeout) + text
     rec = {"seconds": t2 - t0, "sync_seconds": t2 - t1, "rc": rc, "stderr": text[-2000:],
-           "rss_kib": rss}
+           "rss_kib": rss, "cpu_seconds": cpu}
     if stdout:
         rec["stdout"] = printed
     return rec
+
+
+def time_output(text: str) -> Tuple[Optional[int], Optional[float]]:
+    """(peak RSS KiB, CPU seconds) from GNU time's last line "%M %U %S" (a
+    line before it may say the command's exit status)."""
+    lines = text.strip().splitlines()
+    fields = lines[-1].split() if lines else []
+    try:
+        return int(fields[0]), float(fields[1]) + float(fields[2])
+    except (IndexError, ValueError):
+        return None, None
+
+
+def cores_busy(rec: Dict) -> Optional[float]:
+    """The command's and the servers' CPU seconds over the command's wall
+    time (the sync after it not counted): 2 on this machine's 2 cores means
+    the copy had every core busy, and only less work per byte (not fewer
+    round trips) can make it faster."""
+    wall = rec["seconds"] - rec["sync_seconds"]
+    if rec.get("cpu_seconds") is None or wall <= 0:
+        return None
+    return (rec["cpu_seconds"] + rec.get("server_cpu_seconds", 0.0)) / wall
 
 
 def compare(src: str, dst: str) -> Dict:
@@ -334,14 +364,17 @@ def run_once(argv: List[str], cell: Cell, img: Image, dst_file: str, check: bool
         rec.update(run_timed(argv_for(argv, src, dst), env, timeout, sync=dst_srv is None))
         rt = {"src": 0.0, "dst": 0.0}
         rec["src_conns"] = rec["dst_conns"] = 0
+        rec["server_cpu_seconds"] = 0.0
         if src_srv:
             c, n, active = server_counts(src_srv, ("Read", "Extents"))
             rec.update(c, src_conns=active, src_connects=n)
+            rec["server_cpu_seconds"] += src_srv.cpu_seconds()
             rt["src"] = ((c["read"] + c["extents"]) * cell.delay / 1000
                          / src_srv.server_concurrency(active))
         if dst_srv:
             c, n, active = server_counts(dst_srv, ("Write", "Zero", "Trim"))
             rec.update(c, dst_conns=active, dst_connects=n)
+            rec["server_cpu_seconds"] += dst_srv.cpu_seconds()
             rt["dst"] = ((c["write"] + c["zero"] + c["trim"]) * cell.delay / 1000
                          / dst_srv.server_concurrency(active))
         rec["round_trips"] = rt
@@ -356,7 +389,8 @@ def run_once(argv: List[str], cell: Cell, img: Image, dst_file: str, check: bool
 # tables
 
 COUNTS = ("read", "extents", "write", "zero", "trim", "read_bytes", "write_bytes", "zero_bytes",
-          "src_conns", "dst_conns", "rss_kib", "sync_seconds")
+          "src_conns", "dst_conns", "rss_kib", "sync_seconds", "cpu_seconds",
+          "server_cpu_seconds", "cores")
 
 
 def peak(v: List[float]) -> Optional[float]:
@@ -434,9 +468,9 @@ def print_cell(cell: Cell, img: Image, tools, times, counts, summary, notes, loa
     print("== %s (%s virtual, %s data in %d runs): %s%s; %g ms per %s; %d rounds; load %s%s ==" % (
         cell.image, human(img.size), human(img.data), img.runs, DIRECTION_LABEL[cell.direction],
         src, cell.delay, lat, cell.runs, load, small))
-    print("%-24s %7s %7s %7s %6s %6s %6s %6s %5s %9s %5s %7s %7s %6s %6s  %s" % (
+    print("%-24s %7s %7s %7s %6s %6s %6s %6s %5s %9s %5s %7s %9s %5s %7s %6s %6s  %s" % (
         "tool", "median", "min", "max", "sync", "reads", "bstat", "writes", "zeros", "MiB rd/wr",
-        "conns", "RSS MiB", "bound", "/best", "/bound", "check"))
+        "conns", "RSS MiB", "CPU c/srv", "cores", "bound", "/best", "/bound", "check"))
     best = summary["best_median"]
     bound = summary["bound"]
     for key, label, _ in tools:
@@ -449,7 +483,7 @@ def print_cell(cell: Cell, img: Image, tools, times, counts, summary, notes, loa
         rss = peak(counts[key]["rss_kib"])
         m = statistics.median(v)
         chk = summary["checks"].get(key)
-        print("%-24s %7s %7s %7s %6s %6s %6s %6s %5s %9s %5s %7s %7s %6s %6s  %s" % (
+        print("%-24s %7s %7s %7s %6s %6s %6s %6s %5s %9s %5s %7s %9s %5s %7s %6s %6s  %s" % (
             label, fmt_s(m), fmt_s(min(v)), fmt_s(max(v)),
             fmt_s(c["sync_seconds"]) if not cell.dst_nbd else "-",
             "%d" % c["read"] if cell.src_nbd else "-", "%d" % c["extents"] if cell.src_nbd else "-",
@@ -458,7 +492,9 @@ def print_cell(cell: Cell, img: Image, tools, times, counts, summary, notes, loa
             "%s/%s" % ("%.0f" % (c["read_bytes"] / MiB) if cell.src_nbd else "-",
                        "%.0f" % (c["write_bytes"] / MiB) if cell.dst_nbd else "-"),
             conns_text(c, cell),
-            "-" if rss is None else "%.0f" % (rss / KiB), fmt_s(summary["bounds"].get(key)),
+            "-" if rss is None else "%.0f" % (rss / KiB),
+            "%.2f/%.2f" % (c["cpu_seconds"], c["server_cpu_seconds"]),
+            "%.2f" % c["cores"] if c["cores"] else "-", fmt_s(summary["bounds"].get(key)),
             fmt_ratio(m / best if best else None), fmt_ratio(m / bound if bound else None),
             "-" if chk is None else "identical" if chk["identical"] else "DIFFERS"))
     kind = "memory" if cell.dst_nbd else "disk"
@@ -474,15 +510,39 @@ def print_cell(cell: Cell, img: Image, tools, times, counts, summary, notes, loa
         print("aims: " + text)
 
 
+def add_floors(cells: List[Dict]) -> None:
+    """Each cell's 0 ms floor: the fastest median of any command in the cell
+    of the same image, scale, direction and source without latency (when
+    it ran): what these servers, this machine's two cores shared by client
+    and servers, and its disk allow before any round trip costs.  The
+    bound counts the bytes at a plain local copy's speed; the floor counts
+    what moving them through the servers costs too."""
+    floors = {}
+    for s in cells:
+        c = s["cell"]
+        if c["delay"] == 0 and s["medians"]:
+            floors[(c["image"], c["scale"], c["direction"], c["source"])] = min(
+                v for v in s["medians"].values() if v is not None)
+    for s in cells:
+        c = s["cell"]
+        f = floors.get((c["image"], c["scale"], c["direction"], c["source"]))
+        im, best = s["medians"].get("imgcopy"), s["best_median"]
+        s["floor"] = f
+        s["imgcopy_over_floor"] = im / f if im and f else None
+        s["best_over_floor"] = best / f if best and f else None
+        cores = s["counts"].get("imgcopy", {}).get("cores")
+        s["imgcopy_cores"] = cores
+
+
 def print_summary(cells: List[Dict], labels: Dict[str, str], has_base: bool,
                   in_flight_mib: int) -> None:
     print()
     print("== summary: medians in seconds; /best = imgcopy / the fastest anchor (< 1: imgcopy "
           "faster); /bound = imgcopy / the cell's bound ==")
-    print("%-13s %-12s %-6s %5s %8s %8s %8s %8s %-30s %7s %6s %6s %5s%s  %s" % (
+    print("%-13s %-12s %-6s %5s %8s %8s %8s %8s %-30s %7s %6s %6s %6s %6s %5s %5s %5s%s  %s" % (
         "image", "direction", "source", "ms", "imgcopy", "nbdcopy", "nbdc 4M", "qemu -W",
-        "best anchor", "bound", "/best", "/bound", "RSS", "  base/im" if has_base else "",
-        "aims"))
+        "best anchor", "bound", "/best", "/bound", "floor", "/floor", "b/flr", "cores", "RSS",
+        "  base/im" if has_base else "", "aims"))
     for s in cells:
         c = s["cell"]
         m = s["medians"]
@@ -494,12 +554,15 @@ def print_summary(cells: List[Dict], labels: Dict[str, str], has_base: bool,
             if a:
                 flags.append("%s %s" % (short, "met" if a.get("met") else "NOT"))
         base = m.get(BASELINE)
-        print("%-13s %-12s %-6s %5s %8s %8s %8s %8s %-30s %7s %6s %6s %5s%s  %s" % (
+        print("%-13s %-12s %-6s %5s %8s %8s %8s %8s %-30s %7s %6s %6s %6s %6s %5s %5s %5s%s  %s" % (
             c["image"] + ("*" if s.get("smaller") else ""), DIRECTION_LABEL[c["direction"]],
             c["source"] or "-", "%g" % c["delay"], fmt_s(im), fmt_s(m.get("nbdcopy")),
             fmt_s(m.get("nbdcopy-4M")), fmt_s(m.get("qemu-img-W-m16")),
             "%s %s" % (labels.get(s["best"], "-"), fmt_s(s["best_median"])), fmt_s(s["bound"]),
             fmt_ratio(s["imgcopy_over_best"]), fmt_ratio(s["imgcopy_over_bound"]),
+            fmt_s(s.get("floor")), fmt_ratio(s.get("imgcopy_over_floor")),
+            fmt_ratio(s.get("best_over_floor")),
+            "%.2f" % s["imgcopy_cores"] if s.get("imgcopy_cores") else "-",
             "%.0f" % (s["imgcopy_rss_kib"] / KiB) if s["imgcopy_rss_kib"] else "-",
             "  %7s" % fmt_ratio(base / im if base and im else None) if has_base else "",
             ", ".join(flags)))
@@ -507,6 +570,9 @@ def print_summary(cells: List[Dict], labels: Dict[str, str], has_base: bool,
         print("(* the smaller image of the slow cells: see their tables for scale and rounds)")
     print("(RSS: imgcopy's peak over the rounds, MiB; aim <= %d MiB + %d MiB in flight)" % (
         AIM_RSS_MIB, in_flight_mib))
+    print("(floor: the fastest command of the same image, direction and source at 0 ms; /floor "
+          "imgcopy's, b/flr the best anchor's ratio to it; cores: imgcopy's and the servers' CPU "
+          "seconds per second of the command, median, of %d)" % (os.cpu_count() or 0))
 
 
 # --------------------------------------------------------------------------
@@ -701,6 +767,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     continue
                 copy = img.data / img.bw["memory" if cell.dst_nbd else "disk"]
                 rec["bound"] = max(rec["round_trips"].values()) + copy
+                rec["cores"] = cores_busy(rec)
                 times[key].append(rec["seconds"])
                 bounds[key].append(rec["bound"])
                 for f in COUNTS:
@@ -723,6 +790,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         summaries.append(s)
         print_cell(cell, img, ctools, times, counts, s, unsupported, load, scale)
         sys.stdout.flush()
+    add_floors(summaries)
     print_summary(summaries, labels, bool(a.baseline), a.in_flight_mib)
     for key, why in unsupported.items():
         print("%s: %s" % (key, why))

@@ -120,6 +120,18 @@ class NbdkitServer:
         self._until(self._closed, "a client is still connected")
         return sum(1 for n in _DISCONNECT.findall(self._log_text()) if int(n) > 0)
 
+    def cpu_seconds(self) -> float:
+        """The server's CPU time so far (user + system, its threads included;
+        0.0 once it is gone)."""
+        p = self.proc
+        try:
+            with open("/proc/%d/stat" % p.pid) as f:   # type: ignore[union-attr]
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (AttributeError, OSError, IndexError):
+            return 0.0
+        # utime and stime: fields 14 and 15 of stat, 12 and 13 after the name
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def server_concurrency(self, connections: int) -> int:
         """Requests the server can have in progress at once for a client that
         used `connections` connections."""
