@@ -78,8 +78,9 @@ struct ic_copy {
      * writes in flight, not the runs' count).  Else the holes are read
      * through, one request for the whole item. */
     int read_parts;
-    uint64_t read_through; /* read_parts: holes up to this long are read through */
-    int merge_known;    /* merge_gap decided (after the first block status) */
+    /* read_parts: holes up to this long are read through (the planner's,
+     * read by the workers as each item's reads go out) */
+    atomic_uint_fast64_t read_through;
     /* what to copy: the changed ranges (sorted, merged, whole units of the
      * destination's writes), or, has_spans 0, the whole source */
     struct ic_range *spans;

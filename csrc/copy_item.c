@@ -375,6 +375,7 @@ static int start_part_reads(struct worker *w)
     struct ic_copy *c = w->c;
     const struct work_item *it = w->it;
     int whole_buffer = c->hash || c->compare;
+    uint64_t read_through = atomic_load_explicit(&c->read_through, memory_order_relaxed);
     w->parts_read = 0;
     uint64_t pos = it->start;
     for (unsigned i = 0; i < it->nparts;) {
@@ -391,7 +392,7 @@ static int start_part_reads(struct worker *w)
         for (unsigned j = i + 1; j < it->nparts; j++) {
             if (it->parts[j].data)
                 last = j;
-            else if (it->parts[j].end - it->parts[j - 1].end > c->read_through)
+            else if (it->parts[j].end - it->parts[j - 1].end > read_through)
                 break;
         }
         end = item_part_end(it, last);

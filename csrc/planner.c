@@ -218,17 +218,19 @@ static int plan_span(struct ic_job *job, struct ic_copy *c, struct aligner *al, 
         struct ic_extent e;
         if (ic_image_block_status(c->src, pos, end - pos, &e, err) < 0)
             return -1;
-        if (!c->merge_known && c->may_merge) {
-            /* what a round trip costs is known once one was made */
+        if (c->may_merge) {
+            /* what a round trip costs is known once one was made, and
+             * better with every answer (the shortest seen: one slowed by a
+             * busy machine must not price the whole copy), so it is asked
+             * again as the plan goes */
             uint64_t cost = ic_image_request_cost(c->src);
-            c->read_through = cost;
+            atomic_store_explicit(&c->read_through, cost, memory_order_relaxed);
             /* holes left unread cost nothing: any joins, and the items
              * in flight each carry several runs */
             if (c->read_parts)
                 cost = c->opt.request_size;
             c->merge_gap = cost < c->opt.request_size / 2 ? cost : c->opt.request_size / 2;
         }
-        c->merge_known = 1;
         uint64_t len = pos < cut && e.length > cut - pos ? cut - pos : e.length;
         if (len > end - pos)
             len = end - pos;

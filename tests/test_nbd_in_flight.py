@@ -255,3 +255,35 @@ def test_connections_made_side_by_side(tmp_path):
     assert len(opened) == 4, opened
     later = opened[1:]
     assert later[-1] - later[0] < 0.15, opened
+
+
+@needs_nbdkit
+def test_round_trip_priced_again_as_answers_come(tmp_path):
+    """A server whose block status is slow (30 ms, as VDDK's allocation
+    queries are) and whose reads are not: the first answers, all block
+    status, price a round trip at 30 ms, worth reading 480 KiB holes
+    through.  The small reads that follow answer at once, and the copy
+    prices its round trip again as they come: far into the disk the 48 KiB
+    holes between 16 KiB runs are not read (before, every item there was
+    one read, holes and all)."""
+    far = 128 * MiB  # 1 MiB holes first: a read each, answered at once
+    src = tmp_path / "src.raw"
+    rng = random.Random(10)
+    with open(src, "wb") as f:
+        f.truncate(far + 16 * MiB)
+        for off in range(0, far, MiB):
+            f.seek(off)
+            f.write(rng.randbytes(16 * KiB))
+        for off in range(far, far + 16 * MiB, 64 * KiB):
+            f.seek(off)
+            f.write(rng.randbytes(16 * KiB))
+    out = tmp_path / "out.raw"
+    with nbdkit("file", str(src), "delay-extents=30ms", filters=["delay"],
+                extra=["-r"]) as srv:
+        imgcopy.convert(srv.uri, out, src_format="raw")
+        reads = [r for r in srv.requests("Read") if r.offset >= far]
+    assert_same_content(src, out, "raw", "raw")
+    runs = 16 * MiB // (64 * KiB)  # 256 runs of 16 KiB far into the disk
+    through = [r for r in reads if r.count > 16 * KiB]
+    assert len(reads) >= runs * 3 // 4, len(reads)
+    assert len(through) <= runs // 4, len(through)

@@ -43,10 +43,13 @@ uint64_t nbd_now_ns(void)
 }
 
 /* A small request's round trip is the cost of a request (a large read's
- * also carries its bytes): the shortest seen is kept. */
+ * or write's also carries its bytes): the shortest seen is kept, from the
+ * answers a copy waits for and those it does not alike (a server's block
+ * status may be slower than its reads: its first answers alone would
+ * overprice every read). */
 static void note_rtt(struct nbd_state *st, const struct nbd_request *r, uint64_t rtt)
 {
-    if (r->error || (r->op == OP_READ && r->len > (64u << 10)))
+    if (r->error || ((r->op == OP_READ || r->op == OP_WRITE) && r->len > (64u << 10)))
         return;
     uint64_t seen = atomic_load(&st->min_rtt);
     while ((seen == 0 || rtt < seen) && !atomic_compare_exchange_weak(&st->min_rtt, &seen, rtt))
@@ -148,10 +151,11 @@ static void complete(struct nbd_request *r, int error)
         pthread_mutex_unlock(&st->lock);
         return;
     }
+    if (!r->refused && !error)
+        note_rtt(st, r, nbd_now_ns() - r->t0);
     if (r->waited) {
         r->error = error;
         r->done = 1;
-        note_rtt(st, r, nbd_now_ns() - r->t0);
     } else if (r->op == OP_READ) {
         r->error = error;
         told = r;
@@ -279,6 +283,7 @@ static void submit(struct nbd_conn *c, struct nbd_request *r)
     const struct nbd_lib *lib = c->st->lib;
     nbd_completion_callback done = {.callback = on_complete, .user_data = r};
     int64_t cookie = -1;
+    r->t0 = nbd_now_ns(); /* its round trip: from now, not from its wait in the queue */
     switch (r->op) {
     case OP_READ:
         cookie = lib->aio_pread(c->h, r->buf, (size_t)r->len, r->off, done, 0);
