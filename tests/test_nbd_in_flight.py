@@ -266,12 +266,14 @@ def test_round_trip_priced_again_as_answers_come(tmp_path):
     prices its round trip again as they come: far into the disk the 48 KiB
     holes between 16 KiB runs are not read (before, every item there was
     one read, holes and all)."""
-    far = 128 * MiB  # 1 MiB holes first: a read each, answered at once
+    # first, 16 KiB runs 2 MiB apart: items of their own, each a small read
+    # whatever the price (and however many connections are up yet)
+    far = 256 * MiB
     src = tmp_path / "src.raw"
     rng = random.Random(10)
     with open(src, "wb") as f:
         f.truncate(far + 16 * MiB)
-        for off in range(0, far, MiB):
+        for off in range(0, far, 2 * MiB):
             f.seek(off)
             f.write(rng.randbytes(16 * KiB))
         for off in range(far, far + 16 * MiB, 64 * KiB):
