@@ -97,6 +97,7 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     st->has_alloc = lib->can_meta_context(h, "base:allocation") == 1;
     st->has_depth = lib->can_meta_context(h, "qemu:allocation-depth") == 1;
     st->nactive = 1;
+    atomic_store(&st->nactive_seen, 1);
     return 0;
 }
 
@@ -167,6 +168,7 @@ static int nbd_tune(struct ic_image *img, unsigned connections, unsigned request
     }
     pthread_mutex_lock(&st->lock);
     st->nactive = want;
+    atomic_store(&st->nactive_seen, want);
     pthread_cond_broadcast(&st->changed); /* a writer may have room now */
     pthread_mutex_unlock(&st->lock);
     return 0;
@@ -474,9 +476,9 @@ static uint64_t nbd_request_cost(const struct ic_image *img)
     uint64_t rtt = atomic_load(&st->min_rtt); /* ns */
     if (rtt < NBD_LOCAL_RTT)
         return 0;
-    pthread_mutex_lock(&st->lock);
-    uint64_t connections = st->nactive ? st->nactive : 1;
-    pthread_mutex_unlock(&st->lock);
+    uint64_t connections = atomic_load(&st->nactive_seen);
+    if (!connections)
+        connections = 1;
     uint64_t concurrency =
         atomic_load(&st->serialises) == 2 ? 1 : NBD_ASSUMED_CONCURRENCY * connections;
     return rtt * (NBD_ASSUMED_BANDWIDTH / concurrency) / 1000000000ull;

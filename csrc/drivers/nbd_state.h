@@ -103,6 +103,9 @@ struct nbd_state {
     struct nbd_conn conns[NBD_MAX_CONNECTIONS];
     unsigned nconns;    /* connected (under lock once the first runs) */
     unsigned nactive;   /* of them, those requests go to */
+    /* nactive for the price of a round trip, which the planner asks at
+     * every extent: read without the lock the I/O threads take */
+    _Atomic unsigned nactive_seen;
     unsigned next_conn;
     unsigned max_requests; /* in flight per connection */
     int multi_conn;
