@@ -52,11 +52,31 @@ static void interrupt_copy(void *ctx)
     }
 }
 
+/* qemu sees a file that does not end on a 512-byte boundary as that much
+ * longer, reading zeros there, and makes its copy that long: in an
+ * overlay those bytes would read its backing file's (the rest of the last
+ * cluster comes from there), so they are zeroed, as qemu-img -B's copy of
+ * them is.  Any other destination's bytes past the source are left as
+ * they are.  Not for a copy of some ranges only (a shard, changed ranges)
+ * nor compare mode (which leaves what it finds alone). */
+static int zero_past_source(struct ic_copy *c, struct ic_error *err)
+{
+    uint64_t end = ic_image_size(c->src), qemu_end = ic_image_qemu_length(c->src);
+    uint64_t dst_size = ic_image_size(c->dst);
+    if (qemu_end > dst_size)
+        qemu_end = dst_size;
+    if (qemu_end <= end || !c->dst_overlay || c->has_spans || c->compare)
+        return 0;
+    return ic_image_zero(c->dst, end, qemu_end - end, 0, err);
+}
+
 /* Every item done: make the destination durable (a journalled copy's
  * last checkpoint does, and records all of it). */
 static int complete_copy(void *ctx, struct ic_error *err)
 {
     struct ic_copy *c = ctx;
+    if (zero_past_source(c, err) < 0)
+        return -1;
     if (c->checkpoint)
         return ic_checkpoint_run(c->checkpoint, err);
     return c->opt.flush ? ic_image_flush(c->dst, err) : 0;

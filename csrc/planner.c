@@ -240,10 +240,14 @@ static int plan_span(struct ic_job *job, struct ic_copy *c, struct aligner *al, 
          * cluster): its zero runs are judged from there */
         int host_break = kind == RUN_DATA && c->write_align == 1 &&
                          (!(e.flags & IC_EXT_OFFSET_VALID) || e.host_offset != host_next);
+        /* a destination that writes whole clusters (compression) takes a
+         * cut inside a cluster as a run's end only: the data around it is
+         * one write, as qemu-img writes the cluster whole */
         int at_cut = pos == cut;
+        int flush_at_cut = at_cut && (c->write_align == 1 || cut % c->write_align == 0);
         if (run_kind_now >= 0 && (kind != run_kind_now || at_cut || host_break)) {
             if (add_run(al, run_start, pos, run_kind_now) < 0 ||
-                ((at_cut || host_break) && flush_data(al) < 0))
+                ((flush_at_cut || host_break) && flush_data(al) < 0))
                 return 1; /* the job stopped: nothing more is taken */
             run_start = pos;
         }

@@ -92,3 +92,54 @@ def test_cli_overlay(chain):
     subprocess.run([sys.executable, "-m", "imgcopy", "convert", "-O", "qcow2", "-B",
                     "base.raw", "-F", "raw", "top.qcow2", "cli.qcow2"], cwd=chain, check=True)
     assert_same_content("top.qcow2", "cli.qcow2", cwd=chain)
+
+
+def fill(path, size, byte=None, seed=0):
+    """A raw file of `size` bytes: one byte repeated, or seeded noise."""
+    import random
+    data = bytes([byte]) * size if byte is not None else random.Random(seed).randbytes(size)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_overlay_of_source_not_ending_on_a_sector(tmp_path, compress):
+    """qemu sees a raw file of 100000 bytes as 100352, zeros after its end,
+    and so does the overlay made of it: the rest of its last cluster is
+    not the backing file's data (it was, in the sector past the source)."""
+    base, src, new = (str(tmp_path / n) for n in ("base.raw", "src.raw", "new.qcow2"))
+    fill(base, 1 << 20, 0x5A)
+    fill(src, 100000, seed=3)
+    imgcopy.convert(src, new, dst_format="qcow2", backing_file=base, backing_format="raw",
+                    compress=compress)
+    qemu_check(new, strict=True)
+    assert qemu_info(new)["virtual-size"] == 100352
+    assert_same_content(src, new, "raw", "qcow2")
+
+
+@pytest.mark.parametrize("cluster_size", [4096, 65536])
+def test_compressed_overlay_of_backing_ending_inside_a_cluster(tmp_path, cluster_size):
+    """The backing file ends inside a cluster: the data on both sides of
+    its end is one compressed write (qemu-img -c -B writes it whole); the
+    cut there used to split it into two writes of that cluster (refused:
+    "compressed writes must cover whole clusters", or, placed together,
+    one of them leaked)."""
+    base, src, new = (str(tmp_path / n) for n in ("base.raw", "src.raw", "new.qcow2"))
+    fill(base, 431616, 0x1D)  # 843 sectors: inside a cluster of either size
+    fill(src, 458752, seed=4)
+    imgcopy.convert(src, new, dst_format="qcow2", backing_file=base, backing_format="raw",
+                    compress=True, cluster_size=cluster_size)
+    qemu_check(new, strict=True)
+    assert_same_content(src, new, "raw", "qcow2")
+    # compressible data up to the backing file's end, then a hole: the
+    # leak's case, with as many items at once as the copy takes
+    with open(src, "wb") as f:
+        f.truncate(452608)
+        f.write(b"\x1d" * 431616)
+    for _ in range(4):
+        os.unlink(new)
+        imgcopy.convert(src, new, dst_format="qcow2", backing_file=base,
+                        backing_format="raw", compress=True, cluster_size=cluster_size,
+                        concurrency=4)
+        qemu_check(new, strict=True)
+        assert_same_content(src, new, "raw", "qcow2")

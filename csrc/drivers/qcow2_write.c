@@ -407,11 +407,16 @@ int qcow2_commit(struct ic_image *img, struct ic_staged_write *sw, struct ic_err
             uint64_t gc = sw->off / csz + i;
             pthread_mutex_lock(&s->meta_lock);
             uint64_t *l2 = qcow2_l2_for_update(img, gc, err);
-            if (l2) {
+            if (!l2) {
+                ret = -1;
+            } else if (l2[gc % s->l2_entries]) {
+                /* another write placed before this one committed: its
+                 * space would be lost under ours (unstage gives ours back) */
+                ret = ic_error_value(err, "%s: cluster %llu written twice", img->path,
+                                     (unsigned long long)gc);
+            } else {
                 l2[gc % s->l2_entries] = b->entry;
                 b->linked = 1;
-            } else {
-                ret = -1;
             }
             pthread_mutex_unlock(&s->meta_lock);
         }
