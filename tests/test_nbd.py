@@ -611,3 +611,20 @@ def test_server_minimum_block_size_obeyed(source, tmp_path):
         imgcopy.convert(srv.uri, out)
         assert_same_content(source, out, "raw", "raw")
         assert all(r.ok and (r.count is None or r.count % 4096 == 0) for r in srv.requests())
+
+
+def test_export_ending_inside_a_minimum_block_refused(tmp_path):
+    """An export whose size is not whole minimum blocks cannot have its
+    last block read or written: refused when opened, with what is wrong
+    (qemu-img refuses to open it too), and no write sent."""
+    size = 460 * 4096 + 512
+    src = str(tmp_path / "src.raw")
+    with open(src, "wb") as f:
+        f.write(b"\x07" * size)
+    with nbdkit("memory", str(size), "blocksize-minimum=4096", "blocksize-error-policy=error",
+                filters=["blocksize-policy"]) as srv:
+        with pytest.raises(ValueError, match="not a multiple of its minimum block size"):
+            imgcopy.convert(src, srv.uri, create=False)
+        with pytest.raises(ValueError, match="not a multiple of its minimum block size"):
+            imgcopy.map(srv.uri)
+        assert not [r for r in srv.requests() if r.kind in ("Write", "Zero", "Trim")]

@@ -87,6 +87,13 @@ static int nbd_open(struct ic_image *img, const char *uri, struct ic_error *err)
     st->max_requests = 64;
     st->multi_conn = lib->can_multi_conn(h) == 1;
     st->min_block = block_size(lib, h, NBD_SIZE_MINIMUM, 1);
+    /* requests must be whole blocks: an export that ends inside one cannot
+     * be read or written to its end (qemu refuses to open it too) */
+    if (st->min_block > 1 && img->size % st->min_block)
+        return ic_error_value(err, "%s: the NBD export's size (%llu bytes) is not a multiple of "
+                              "its minimum block size (%llu bytes): its last block cannot be "
+                              "read or written", img->path, (unsigned long long)img->size,
+                              (unsigned long long)st->min_block);
     st->pref_block = block_size(lib, h, NBD_SIZE_PREFERRED, 4096);
     st->max_block = block_size(lib, h, NBD_SIZE_MAXIMUM, 32u << 20);
     if (st->max_block > (32u << 20))
