@@ -437,3 +437,25 @@ def test_huge_bat_is_refused_by_the_memory_budget(tmp_path):
     with pytest.raises(ImageFormatError, match="BATs need more than"):
         imgcopy.open(img)
     assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("name,owed", [
+    ("log-to-replay", True), ("log-to-replay-wrapping", True), ("log-guid-empty-log", False),
+    ("log-entry-of-another-log", False), ("log-entry-bad-checksum", False)])
+def test_log_replay_owed_as_qemu_finds_it(tmp_path, name, owed):
+    """A log GUID alone owes no replay: qemu searches the log for an entry
+    of it whose checksum holds, and so does imgcopy; with one, both refuse
+    the read-only open, without one both read the image the same."""
+    img = str(tmp_path / "input.vhdx")
+    with open(img, "wb") as f:
+        f.write(bytes(hostile_vhdx.CASES[name][1]()))
+    q = qemu_img("info", "-f", "vhdx", img, check=False)
+    assert (q.returncode != 0) == owed, q.stderr
+    if owed:
+        assert "log that needs to be replayed" in q.stderr
+        with pytest.raises(ImageFormatError, match="log that needs to be replayed"):
+            imgcopy.open(img)
+        return
+    out = str(tmp_path / "out.raw")
+    imgcopy.convert(img, out, dst_format="raw")
+    assert qemu_compare(img, out, "vhdx", "raw").returncode == 0

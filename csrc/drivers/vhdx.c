@@ -305,6 +305,54 @@ static int load_bat(struct ic_image *img, struct ic_error *err)
     return 0;
 }
 
+/* Whether the log holds an entry of the header's log (qemu's search: a
+ * whole entry whose checksum holds, at any 4 KiB sector of the circular
+ * log): an image closed cleanly keeps its log GUID, and nothing to
+ * replay.  Read in chunks; an entry longer than VERIFY_MAX, or more than
+ * that verified in all (a hostile log of claimed entries), is taken as
+ * owing a replay, unread. */
+#define LOG_CHUNK (1u << 20)
+#define VERIFY_MAX (256ull << 20)
+static int log_has_entry(struct vhdx_state *s, int *found, struct ic_error *err)
+{
+    const struct vhdx_header *h = &s->h;
+    uint8_t *chunk = malloc(LOG_CHUNK), *entry = NULL;
+    uint64_t verified = 0;
+    *found = 0;
+    if (!chunk)
+        return ic_error_nomem(err);
+    int r = 0;
+    for (uint64_t pos = 0; r == 0 && !*found && pos < h->log_length; pos += LOG_CHUNK) {
+        size_t n = h->log_length - pos < LOG_CHUNK ? (size_t)(h->log_length - pos) : LOG_CHUNK;
+        r = ic_image_pread(s->file, chunk, n, h->log_offset + pos, err);
+        for (size_t i = 0; r == 0 && !*found && i + VHDX_LOG_SECTOR <= n; i += VHDX_LOG_SECTOR) {
+            uint32_t len = vhdx_log_entry_length(chunk + i, h);
+            if (!len)
+                continue;
+            if (len > VERIFY_MAX || (verified += len) > VERIFY_MAX) {
+                *found = 1;
+                break;
+            }
+            uint8_t *grown = realloc(entry, len);
+            if (!grown) {
+                r = ic_error_nomem(err);
+                break;
+            }
+            entry = grown;
+            uint64_t at = pos + i, first = h->log_length - at < len ? h->log_length - at : len;
+            r = ic_image_pread(s->file, entry, (size_t)first, h->log_offset + at, err);
+            if (r == 0 && first < len) /* the log wraps around */
+                r = ic_image_pread(s->file, entry + first, (size_t)(len - first), h->log_offset,
+                                   err);
+            if (r == 0 && vhdx_checksum_ok(entry, len, 4))
+                *found = 1;
+        }
+    }
+    free(chunk);
+    free(entry);
+    return r;
+}
+
 static int load(struct ic_image *img, struct ic_error *err)
 {
     struct vhdx_state *s = state_of(img);
@@ -325,8 +373,12 @@ static int load(struct ic_image *img, struct ic_error *err)
         r = ic_image_pread(s->file, h2, VHDX_HEADER_SIZE, VHDX_HEADER2_OFFSET, err);
     if (r == 0)
         r = vhdx_pick_header(h1, h2, &s->h, img->path, err);
-    if (r == 0)
-        r = vhdx_check_log(&s->h, fsize, img->path, err);
+    if (r == 0 && (r = vhdx_check_log(&s->h, fsize, img->path, err)) > 0) {
+        int owed = 0;
+        r = log_has_entry(s, &owed, err);
+        if (r == 0 && owed)
+            r = vhdx_log_needs_replay(img->path, err);
+    }
     if (r == 0)
         r = ic_image_pread(s->file, buf, VHDX_TABLE_SIZE, VHDX_REGION_TABLE_OFFSET, err);
     if (r == 0 && !(s->regions = malloc(sizeof *s->regions)))

@@ -148,6 +148,19 @@ int vhdx_check_log(const struct vhdx_header *h, uint64_t file_size, const char *
         h->log_length > file_size - h->log_offset)
         return ic_error_format(err, path, "VHDX log (%u bytes at %llu) is misplaced",
                                h->log_length, (unsigned long long)h->log_offset);
+    return 1; /* a log of this header's: replay is owed if it holds an entry */
+}
+
+uint32_t vhdx_log_entry_length(const uint8_t *sector, const struct vhdx_header *h)
+{
+    if (memcmp(sector, "loge", 4) != 0 || memcmp(sector + 32, h->log_guid, 16) != 0)
+        return 0;
+    uint32_t len = vhdx_le32(sector + 8);
+    return len && len % VHDX_LOG_SECTOR == 0 && len <= h->log_length ? len : 0;
+}
+
+int vhdx_log_needs_replay(const char *path, struct ic_error *err)
+{
     /* a read-only open cannot replay it, and reading without replaying
      * would return stale data */
     return ic_error_format(err, path, "VHDX image contains a log that needs to be replayed "

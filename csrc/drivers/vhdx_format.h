@@ -116,10 +116,20 @@ int vhdx_checksum_ok(const uint8_t *buf, size_t len, size_t crc_off);
  * numbers only when both are identical). */
 int vhdx_pick_header(const uint8_t *h1, const uint8_t *h2, struct vhdx_header *out,
                      const char *path, struct ic_error *err);
-/* The log as qemu checks it read-only: where it is, and refused when it
- * holds writes to replay. */
+/* The header's log: -1 with err if misplaced, 0 if there is none to
+ * look at (no log GUID, or no log), 1 if it must be searched for entries
+ * of this GUID (vhdx_log_entry_length), as qemu searches it: an image
+ * owes a replay only when one is there. */
 int vhdx_check_log(const struct vhdx_header *h, uint64_t file_size, const char *path,
                    struct ic_error *err);
+#define VHDX_LOG_SECTOR 4096u
+/* The length an entry starting in this 4 KiB log sector claims, if it is
+ * one of the header's log (signature, GUID, a whole number of sectors
+ * within the log); 0 if not.  Its checksum is the caller's to check over
+ * that length (vhdx_checksum_ok at 4; the log wraps around). */
+uint32_t vhdx_log_entry_length(const uint8_t *sector, const struct vhdx_header *h);
+/* The error for an image whose log holds an entry to replay */
+int vhdx_log_needs_replay(const char *path, struct ic_error *err);
 /* The region table (VHDX_TABLE_SIZE bytes at VHDX_REGION_TABLE_OFFSET):
  * BAT and metadata regions, no overlaps with each other, the header
  * section or the log, none past `file_size`; an unknown required region

@@ -154,10 +154,59 @@ def _():
     return b
 
 
+def log_entry(b: bytearray, lay: vx.Layout, guid: bytes, at: int = 0, sectors: int = 1) -> None:
+    """An entry of the log `guid` names, `at` bytes into the log (it wraps
+    around its end): the header of one with no descriptors, its checksum
+    over all its sectors."""
+    n = sectors * 4096
+    e = bytearray(n)
+    struct.pack_into("<4sIIIQII16sQQ", e, 0, b"loge", 0, n, 0, 1, 0, 0, guid,
+                     len(b), len(b))
+    e = bytearray(vx.with_checksum(bytes(e)))
+    for i in range(n):
+        b[lay.log_offset + (at + i) % lay.log_length] = e[i]
+
+
 @case("log-to-replay")
 def _():
     b, lay = base()
     both_headers(b, lay, "16s", 48, b"\x5a" * 16)
+    log_entry(b, lay, b"\x5a" * 16)
+    return b
+
+
+@case("log-to-replay-wrapping")
+def _():
+    b, lay = base()
+    both_headers(b, lay, "16s", 48, b"\x5a" * 16)
+    log_entry(b, lay, b"\x5a" * 16, at=lay.log_length - 4096, sectors=3)
+    return b
+
+
+# a log GUID with nothing of its log in the log: closed cleanly, as qemu
+# reads it (and so does imgcopy: test_vhdx checks it is read); entries of
+# another GUID, or whose checksum fails, are nothing to replay either
+@case("log-guid-empty-log", "any")
+def _():
+    b, lay = base()
+    both_headers(b, lay, "16s", 48, b"\x5a" * 16)
+    return b
+
+
+@case("log-entry-of-another-log", "any")
+def _():
+    b, lay = base()
+    both_headers(b, lay, "16s", 48, b"\x5a" * 16)
+    log_entry(b, lay, b"\x5b" * 16)
+    return b
+
+
+@case("log-entry-bad-checksum", "any")
+def _():
+    b, lay = base()
+    both_headers(b, lay, "16s", 48, b"\x5a" * 16)
+    log_entry(b, lay, b"\x5a" * 16, at=8192)
+    b[lay.log_offset + 8192 + 100] ^= 1
     return b
 
 
