@@ -45,8 +45,8 @@ static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, str
         c->host = host;
         c->host_valid = 1;
     } else {
-        if (entry & QCOW2_OFLAG_COPIED)
-            return qcow2_corrupt(img, err, "data cluster at offset 0", entry);
+        /* offset 0 is unallocated, whatever the flags say (COPIED alone:
+         * qemu reads it so, and its check finds nothing wrong) */
         c->kind = CL_UNALLOCATED;
     }
     return 0;
