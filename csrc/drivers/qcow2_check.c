@@ -159,14 +159,15 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
     }
     /* scanned: for the first time, or again as a count reaches the
      * maximum, or a table too big to remember (or no index left) */
-    uint64_t live = live_entries(c, l2_offset, c->s->l2_entries);
+    uint64_t words = c->s->h.cluster_size / 8; /* extended entries: two words each */
+    uint64_t live = live_entries(c, l2_offset, words);
     int first = id != NOT_REMEMBERED && (id != NO_RECORD || c->pass_index.used < MEMO_MAX_KEYS);
     if ((first && qcow2_ck_first_scan(c, live) < 0) || qcow2_ck_spend(c, live + 1) < 0)
         return -1;
     /* L1 entries naming one table again cost no second read */
     if (l2_offset != c->l2_at) {
         c->l2_at = UINT64_MAX;
-        if (read_table(c, c->l2, c->s->l2_entries, l2_offset, &c->l2_live,
+        if (read_table(c, c->l2, words, l2_offset, &c->l2_live,
                        "unreadable L2 table", "ERROR: I/O error in check_refcounts_l2\n") < 0)
             return -1;
         c->l2_at = l2_offset;
@@ -175,8 +176,10 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
     size_t text_from = c->r->messages_len;
     qcow2_ck_pass_begin(c);
     /* the entries past the end of the file are zeros: unallocated */
-    for (uint64_t i = 0; i < c->l2_live; i++) {
-        uint64_t e = qcow2_be64(&c->l2[i]);
+    const int ext = c->s->extl2;
+    for (uint64_t i = 0; i << ext < c->l2_live; i++) {
+        uint64_t e = qcow2_be64(&c->l2[i << ext]);
+        uint64_t bitmap = ext && 2 * i + 1 < c->l2_live ? qcow2_be64(&c->l2[2 * i + 1]) : 0;
         if (e & QCOW2_OFLAG_COMPRESSED) {
             uint64_t host, len;
             if (e & QCOW2_OFLAG_COPIED) {
@@ -185,6 +188,12 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
                        "compressed clusters\n", host);
                 e &= ~QCOW2_OFLAG_COPIED;
                 c->r->corruptions++;
+            }
+            if (bitmap) {
+                MSG(c, "ERROR compressed cluster %d with non-zero subcluster allocation "
+                       "bitmap, entry=0x%" PRIx64 "\n", (int)i, e);
+                c->r->corruptions++;
+                continue;
             }
             qcow2_compressed_decode(h, e, &host, &len);
             reference(c, host, len);
@@ -200,11 +209,23 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
             c->r->corruptions++;
         }
         uint64_t off = e & QCOW2_OFFSET_MASK;
-        if (!off)
-            continue; /* unallocated or a plain zero cluster */
+        if (!off) {
+            /* unallocated or a plain zero cluster */
+            if (ext && (bitmap & 0xffffffffu)) {
+                MSG(c, "ERROR: Unallocated cluster has non-zero subcluster allocation map\n");
+                c->r->corruptions++;
+            }
+            continue;
+        }
+        if (ext && (bitmap >> 32 & bitmap)) {
+            c->r->corruptions++;
+            MSG(c, "ERROR offset=%" PRIx64 ": Allocated cluster has corrupted subcluster "
+                   "allocation bitmap\n", off);
+        }
         if (off % c->csz) {
             c->r->corruptions++;
-            if (e & QCOW2_OFLAG_ZERO)
+            /* holding no data: extended entries say it in their bitmap */
+            if (ext ? !(bitmap & 0xffffffffu) : (e & QCOW2_OFLAG_ZERO) != 0)
                 MSG(c, "ERROR offset=%" PRIx64 ": Preallocated cluster is not properly "
                        "aligned; L2 entry corrupted.\n", off);
             else
@@ -494,7 +515,7 @@ static int check_copied(struct ck *c)
             continue;
         }
         c->l2_at = UINT64_MAX;
-        uint64_t live = live_entries(c, l2_offset, s->l2_entries);
+        uint64_t live = live_entries(c, l2_offset, s->h.cluster_size / 8);
         if ((c->copied_index.used < MEMO_MAX_KEYS && qcow2_ck_first_scan(c, live) < 0) ||
             qcow2_ck_spend(c, live + 1) < 0)
             return -1;
@@ -508,8 +529,8 @@ static int check_copied(struct ck *c)
         int signaled = c->signaled;
         size_t text_from = c->r->messages_len;
         /* the entries past the end of the file are zeros: unallocated */
-        for (uint64_t j = 0; j < live; j++) {
-            uint64_t l2e = qcow2_be64(&c->l2[j]), off = l2e & QCOW2_OFFSET_MASK;
+        for (uint64_t j = 0; j << s->extl2 < live; j++) {
+            uint64_t l2e = qcow2_be64(&c->l2[j << s->extl2]), off = l2e & QCOW2_OFFSET_MASK;
             if ((l2e & QCOW2_OFLAG_COMPRESSED) || !off)
                 continue;
             if (stored_again(c, off / c->csz, &rc) < 0)

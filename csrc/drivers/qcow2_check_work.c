@@ -226,11 +226,11 @@ int qcow2_ck_first_scan(struct ck *c, uint64_t live)
 }
 
 /* What a walk of an L1 table with `n` entries in the file may need: its
- * entries and the file's L2 entries, twice over. */
+ * entries and the file's L2 words, twice over. */
 void qcow2_ck_allow_walk(struct ck *c, uint64_t n)
 {
-    uint64_t l2 = n < c->file_len / 8 / c->s->l2_entries + 1 ? n * c->s->l2_entries
-                                                              : c->file_len / 8;
+    uint64_t words = c->s->h.cluster_size / 8; /* a table's, whatever its entries' size */
+    uint64_t l2 = n < c->file_len / 8 / words + 1 ? n * words : c->file_len / 8;
     c->work_allowed += 2 * (n + l2);
 }
 

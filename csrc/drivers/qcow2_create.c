@@ -62,6 +62,7 @@ int qcow2_create_new(struct ic_image *img, int *fresh, struct ic_error *err)
     for (h->cluster_bits = 9; (1ull << h->cluster_bits) < csz; h->cluster_bits++)
         ;
     s->l2_entries = csz / 8;
+    s->unit_size = csz;
     /* the L1 table's 32 MiB (qemu's limit) bound the virtual size */
     uint64_t most = (uint64_t)(QCOW2_MAX_L1_BYTES / 8) * s->l2_entries * csz;
     if (img->size > most)

@@ -312,9 +312,9 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
     if (h->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW)
         return bad(path, err, "autoclear_features bit 1 (data-file-raw) without an external "
                    "data file", h->autoclear);
-    if (in & QCOW2_INCOMPAT_EXTL2)
-        return ic_error_format(err, path, "qcow2 extended L2 entries (subclusters) are not "
-                               "supported");
+    if ((in & QCOW2_INCOMPAT_EXTL2) && writable)
+        return ic_error_format(err, path, "writing into qcow2 images with extended L2 entries "
+                               "(subclusters) is not supported; they are read only");
     if (h->compression_type == QCOW2_COMPRESSION_ZSTD &&
         !ic_compression_available(IC_COMPRESSION_ZSTD))
         return ic_error_format(err, path, "zstd-compressed qcow2 images are not supported "

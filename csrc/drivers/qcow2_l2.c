@@ -106,7 +106,7 @@ static int load(struct ic_image *img, uint64_t i, uint64_t *entries, int for_upd
     if (place_of(img, i, for_update, &at, err) < 0 ||
         qcow2_read_meta(img, entries, s->h.cluster_size, at, "unreadable L2 table", err) < 0)
         return -1;
-    for (uint64_t k = 0; k < s->l2_entries; k++)
+    for (uint64_t k = 0; k < s->h.cluster_size / 8; k++)
         entries[k] = qcow2_be64(&entries[k]);
     return 0;
 }
@@ -146,8 +146,8 @@ static uint64_t *resident(struct ic_image *img, uint64_t i, struct ic_error *err
     return entries;
 }
 
-int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, uint64_t *got,
-                 struct ic_error *err)
+int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out,
+                 uint64_t *bitmaps, uint64_t *got, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     uint64_t i = gc / s->l2_entries, k = gc % s->l2_entries;
@@ -158,12 +158,20 @@ int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, u
     pthread_mutex_lock(&s->meta_lock);
     if (i >= s->l1_len || (!s->l2.tables[i] && !(s->l1[i] & QCOW2_OFFSET_MASK))) {
         memset(out, 0, n * sizeof *out);
+        if (bitmaps)
+            memset(bitmaps, 0, n * sizeof *bitmaps);
     } else {
         const uint64_t *t = resident(img, i, err);
-        if (t)
+        if (!t)
+            ret = -1;
+        else if (!s->extl2)
             memcpy(out, t + k, n * sizeof *out);
         else
-            ret = -1;
+            for (uint64_t j = 0; j < n; j++) {
+                out[j] = t[2 * (k + j)];
+                if (bitmaps)
+                    bitmaps[j] = t[2 * (k + j) + 1];
+            }
     }
     pthread_mutex_unlock(&s->meta_lock);
     return ret;

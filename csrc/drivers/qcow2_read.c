@@ -11,18 +11,43 @@
 
 enum cluster_kind { CL_UNALLOCATED, CL_ZERO, CL_NORMAL, CL_COMPRESSED };
 
+/* One unit of the guest disk: a cluster, or with extended L2 entries a
+ * subcluster (a 32nd of one) */
 struct cluster {
     enum cluster_kind kind;
-    uint64_t host;      /* NORMAL, ZERO with preallocation: cluster start */
+    uint64_t host;      /* NORMAL, ZERO with preallocation: the unit's start;
+                           COMPRESSED: the compressed data's */
     uint64_t entry;     /* COMPRESSED: the L2 entry */
-    int host_valid;
+    int host_valid;     /* UNALLOCATED too: a subcluster of an allocated cluster */
 };
 
-static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, struct ic_error *err)
+/* Subcluster `sc` of an extended L2 entry, as qemu's
+ * qcow2_get_subcluster_type reads it: the zero flag of the entry itself
+ * means nothing there; the bitmap's high half says zeros, its low half
+ * data, neither: the layer below. */
+static int classify_subcluster(struct ic_image *img, uint64_t host, uint64_t bitmap,
+                               unsigned sc, struct cluster *c, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t zeros = bitmap >> 32, data = bitmap & 0xffffffffu;
+    if (host ? (zeros & data) != 0 : data != 0)
+        return qcow2_corrupt(img, err, host ? "subcluster both data and zeros"
+                                            : "data subclusters in an unallocated cluster",
+                             bitmap);
+    c->host = host ? host + sc * s->unit_size : 0;
+    c->host_valid = host != 0;
+    c->kind = zeros >> sc & 1 ? CL_ZERO : data >> sc & 1 ? CL_NORMAL : CL_UNALLOCATED;
+    return 0;
+}
+
+static int classify(struct ic_image *img, uint64_t entry, uint64_t bitmap, unsigned sc,
+                    struct cluster *c, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
     memset(c, 0, sizeof *c);
     if (entry & QCOW2_OFLAG_COMPRESSED) {
+        /* a compressed cluster is one, whatever its bitmap says (qemu
+         * reads it so; its check complains) */
         c->kind = CL_COMPRESSED;
         c->entry = entry;
         uint64_t len;
@@ -34,6 +59,8 @@ static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, str
     uint64_t host = entry & QCOW2_OFFSET_MASK;
     if (host && (host % s->h.cluster_size || host < s->h.cluster_size))
         return qcow2_corrupt(img, err, "misplaced data cluster", host);
+    if (s->extl2)
+        return classify_subcluster(img, host, bitmap, sc, c, err);
     if ((entry & QCOW2_OFLAG_ZERO) && s->h.version < 3)
         return qcow2_corrupt(img, err, "zero cluster in a version 2 image", entry);
     if (entry & QCOW2_OFLAG_ZERO) {
@@ -52,6 +79,31 @@ static int classify(struct ic_image *img, uint64_t entry, struct cluster *c, str
     return 0;
 }
 
+#define UNITS_MAX 512u
+
+/* Units [u, u + n) classified into `out`: *got of them (at least one, at
+ * most UNITS_MAX, within one L2 table) */
+static int get_units(struct ic_image *img, uint64_t u, uint64_t n, struct cluster *out,
+                     uint64_t *got, struct ic_error *err)
+{
+    struct qcow2_state *s = qcow2_state_of(img);
+    uint64_t per = s->extl2 ? 32 : 1, first = u % per;
+    uint64_t entries[UNITS_MAX], bitmaps[UNITS_MAX], clusters;
+    if (n > UNITS_MAX - first)
+        n = UNITS_MAX - first;
+    if (qcow2_l2_get(img, u / per, (first + n + per - 1) / per, entries,
+                     s->extl2 ? bitmaps : NULL, &clusters, err) < 0)
+        return -1;
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < clusters && k < n; i++)
+        for (uint64_t sc = i ? 0 : first; sc < per && k < n; sc++, k++)
+            if (classify(img, entries[i], s->extl2 ? bitmaps[i] : 0, (unsigned)sc, &out[k],
+                         err) < 0)
+                return -1;
+    *got = k;
+    return 0;
+}
+
 /* ---- reading ----------------------------------------------------------- */
 
 int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
@@ -59,9 +111,9 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
 {
     struct qcow2_state *s = qcow2_state_of(img);
     uint8_t *buf = vbuf;
-    uint64_t csz = s->h.cluster_size;
+    uint64_t csz = s->h.cluster_size, usz = s->unit_size;
     uint8_t *cbuf = NULL;
-    uint64_t entries[512];
+    struct cluster units[UNITS_MAX];
     /* the request's data clusters, wherever they lie in the file, are read
      * together once all are known (a fragmented image's clusters are in
      * flight at once, not waited for in turn) */
@@ -69,30 +121,27 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
     ic_read_batch_init(&data);
     int ret = 0;
     while (len > 0 && ret == 0) {
-        uint64_t gc = off / csz, got;
-        uint64_t want = (off % csz + len + csz - 1) / csz;
-        if (want > 512)
-            want = 512;
-        if (qcow2_l2_get(img, gc, want, entries, &got, err) < 0)
+        uint64_t u = off / usz, got;
+        if (get_units(img, u, (off % usz + len + usz - 1) / usz, units, &got, err) < 0)
             return free(cbuf), -1;
         for (uint64_t i = 0; i < got && len > 0 && ret == 0;) {
-            struct cluster c;
-            if (classify(img, entries[i], &c, err) < 0) {
-                ret = -1;
-                break;
-            }
-            uint64_t in = off % csz;
-            uint64_t n = csz - in < len ? csz - in : len;
-            /* contiguous clusters of the same kind go in one request */
+            struct cluster c = units[i];
+            uint64_t in = off % usz;
+            uint64_t n = usz - in < len ? usz - in : len;
             uint64_t j = i + 1;
-            while (j < got && n < len) {
-                struct cluster d;
-                if (classify(img, entries[j], &d, err) < 0)
-                    return free(cbuf), -1;
-                if (d.kind != c.kind || c.kind == CL_COMPRESSED ||
-                    (c.kind == CL_NORMAL && d.host != c.host + (j - i) * csz))
+            if (c.kind == CL_COMPRESSED) {
+                /* the rest of its cluster, inflated once */
+                uint64_t cin = off % csz;
+                n = csz - cin < len ? csz - cin : len;
+                j = i + (cin + n + usz - 1) / usz - cin / usz;
+            }
+            /* contiguous units of the same kind go in one request */
+            while (c.kind != CL_COMPRESSED && j < got && n < len) {
+                const struct cluster *d = &units[j];
+                if (d->kind != c.kind ||
+                    (c.kind == CL_NORMAL && d->host != c.host + (j - i) * usz))
                     break;
-                n += csz < len - n ? csz : len - n;
+                n += usz < len - n ? usz : len - n;
                 j++;
             }
             switch (c.kind) {
@@ -114,7 +163,7 @@ int qcow2_pread(struct ic_image *img, void *vbuf, size_t len, uint64_t off,
                     return ic_error_nomem(err);
                 ret = qcow2_inflate_cluster(img, c.entry, cbuf, err);
                 if (ret == 0)
-                    memcpy(buf, cbuf + in, (size_t)n);
+                    memcpy(buf, cbuf + off % csz, (size_t)n);
                 break;
             }
             buf += n;
@@ -193,11 +242,11 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
                               struct ic_extent_list *out, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
-    uint64_t csz = s->h.cluster_size;
-    uint64_t entries[512];
+    uint64_t csz = s->h.cluster_size, usz = s->unit_size;
+    struct cluster units[UNITS_MAX];
     uint64_t pos = start, extra = 0;
     while (pos < end && (pos <= want || extra < WALK_EXTRA_CLUSTERS)) {
-        uint64_t gc = pos / csz, got;
+        uint64_t gc = pos / csz;
         /* whole L2 ranges without a table are one unallocated run: a
          * petabyte of nothing maps in one step */
         uint64_t l1_index = gc / s->l2_entries, l1_end = l1_index;
@@ -216,30 +265,35 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
             pos = run_end;
             continue;
         }
-        uint64_t n = (end - gc * csz + csz - 1) / csz;
-        if (qcow2_l2_get(img, gc, n < 512 ? n : 512, entries, &got, err) < 0)
+        uint64_t u = pos / usz, got;
+        uint64_t n = (end - u * usz + usz - 1) / usz;
+        if (get_units(img, u, n, units, &got, err) < 0)
             return -1;
         for (uint64_t i = 0; i < got && pos < end;) {
-            struct cluster c;
-            if (classify(img, entries[i], &c, err) < 0)
-                return -1;
-            /* the run of clusters like this one, host offsets contiguous */
+            const struct cluster c = units[i];
+            /* the run of units like this one, host offsets contiguous */
             uint64_t j = i + 1;
             for (; j < got; j++) {
-                struct cluster d;
-                if (classify(img, entries[j], &d, err) < 0)
-                    return -1;
-                if (d.kind != c.kind || d.host_valid != c.host_valid ||
-                    (c.host_valid && d.host != c.host + (j - i) * csz))
+                const struct cluster *d = &units[j];
+                if (d->kind != c.kind || d->host_valid != c.host_valid ||
+                    (c.host_valid && d->host != c.host + (j - i) * usz))
                     break;
             }
-            uint64_t run_end = (gc + j) * csz < end ? (gc + j) * csz : end;
-            uint64_t host = c.host + (pos - (gc + i) * csz);
+            uint64_t run_end = (u + j) * usz < end ? (u + j) * usz : end;
+            uint64_t host = c.host + (pos - (u + i) * usz);
             struct ic_extent e = {.start = pos, .length = run_end - pos};
             int r = 0;
             switch (c.kind) {
             case CL_UNALLOCATED:
-                r = status_below(pos, run_end, out, err);
+                /* a subcluster of an allocated cluster, with nothing below:
+                 * zeros at its place in the file, as qemu-img map says */
+                if (c.host_valid && !img->backing) {
+                    e.flags = IC_EXT_ZERO | IC_EXT_OFFSET_VALID;
+                    e.host_offset = host;
+                    r = ic_extent_list_add(out, &e, err);
+                } else {
+                    r = status_below(pos, run_end, out, err);
+                }
                 break;
             case CL_ZERO:
                 e.flags = IC_EXT_ZERO | IC_EXT_PRESENT;
@@ -260,7 +314,7 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
             if (r < 0)
                 return -1;
             if (pos > want)
-                extra += j - i;
+                extra += s->extl2 ? (j - i + 31) / 32 : j - i;
             pos = run_end;
             i = j;
         }

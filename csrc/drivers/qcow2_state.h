@@ -105,6 +105,10 @@ struct qcow2_state {
      * zeros (qcow2_l1_entry); a writer's are all h.l1_size of them. */
     uint64_t l1_len;
     uint64_t l2_entries;   /* entries per L2 table */
+    /* extended L2 entries (read only): each entry is followed by its
+     * subcluster bitmap, and a cluster is read in 32 subclusters */
+    int extl2;
+    uint64_t unit_size;    /* a cluster, or a subcluster with extl2 */
 
     /* guards the L1 and L2 tables and the writer's allocation state */
     pthread_mutex_t meta_lock;
@@ -219,9 +223,10 @@ int qcow2_l2_init(struct ic_image *img, struct ic_error *err);
 int qcow2_l1_hold_all(struct ic_image *img, struct ic_error *err);
 void qcow2_l2_free(struct qcow2_state *s);
 /* Up to `n` entries from guest cluster `gc` on, within one table: *got of
- * them.  A table that does not exist reads as zero entries. */
-int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out, uint64_t *got,
-                 struct ic_error *err);
+ * them, and with extended L2 entries their subcluster bitmaps in `bitmaps`
+ * (NULL: not wanted).  A table that does not exist reads as zero entries. */
+int qcow2_l2_get(struct ic_image *img, uint64_t gc, uint64_t n, uint64_t *out,
+                 uint64_t *bitmaps, uint64_t *got, struct ic_error *err);
 /* Whether L1 entry i has a table, in memory or on disk. */
 int qcow2_l2_has_table(struct qcow2_state *s, uint64_t l1_index);
 /* With meta_lock held: */
