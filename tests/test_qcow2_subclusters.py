@@ -34,11 +34,18 @@ def make_image(tmp_path, seed, cluster_size, backing):
     size = rnd.choice([4, 6, 8]) * MiB + rnd.choice([0, 512, 64 * KiB])
     opts = [f"cluster_size={cluster_size}", "extended_l2=on"]
     if backing:
-        base = tmp_path / "base.qcow2"
-        qemu_img("create", "-q", "-f", "qcow2", str(base), str(size))
-        qemu_io(base, [f"write -P {rnd.randrange(1, 255)} {rnd.randrange(0, size // 2)} "
-                       f"{rnd.randrange(1, size // 2)}" for _ in range(4)], fmt="qcow2")
-        opts += [f"backing_file={base.name}", "backing_fmt=qcow2"]
+        # as long as the image, or shorter (a raw one ending inside a sector)
+        fmt = rnd.choice(["qcow2", "raw"])
+        bsize = rnd.choice([size, size // 2, size // 3 + 3000])
+        base = tmp_path / f"base.{fmt}"
+        if fmt == "raw":
+            with open(base, "wb") as f:
+                f.truncate(bsize)
+        else:
+            qemu_img("create", "-q", "-f", "qcow2", str(base), str(bsize))
+        qemu_io(base, [f"write -P {rnd.randrange(1, 255)} {rnd.randrange(0, bsize // 2)} "
+                       f"{rnd.randrange(1, bsize // 2)}" for _ in range(4)], fmt=fmt)
+        opts += [f"backing_file={base.name}", f"backing_fmt={fmt}"]
     path = tmp_path / "sub.qcow2"
     qemu_img("create", "-q", "-f", "qcow2", "-o", ",".join(opts), str(path), str(size))
     sub = cluster_size // 32
@@ -200,3 +207,22 @@ def test_standard_tables_under_the_extended_bit(qcow2_all, tmp_path, name):
     else:
         with pytest.raises(ImageFormatError):
             imgcopy.map(p)
+
+
+def test_unallocated_subclusters_past_a_short_backing_file(tmp_path):
+    """Below the backing file's end its bytes show through; past it the
+    unallocated subclusters of an allocated cluster are zeros at their own
+    place in the file (qemu-img map keeps their offset, at depth 0)."""
+    base = tmp_path / "b.raw"
+    base.write_bytes(b"x" * 3000)
+    p = tmp_path / "o.qcow2"
+    qemu_img("create", "-q", "-f", "qcow2", "-o", "extended_l2=on,backing_file=b.raw,"
+             "backing_fmt=raw", str(p), "1M")
+    qemu_io(p, ["write -P 5 0 1k", "write -P 6 70k 1k", "write -z 4k 2k"], fmt="qcow2")
+    m = json.loads(imgcopy.map(p).to_json())
+    assert [e for e in m if e["start"] == 3072][0]["depth"] == 0
+    assert "offset" in [e for e in m if e["start"] == 3072][0]
+    assert imgcopy.map(p).to_json() == qemu_json(p)
+    out = tmp_path / "o.raw"
+    imgcopy.convert(p, out, dst_format="raw")
+    assert_same_content(p, out, "qcow2", "raw")

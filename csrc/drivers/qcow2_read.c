@@ -238,6 +238,25 @@ static int status_data(struct ic_image *img, uint64_t start, uint64_t end, uint6
     return 0;
 }
 
+/* Unallocated subclusters of an allocated cluster, [start, end) at host
+ * offset `host`: the backing file answers as far as it goes; past it (or
+ * without one) they read as zeros that keep their place in the file, as
+ * qemu-img map shows them. */
+static int status_unallocated_subclusters(struct ic_image *img, uint64_t start, uint64_t end,
+                                          uint64_t host, struct ic_extent_list *out,
+                                          struct ic_error *err)
+{
+    uint64_t below = img->backing ? ic_image_qemu_length(img->backing) : 0;
+    if (below > start && status_below(start, below < end ? below : end, out, err) < 0)
+        return -1;
+    if (below >= end)
+        return 0;
+    uint64_t from = below > start ? below : start;
+    struct ic_extent e = {.start = from, .length = end - from, .host_offset = host + (from - start),
+                          .flags = IC_EXT_ZERO | IC_EXT_OFFSET_VALID};
+    return ic_extent_list_add(out, &e, err);
+}
+
 int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint64_t want,
                               struct ic_extent_list *out, struct ic_error *err)
 {
@@ -285,15 +304,9 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
             int r = 0;
             switch (c.kind) {
             case CL_UNALLOCATED:
-                /* a subcluster of an allocated cluster, with nothing below:
-                 * zeros at its place in the file, as qemu-img map says */
-                if (c.host_valid && !img->backing) {
-                    e.flags = IC_EXT_ZERO | IC_EXT_OFFSET_VALID;
-                    e.host_offset = host;
-                    r = ic_extent_list_add(out, &e, err);
-                } else {
-                    r = status_below(pos, run_end, out, err);
-                }
+                r = c.host_valid ? status_unallocated_subclusters(img, pos, run_end, host, out,
+                                                                  err)
+                                 : status_below(pos, run_end, out, err);
                 break;
             case CL_ZERO:
                 e.flags = IC_EXT_ZERO | IC_EXT_PRESENT;
