@@ -121,7 +121,7 @@ static int load(struct ic_image *img, struct qcow2_state *s, struct ic_error *er
     img->size = s->h.size / 512 * 512;
     s->extl2 = (s->h.incompatible & QCOW2_INCOMPAT_EXTL2) != 0;
     s->l2_entries = s->h.cluster_size / (s->extl2 ? 16 : 8);
-    s->unit_size = s->extl2 ? s->h.cluster_size / 32 : s->h.cluster_size;
+    s->unit_size = s->extl2 ? s->h.cluster_size / QCOW2_SUBCLUSTERS : s->h.cluster_size;
     if (load_l1(img, s, fsize, err) < 0 || qcow2_load_snapshots(img, err) < 0 ||
         qcow2_load_bitmaps(img, err) < 0)
         return -1;

@@ -211,13 +211,13 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
         uint64_t off = e & QCOW2_OFFSET_MASK;
         if (!off) {
             /* unallocated or a plain zero cluster */
-            if (ext && (bitmap & 0xffffffffu)) {
+            if (ext && QCOW2_SUBCLUSTER_DATA(bitmap)) {
                 MSG(c, "ERROR: Unallocated cluster has non-zero subcluster allocation map\n");
                 c->r->corruptions++;
             }
             continue;
         }
-        if (ext && (bitmap >> 32 & bitmap)) {
+        if (ext && (QCOW2_SUBCLUSTER_ZEROS(bitmap) & QCOW2_SUBCLUSTER_DATA(bitmap))) {
             c->r->corruptions++;
             MSG(c, "ERROR offset=%" PRIx64 ": Allocated cluster has corrupted subcluster "
                    "allocation bitmap\n", off);
@@ -225,7 +225,7 @@ static int check_l2(struct ck *c, uint64_t l2_offset, int frag)
         if (off % c->csz) {
             c->r->corruptions++;
             /* holding no data: extended entries say it in their bitmap */
-            if (ext ? !(bitmap & 0xffffffffu) : (e & QCOW2_OFLAG_ZERO) != 0)
+            if (ext ? !QCOW2_SUBCLUSTER_DATA(bitmap) : (e & QCOW2_OFLAG_ZERO) != 0)
                 MSG(c, "ERROR offset=%" PRIx64 ": Preallocated cluster is not properly "
                        "aligned; L2 entry corrupted.\n", off);
             else

@@ -292,10 +292,10 @@ int qcow2_check_features(const struct qcow2_header *h, int force, int writable,
                                    name[0] ? "')" : "");
         }
     }
-    if ((in & QCOW2_INCOMPAT_EXTL2) && h->cluster_size / 32 < 512)
+    if ((in & QCOW2_INCOMPAT_EXTL2) && h->cluster_size / QCOW2_SUBCLUSTERS < 512)
         return ic_error_format(err, path, "corrupt qcow2 header: extended L2 entries with "
                                "%llu-byte subclusters (cluster_bits %u; at least 14 needed)",
-                               (unsigned long long)(h->cluster_size / 32), h->cluster_bits);
+                               (unsigned long long)(h->cluster_size / QCOW2_SUBCLUSTERS), h->cluster_bits);
     /* read-only, the caller may read such an image anyway */
     enum ic_remedy remedy = writable ? IC_REMEDY_NONE : IC_REMEDY_FORCE;
     if (in & QCOW2_INCOMPAT_CORRUPT && (!force || writable)) {

@@ -44,6 +44,13 @@
 #define QCOW2_OFLAG_COMPRESSED (1ull << 62)
 #define QCOW2_OFLAG_ZERO 1ull
 
+/* Extended L2 entries: each entry's second word, the bitmap of its
+ * cluster's subclusters (bit i of the low half: data; of the high half:
+ * zeros) */
+#define QCOW2_SUBCLUSTERS 32u
+#define QCOW2_SUBCLUSTER_DATA(bitmap) ((bitmap) & 0xffffffffull)
+#define QCOW2_SUBCLUSTER_ZEROS(bitmap) ((bitmap) >> 32)
+
 enum {
     QCOW2_INCOMPAT_DIRTY = 1u << 0,
     QCOW2_INCOMPAT_CORRUPT = 1u << 1,

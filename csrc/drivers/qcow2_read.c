@@ -29,7 +29,7 @@ static int classify_subcluster(struct ic_image *img, uint64_t host, uint64_t bit
                                unsigned sc, struct cluster *c, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
-    uint64_t zeros = bitmap >> 32, data = bitmap & 0xffffffffu;
+    uint64_t zeros = QCOW2_SUBCLUSTER_ZEROS(bitmap), data = QCOW2_SUBCLUSTER_DATA(bitmap);
     if (host ? (zeros & data) != 0 : data != 0)
         return qcow2_corrupt(img, err, host ? "subcluster both data and zeros"
                                             : "data subclusters in an unallocated cluster",
@@ -87,7 +87,7 @@ static int get_units(struct ic_image *img, uint64_t u, uint64_t n, struct cluste
                      uint64_t *got, struct ic_error *err)
 {
     struct qcow2_state *s = qcow2_state_of(img);
-    uint64_t per = s->extl2 ? 32 : 1, first = u % per;
+    uint64_t per = s->extl2 ? QCOW2_SUBCLUSTERS : 1, first = u % per;
     uint64_t entries[UNITS_MAX], bitmaps[UNITS_MAX], clusters;
     if (n > UNITS_MAX - first)
         n = UNITS_MAX - first;
@@ -327,7 +327,7 @@ int qcow2_block_status(struct ic_image *img, uint64_t start, uint64_t end, uint6
             if (r < 0)
                 return -1;
             if (pos > want)
-                extra += s->extl2 ? (j - i + 31) / 32 : j - i;
+                extra += s->extl2 ? (j - i + QCOW2_SUBCLUSTERS - 1) / QCOW2_SUBCLUSTERS : j - i;
             pos = run_end;
             i = j;
         }
