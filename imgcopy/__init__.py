@@ -86,7 +86,8 @@ try:
         _sys.modules[__name__].__class__ = _Package
         del _sys
     del TYPE_CHECKING
-except KeyboardInterrupt:  # the imgcopy command starting: its exit, not a traceback
+except BaseException as _e:  # Ctrl-C as the imgcopy command starts: its exit, not a traceback
     from . import _program  # (again, if the Ctrl-C came while it was imported)
-    _program.interrupted_while_starting()
+    if _program.is_interrupt(_e):
+        _program.interrupted_while_starting()
     raise

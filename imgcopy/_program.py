@@ -34,6 +34,19 @@ def is_the_program() -> bool:
             os.path.abspath(arg0) == os.path.join(_HERE, "__main__.py"))
 
 
+def is_interrupt(e: BaseException) -> bool:
+    """A KeyboardInterrupt, or an error it caused: Python 3.11 turns one that
+    lands in a ``__set_name__`` (a dataclass being made as a module is
+    imported) into a RuntimeError whose cause it is."""
+    for _ in range(8):
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        if e.__cause__ is None:
+            return False
+        e = e.__cause__
+    return False
+
+
 def interrupted_while_starting() -> None:
     """Called with the KeyboardInterrupt of an import: the command's exit
     (SystemExit 130, its message on stderr); returns (the caller re-raises)
@@ -62,7 +75,9 @@ def main() -> int:
         # inside the try: a Ctrl-C between the import and cli_main()'s own
         # handler is answered the same way
         status = cli_main()
-    except KeyboardInterrupt:
+    except BaseException as e:
+        if not is_interrupt(e):
+            raise
         sys.stderr.write("imgcopy: interrupted\n")
         status = 130
     end_now(status)

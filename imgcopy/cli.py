@@ -9,6 +9,7 @@ from . import (cli_check, cli_checksum, cli_compare, cli_convert, cli_convert_ma
                cli_map, cli_measure)
 from .cli_common import cli_spelling, describe  # noqa: F401 (cli_spelling: the flags' spelling)
 from .errors import Error
+from ._program import is_interrupt
 
 TYPE_CHECKING = False  # (typing itself is not imported to start a command)
 if TYPE_CHECKING:
@@ -105,7 +106,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     _program.main(), answers one that comes while this module is imported)."""
     try:
         return _main(argv)
-    except KeyboardInterrupt:  # outside a command's own handling
+    except BaseException as e:  # outside a command's own handling
+        if not is_interrupt(e):  # (or an error it caused, as a lazy import ran)
+            raise
         print("imgcopy: interrupted", file=sys.stderr)
         return 130
 

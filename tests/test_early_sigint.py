@@ -87,6 +87,38 @@ def test_sigint_during_an_import(long_source, hooked_env, how, module):
     assert (p.returncode, p.stderr, p.stdout) == (130, "imgcopy: interrupted\n", ""), p.stderr
 
 
+SET_NAME_HOOK = '''
+import dataclasses, os, signal
+_set_name = dataclasses.Field.__set_name__
+
+def _interrupting(self, owner, name):
+    if owner.__name__ == os.environ.get("IMGCOPY_TEST_SIGINT_IN"):
+        os.environ["IMGCOPY_TEST_SIGINT_IN"] = ""
+        os.kill(os.getpid(), signal.SIGINT)
+    return _set_name(self, owner, name)
+
+dataclasses.Field.__set_name__ = _interrupting
+'''
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_sigint_while_a_dataclass_is_made(long_source, tmp_path, imgcopy_env, how):
+    """Python 3.11 turns a KeyboardInterrupt raised in a __set_name__ (a
+    dataclass's field, as a module the command imports lazily is run) into
+    a RuntimeError whose cause it is: still an interrupt, not a traceback
+    (one suite run in eight sent its delayed Ctrl-C there)."""
+    d = tmp_path / "hook"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(SET_NAME_HOOK)
+    env = dict(imgcopy_env, IMGCOPY_TEST_SIGINT_IN="CopyResult")
+    env["PYTHONPATH"] = os.pathsep.join([str(d)] + [p for p in [env.get("PYTHONPATH")] if p])
+    cmd = commands(long_source)[how]
+    if how == "script" and not cmd[0].endswith("imgcopy"):
+        pytest.skip("no imgcopy console script next to %s" % sys.executable)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+    assert (p.returncode, p.stderr, p.stdout) == (130, "imgcopy: interrupted\n", ""), p.stderr
+
+
 def test_a_program_that_imports_imgcopy_gets_its_keyboardinterrupt(hooked_env):
     """Only the command exits: another program sees the KeyboardInterrupt
     (here while the package imports a name the program asks for: the
