@@ -4,11 +4,13 @@ answers it, ends the command with ``imgcopy: interrupted`` and exit status
 130, as one that comes later does, instead of a traceback; once the
 command is done, the process ends without the interpreter's teardown
 (end_now).  The package imports this first; it uses nothing but sys and os
-(loaded with the interpreter; atexit, built in, at the end), so it is there
-when the package's other imports fail."""
+(loaded with the interpreter; atexit, built in, at the end) and _interrupt,
+a leaf, so it is there when the package's other imports fail."""
 
 import os
 import sys
+
+from ._interrupt import is_interrupt
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,19 +34,6 @@ def is_the_program() -> bool:
         return orig is None or _runs_this_module(orig)
     return (os.path.basename(arg0) == "imgcopy" or
             os.path.abspath(arg0) == os.path.join(_HERE, "__main__.py"))
-
-
-def is_interrupt(e: BaseException) -> bool:
-    """A KeyboardInterrupt, or an error it caused: Python 3.11 turns one that
-    lands in a ``__set_name__`` (a dataclass being made as a module is
-    imported) into a RuntimeError whose cause it is."""
-    for _ in range(8):
-        if isinstance(e, KeyboardInterrupt):
-            return True
-        if e.__cause__ is None:
-            return False
-        e = e.__cause__
-    return False
 
 
 def interrupted_while_starting() -> None:

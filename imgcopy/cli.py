@@ -9,7 +9,7 @@ from . import (cli_check, cli_checksum, cli_compare, cli_convert, cli_convert_ma
                cli_map, cli_measure)
 from .cli_common import cli_spelling, describe  # noqa: F401 (cli_spelling: the flags' spelling)
 from .errors import Error
-from ._program import is_interrupt
+from ._interrupt import is_interrupt
 
 TYPE_CHECKING = False  # (typing itself is not imported to start a command)
 if TYPE_CHECKING:

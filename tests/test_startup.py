@@ -66,7 +66,7 @@ atexit.register(_dump)
 '''
 
 # what the command line itself imports, whichever command runs
-CLI = {"imgcopy", "imgcopy._program", "imgcopy._version", "imgcopy._core", "imgcopy.errors",
+CLI = {"imgcopy", "imgcopy._program", "imgcopy._interrupt", "imgcopy._version", "imgcopy._core", "imgcopy.errors",
        "imgcopy._defaults", "imgcopy.cli", "imgcopy.cli_common", "imgcopy.cli_check",
        "imgcopy.cli_checksum", "imgcopy.cli_compare", "imgcopy.cli_convert",
        "imgcopy.cli_convert_many", "imgcopy.cli_info", "imgcopy.cli_map", "imgcopy.cli_measure"}
@@ -92,7 +92,7 @@ CONVERT = LEAN | {"imgcopy.convert", "imgcopy.job", "imgcopy.options", "imgcopy.
 # command: (its arguments, imgcopy's modules it imports, standard modules it must not)
 COMMANDS = {
     "version": (["--version"],
-                {"imgcopy", "imgcopy._program", "imgcopy._version", "imgcopy.features",
+                {"imgcopy", "imgcopy._program", "imgcopy._interrupt", "imgcopy._version", "imgcopy.features",
                  "imgcopy._core", "imgcopy.errors"},
                 NEVER | LATER | {"argparse", "re", "enum"}),
     "help": (["--help"], CLI, NEVER | LATER),
@@ -179,7 +179,7 @@ def test_the_hook_sees_what_is_imported(modules_of):
 
 def test_import_imgcopy_imports_nothing_else(modules_of):
     assert modules_of(["-c", "import imgcopy"]) == \
-        {"imgcopy", "imgcopy._program", "imgcopy._version"}
+        {"imgcopy", "imgcopy._program", "imgcopy._interrupt", "imgcopy._version"}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
